@@ -1,0 +1,181 @@
+"""Array-namespace plumbing and input validation shared by every module.
+
+Every array function in :mod:`gma_ref` starts with::
+
+    xp = namespace(q=q, means=means)
+
+which returns the array-API namespace of its inputs (NumPy, CuPy, PyTorch,
+``array_api_strict`` ...) through :mod:`array_api_compat`, and raises a
+``TypeError`` that names the arguments when they come from two different
+libraries. The checks below raise ``TypeError``/``ValueError`` whose message
+names the argument, what it got and what was expected. Nothing here modifies
+its input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import array_api_compat
+
+__all__ = [
+    "Array",
+    "namespace",
+    "check_floating",
+    "check_finite",
+    "check_rank",
+    "check_last_dim",
+    "check_nonnegative_scalar",
+    "check_positive_scalar",
+    "check_positive_int",
+    "result_float_dtype",
+    "sum_to_shape",
+    "device_of",
+    "broadcast_shapes",
+]
+
+#: Any array of a namespace that follows the array API standard.
+Array = Any
+
+
+def namespace(**arrays: Array) -> Any:
+    """Return the common array-API namespace of the named arrays.
+
+    ``None`` values and Python scalars are ignored. Raises ``TypeError`` naming
+    every argument and its library when the arrays come from different
+    namespaces, or when an argument is not an array at all.
+    """
+    present = {k: a for k, a in arrays.items() if a is not None and not _is_scalar(a)}
+    if not present:
+        raise TypeError(f"expected at least one array among {sorted(arrays)}, got none")
+    spaces = {}
+    for name, a in present.items():
+        if not array_api_compat.is_array_api_obj(a):
+            raise TypeError(
+                f"{name} must be an array of an array-API namespace (numpy, cupy, torch, "
+                f"array_api_strict, ...), got {type(a).__module__}.{type(a).__qualname__}"
+            )
+        spaces[name] = array_api_compat.array_namespace(a)
+    distinct = {id(s) for s in spaces.values()}
+    if len(distinct) > 1:
+        got = ", ".join(f"{n}: {s.__name__}" for n, s in spaces.items())
+        raise TypeError(f"all arrays must come from one array namespace, got {got}")
+    return next(iter(spaces.values()))
+
+
+def _is_scalar(a: Any) -> bool:
+    return isinstance(a, (bool, int, float, complex))
+
+
+def check_floating(xp: Any, name: str, a: Array) -> None:
+    """Raise ``TypeError`` unless ``a`` has a real floating-point dtype."""
+    if not xp.isdtype(a.dtype, "real floating"):
+        raise TypeError(f"{name} must have a real floating dtype (float32 or float64), got {a.dtype}")
+
+
+def check_finite(xp: Any, name: str, a: Array) -> None:
+    """Raise ``ValueError`` if ``a`` holds NaN or +-Inf (the ``check_finite`` switch)."""
+    if a.size != 0 and not bool(xp.all(xp.isfinite(a))):
+        n_bad = int(xp.sum(xp.astype(xp.logical_not(xp.isfinite(a)), xp.int64)))
+        raise ValueError(
+            f"{name} must be finite, got {n_bad} NaN/Inf entries of {a.size}; "
+            "pass check_finite=False to skip this check"
+        )
+
+
+def check_rank(name: str, a: Array, min_ndim: int, layout: str) -> None:
+    """Raise ``ValueError`` unless ``a.ndim >= min_ndim``; ``layout`` is e.g. ``'(..., N, d_r)'``."""
+    if a.ndim < min_ndim:
+        raise ValueError(f"{name} must have shape {layout}, got shape {tuple(a.shape)}")
+
+
+def check_last_dim(name: str, a: Array, size: int, layout: str, why: str) -> None:
+    """Raise ``ValueError`` unless ``a.shape[-1] == size``."""
+    if a.shape[-1] != size:
+        raise ValueError(
+            f"{name} must have shape {layout} with last axis {size} ({why}), "
+            f"got shape {tuple(a.shape)}"
+        )
+
+
+def check_nonnegative_scalar(name: str, value: Any) -> float:
+    """Return ``float(value)``; raise unless it is a finite real number >= 0."""
+    v = _as_real(name, value)
+    if not (math.isfinite(v) and v >= 0.0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def check_positive_scalar(name: str, value: Any) -> float:
+    """Return ``float(value)``; raise unless it is a finite real number > 0."""
+    v = _as_real(name, value)
+    if not (math.isfinite(v) and v > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return v
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """Return ``int(value)``; raise unless it is an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import operator
+
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer >= 1, got {value!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _as_real(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {value!r}") from None
+
+
+def result_float_dtype(xp: Any, *arrays: Array) -> Any:
+    """Common floating dtype of ``arrays`` under the standard's promotion rules."""
+    return xp.result_type(*arrays)
+
+
+def sum_to_shape(xp: Any, a: Array, shape: tuple[int, ...]) -> Array:
+    """Sum ``a`` over the axes that broadcasting added or stretched to reach ``a.shape``.
+
+    The reverse of broadcasting ``shape`` to ``a.shape``: the backward pass of any
+    broadcast operand. Raises ``ValueError`` if ``shape`` does not broadcast to ``a.shape``.
+    """
+    shape = tuple(shape)
+    extra = a.ndim - len(shape)
+    if extra < 0:
+        raise ValueError(f"cannot reduce shape {tuple(a.shape)} to the larger shape {shape}")
+    if extra:
+        a = xp.sum(a, axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and a.shape[i] != 1)
+    if axes:
+        a = xp.sum(a, axis=axes, keepdims=True)
+    if tuple(a.shape) != shape:
+        raise ValueError(f"shape {shape} does not broadcast to {tuple(a.shape)}")
+    return a
+
+
+def device_of(a: Array) -> Any:
+    """The device an array lives on (``array_api_compat.device``)."""
+    return array_api_compat.device(a)
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """Broadcast shapes under the standard's rules; ``ValueError`` if they do not broadcast."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(ndim):
+        sizes = {s[len(s) - ndim + i] for s in shapes if len(s) - ndim + i >= 0}
+        sizes.discard(1)
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast together")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)

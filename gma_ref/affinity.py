@@ -1,0 +1,147 @@
+"""Induced token-to-token weights and the read step in detail (Eqs. 9, 9b, 10, 10b, 11, 23; App. C).
+
+These functions *materialize* the N_q × N_k matrices that the latent-memory
+forms avoid. They exist for analysis and as deliberately naive oracles: the
+materialized outputs here are computed as A V with A built entry by entry from
+Eq. 9, sharing no code with :mod:`gma_ref.bidirectional` or :mod:`gma_ref.causal`.
+Memory is O(N_q N_k): use them for small N only.
+
+Two equations carry the label 9b in the paper: the row normalisation of §4.2,
+A = diag(Ã 1 + ε)⁻¹ Ã, which is Eq. 9 restated, and the causal weights of
+§3.5, A^cGMA_ij = 1{j ≤ i} Ã_ij / (Σ_{l ≤ i} Ã_il + ε). Here the first is
+``attention_weights(..., causal=False)`` and the second ``causal=True``.
+"""
+
+from __future__ import annotations
+
+from ._array import Array, check_nonnegative_scalar, namespace
+from .mixture import DEFAULT_EPS
+
+__all__ = [
+    "affinity",
+    "attention_weights",
+    "gma_materialized",
+    "gma_materialized_backward",
+    "memory_slots",
+    "read_weights",
+]
+
+
+def affinity(gamma_q: Array, gamma_k: Array) -> Array:
+    """Unnormalised affinity Ã = Γ^Q (Γ^K)ᵀ, Ã_ij = ⟨γ^Q_i, γ^K_j⟩ (Eq. 11).
+
+    ``gamma_q`` ``(..., N_q, K)``, ``gamma_k`` ``(..., N_k, K)`` → ``(..., N_q, N_k)``;
+    non-negative with rank ≤ K (Eq. 23). Raises ``ValueError`` if K differs.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k)
+    if gamma_q.shape[-1] != gamma_k.shape[-1]:
+        raise ValueError(
+            f"gamma_q and gamma_k must share K, got shapes {tuple(gamma_q.shape)} and {tuple(gamma_k.shape)}"
+        )
+    return xp.matmul(gamma_q, xp.matrix_transpose(gamma_k))
+
+
+def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, *, causal: bool = False) -> Array:
+    """Normalised induced weights A (Eq. 9 = §4.2's Eq. 9b; causal: §3.5's Eq. 9b).
+
+    A_ij = Ã_ij / (Σ_l Ã_il + ε), and with ``causal=True``
+    A_ij = 1{j ≤ i} Ã_ij / (Σ_{l ≤ i} Ã_il + ε).
+
+    Row i sums to u_i / (u_i + ε) with u_i the (prefix) routed key mass: exactly
+    1 when ε = 0, less than 1 otherwise, and far below 1 when u_i is not ≫ ε.
+    Shapes ``(..., N_q, K)``, ``(..., N_k, K)`` → ``(..., N_q, N_k)``; causal needs
+    N_q = N_k (``ValueError`` otherwise). Rows with zero denominator are 0.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k)
+    eps = check_nonnegative_scalar("eps", eps)
+    a_tilde = affinity(gamma_q, gamma_k)
+    if causal:
+        n_q, n_k = gamma_q.shape[-2], gamma_k.shape[-2]
+        if n_q != n_k:
+            raise ValueError(f"causal weights need N_q == N_k, got N_q = {n_q}, N_k = {n_k}")
+        i = xp.reshape(xp.arange(n_q), (n_q, 1))
+        j = xp.reshape(xp.arange(n_k), (1, n_k))
+        a_tilde = xp.where(j <= i, a_tilde, xp.zeros_like(a_tilde))  # 1{j ≤ i}
+    denom = xp.sum(a_tilde, axis=-1, keepdims=True) + eps
+    safe = xp.where(denom > 0, denom, xp.ones_like(denom))
+    return xp.where(denom > 0, a_tilde / safe, xp.zeros_like(a_tilde))
+
+
+def gma_materialized(
+    gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, causal: bool = False
+) -> Array:
+    """O = A V with A materialized (Eq. 10; causal: Eq. 10b). The oracle of the oracle.
+
+    Exactly equal (ε included) to the latent-memory output of Eq. 7 / Eq. 8b.
+    Shapes: ``(..., N_q, K)``, ``(..., N_k, K)``, ``(..., N_k, d_v)`` → ``(..., N_q, d_v)``.
+    O(N_q N_k) memory.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
+    return xp.matmul(attention_weights(gamma_q, gamma_k, eps, causal=causal), v)
+
+
+def memory_slots(memory: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
+    """Memory slots M_k = Ṽ_k / (Z_k + ε), the average value stored in component k (App. C.2).
+
+    ``memory`` ``(..., K, d_v)``, ``mass`` ``(..., K)`` → ``(..., K, d_v)``. A slot with
+    Z_k + ε = 0 (empty, ε = 0) is defined as 0.
+    """
+    xp = namespace(memory=memory, mass=mass)
+    eps = check_nonnegative_scalar("eps", eps)
+    denom = xp.expand_dims(mass + eps, axis=-1)
+    safe = xp.where(denom > 0, denom, xp.ones_like(denom))
+    slots = memory / safe
+    return xp.where(denom > 0, slots, xp.zeros_like(slots))
+
+
+def read_weights(gamma_q: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
+    """ε-consistent effective read weights α_ik, with O_i = Σ_k α_ik M_k exactly (App. C.3).
+
+    The paper gives α_ik = γ^Q_ik Z_k / Σ_l γ^Q_il Z_l for ε = 0. For ε ≥ 0 the
+    decomposition O_i = Σ_k α_ik M_k with M_k = Ṽ_k/(Z_k + ε) holds exactly with
+
+        α_ik = γ^Q_ik (Z_k + ε) / (u_i + ε),      u_i = Σ_l γ^Q_il Z_l,
+
+    and because Σ_k γ^Q_ik = 1 these weights sum to exactly 1 over k. For ε = 0
+    they reduce to the paper's. Shapes ``(..., N_q, K)``, ``(..., K)`` → ``(..., N_q, K)``.
+    """
+    xp = namespace(gamma_q=gamma_q, mass=mass)
+    eps = check_nonnegative_scalar("eps", eps)
+    numer = gamma_q * xp.expand_dims(mass + eps, axis=-2)
+    denom = xp.sum(gamma_q * xp.expand_dims(mass, axis=-2), axis=-1, keepdims=True) + eps
+    safe = xp.where(denom > 0, denom, xp.ones_like(denom))
+    return xp.where(denom > 0, numer / safe, xp.zeros_like(numer))
+
+
+def gma_materialized_backward(
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, *, causal: bool = False
+) -> tuple[Array, Array, Array]:
+    """VJP of :func:`gma_materialized` through the explicit N_q × N_k weights (naive oracle).
+
+    With A_ij = m_ij Ã_ij / D_i, D_i = Σ_l m_il Ã_il + ε (m the causal mask or 1):
+    ∂L/∂V = Aᵀ G, ∂L/∂A = G Vᵀ, ∂L/∂Ã_ij = m_ij (∂L/∂A_ij − Σ_l ∂L/∂A_il A_il) / D_i,
+    ∂L/∂Γ^Q = (∂L/∂Ã) Γ^K, ∂L/∂Γ^K = (∂L/∂Ã)ᵀ Γ^Q. Returns (∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V)
+    with the broadcast shapes of the product (no reduction over batch axes).
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
+    eps = check_nonnegative_scalar("eps", eps)
+    weights = attention_weights(gamma_q, gamma_k, eps, causal=causal)
+    a_tilde = affinity(gamma_q, gamma_k)
+    if causal:
+        n = gamma_q.shape[-2]
+        mask = xp.reshape(xp.arange(n), (1, n)) <= xp.reshape(xp.arange(n), (n, 1))
+        a_tilde = xp.where(mask, a_tilde, xp.zeros_like(a_tilde))
+    else:
+        mask = xp.ones(tuple(a_tilde.shape[-2:]), dtype=xp.bool)
+    denom = xp.sum(a_tilde, axis=-1, keepdims=True) + eps
+    seen = denom > 0
+    safe = xp.where(seen, denom, xp.ones_like(denom))
+    d_v = xp.matmul(xp.matrix_transpose(weights), d_out)
+    d_weights = xp.matmul(d_out, xp.matrix_transpose(v))
+    centred = d_weights - xp.sum(d_weights * weights, axis=-1, keepdims=True)
+    d_a_tilde = xp.where(mask & seen, centred / safe, xp.zeros_like(centred))
+    return (
+        xp.matmul(d_a_tilde, gamma_k),
+        xp.matmul(xp.matrix_transpose(d_a_tilde), gamma_q),
+        d_v,
+    )

@@ -1,0 +1,270 @@
+"""Bidirectional and cross GMA by latent memory (Eqs. 5–8, App. C.2–C.3, App. E.4).
+
+Keys write values into K latent memory slots, queries read them back::
+
+    Ṽ = (Γ^K)ᵀ V        (K × d_v)       Z = (Γ^K)ᵀ 1_N   (K)        Eq. 5 / Eq. 6
+    u = Γ^Q Z           (N_q)           routed key mass seen by each query
+    O = Γ^Q Ṽ / (u + ε)                 row-wise division           Eq. 7 / Eq. 8
+
+Cost O(N K d_v), storage O(N K + K d_v): no N×N array is ever formed (Eq. 12).
+Cross-attention (App. E.4) is the same computation with queries from X
+(``gamma_q`` ``(..., N_q, K)``) and keys/values from a context Y
+(``gamma_k`` ``(..., N_k, K)``, ``v`` ``(..., N_k, d_v)``); N_q ≠ N_k is allowed.
+
+Empty context (N_k = 0) and ε = 0: Ṽ = 0 and Z = 0, so u_i + ε = 0. We define
+the output of a query that sees no routed key mass (u_i + ε = 0) as 0 — it
+reads an empty memory — rather than 0/0 = NaN. With ε > 0 this is automatic.
+
+The backward (``*_backward``) of each step sits next to it; the derivation is
+in ``derivations/write_read.py`` and docs/derivations.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ._array import (
+    Array,
+    check_floating,
+    check_nonnegative_scalar,
+    check_rank,
+    namespace,
+    sum_to_shape,
+)
+from ._array import check_finite as _check_finite
+from .mixture import DEFAULT_EPS
+
+__all__ = [
+    "write_memory",
+    "write_memory_backward",
+    "query_mass",
+    "read_memory",
+    "ReadGrad",
+    "read_memory_backward",
+    "gma_bidirectional",
+    "BidirectionalGrad",
+    "gma_bidirectional_backward",
+    "gma_cross",
+    "gma_cross_backward",
+]
+
+
+def check_routing_inputs(
+    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool
+) -> float:
+    """Validate (Γ^Q, Γ^K, V, ε) of any GMA form; return ε as a float.
+
+    Raises ``TypeError`` for non-floating dtypes and ``ValueError`` for ranks,
+    a K or N mismatch, ε < 0 or NaN/Inf (when ``check_finite``).
+    """
+    for name, a, layout in (
+        ("gamma_q", gamma_q, "(..., N_q, K)"),
+        ("gamma_k", gamma_k, "(..., N_k, K)"),
+        ("v", v, "(..., N_k, d_v)"),
+    ):
+        check_floating(xp, name, a)
+        check_rank(name, a, 2, layout)
+        if check_finite:
+            _check_finite(xp, name, a)
+    if gamma_q.shape[-1] != gamma_k.shape[-1]:
+        raise ValueError(
+            f"gamma_q and gamma_k must share K (last axis), got shapes {tuple(gamma_q.shape)} "
+            f"and {tuple(gamma_k.shape)}"
+        )
+    if gamma_q.shape[-1] < 1:
+        raise ValueError(f"responsibilities must have K >= 1 components, got shape {tuple(gamma_q.shape)}")
+    if v.shape[-2] != gamma_k.shape[-2]:
+        raise ValueError(
+            f"v must have one row per key: v has shape {tuple(v.shape)} (N_k = {v.shape[-2]}) but "
+            f"gamma_k has shape {tuple(gamma_k.shape)} (N_k = {gamma_k.shape[-2]})"
+        )
+    return check_nonnegative_scalar("eps", eps)
+
+
+def write_memory(gamma_k: Array, v: Array) -> tuple[Array, Array]:
+    """Write step: latent memory Ṽ = (Γ^K)ᵀ V and key mass Z = (Γ^K)ᵀ 1 (Eqs. 5, 6; App. C.2).
+
+    Parameters
+    ----------
+    gamma_k : array ``(..., N_k, K)``
+        Key responsibilities Γ^K.
+    v : array ``(..., N_k, d_v)``
+        Values V_X.
+
+    Returns
+    -------
+    memory : array ``(..., K, d_v)``, Ṽ_k = Σ_j γ^K_jk V_j
+    mass : array ``(..., K)``, Z_k = Σ_j γ^K_jk
+    Both in the promoted floating dtype; for N_k = 0 both are zero.
+    """
+    xp = namespace(gamma_k=gamma_k, v=v)
+    memory = xp.matmul(xp.matrix_transpose(gamma_k), v)
+    mass = xp.sum(gamma_k, axis=-2)
+    return memory, mass
+
+
+def write_memory_backward(gamma_k: Array, v: Array, d_memory: Array, d_mass: Array) -> tuple[Array, Array]:
+    """VJP of the write step: returns (∂L/∂Γ^K, ∂L/∂V).
+
+    ∂L/∂Γ^K = V (∂L/∂Ṽ)ᵀ + 1 (∂L/∂Z)ᵀ  (``(..., N_k, K)``), ∂L/∂V = Γ^K ∂L/∂Ṽ (``(..., N_k, d_v)``).
+    Broadcast batch axes are reduced back to the input shapes.
+    """
+    xp = namespace(gamma_k=gamma_k, v=v, d_memory=d_memory, d_mass=d_mass)
+    d_gamma_k = xp.matmul(v, xp.matrix_transpose(d_memory)) + xp.expand_dims(d_mass, axis=-2)
+    d_v = xp.matmul(gamma_k, d_memory)
+    return sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)), sum_to_shape(xp, d_v, tuple(v.shape))
+
+
+def query_mass(gamma_q: Array, mass: Array) -> Array:
+    """Routed key mass seen by each query, u_i = (Γ^Q Z)_i = Σ_k γ^Q_ik Z_k (denominator of Eq. 7).
+
+    ``gamma_q`` ``(..., N_q, K)``, ``mass`` ``(..., K)`` → ``(..., N_q)``. Rows of the
+    induced weights A sum to u_i/(u_i + ε): when u_i is not ≫ ε (query and key
+    responsibilities barely overlap) outputs shrink towards 0. Inspect u to detect it.
+    """
+    xp = namespace(gamma_q=gamma_q, mass=mass)
+    return xp.sum(gamma_q * xp.expand_dims(mass, axis=-2), axis=-1)
+
+
+def _safe_denominator(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
+    """(u + ε with zeros replaced by 1, mask of rows that see any mass)."""
+    denom = u + eps
+    seen = denom > 0
+    return xp.where(seen, denom, xp.ones_like(denom)), seen
+
+
+def read_memory(gamma_q: Array, memory: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
+    """Read step: O = Γ^Q Ṽ / (Γ^Q Z + ε), divided row-wise (Eq. 7, Eq. 8; App. C.3).
+
+    Parameters
+    ----------
+    gamma_q : array ``(..., N_q, K)``; memory : ``(..., K, d_v)``; mass : ``(..., K)``
+    eps : float ≥ 0
+        Read stabiliser ε. Rows with u_i + ε = 0 (possible only when ε = 0) output 0.
+
+    Returns
+    -------
+    out : array ``(..., N_q, d_v)`` in the promoted floating dtype.
+    """
+    xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass)
+    eps = check_nonnegative_scalar("eps", eps)
+    denom, seen = _safe_denominator(xp, query_mass(gamma_q, mass), eps)
+    out = xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1)
+    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out))
+
+
+class ReadGrad(NamedTuple):
+    """Cotangents of the inputs of :func:`read_memory`."""
+
+    d_gamma_q: Array
+    d_memory: Array
+    d_mass: Array
+
+
+def read_memory_backward(
+    gamma_q: Array, memory: Array, mass: Array, d_out: Array, eps: float = DEFAULT_EPS
+) -> ReadGrad:
+    """VJP of the read step (derivations/write_read.py).
+
+    With D_i = u_i + ε, P = G / D (row-wise) and c_i = −⟨G_i, O_i⟩ / D_i, where G = ∂L/∂O:
+
+    * ∂L/∂Γ^Q = P Ṽᵀ + c Zᵀ     ``(..., N_q, K)``
+    * ∂L/∂Ṽ   = (Γ^Q)ᵀ P         ``(..., K, d_v)``
+    * ∂L/∂Z   = (Γ^Q)ᵀ c         ``(..., K)``
+
+    Rows that see no mass (u_i + ε = 0) pass no gradient. Cost O(N K d_v).
+    """
+    xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass, d_out=d_out)
+    eps = check_nonnegative_scalar("eps", eps)
+    denom, seen = _safe_denominator(xp, query_mass(gamma_q, mass), eps)
+    seen_col = xp.expand_dims(seen, axis=-1)
+    zero = xp.zeros_like(d_out)
+    p = xp.where(seen_col, d_out / xp.expand_dims(denom, axis=-1), zero)  # G_i / D_i
+    out = xp.where(seen_col, xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1), zero)
+    c = -xp.sum(p * out, axis=-1)  # −⟨G_i, O_i⟩ / D_i, shape (..., N_q)
+    d_gamma_q = xp.matmul(p, xp.matrix_transpose(memory)) + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
+    d_memory = xp.matmul(xp.matrix_transpose(gamma_q), p)
+    d_mass = xp.sum(gamma_q * xp.expand_dims(c, axis=-1), axis=-2)
+    return ReadGrad(
+        sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
+        sum_to_shape(xp, d_memory, tuple(memory.shape)),
+        sum_to_shape(xp, d_mass, tuple(mass.shape)),
+    )
+
+
+def gma_bidirectional(
+    gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+) -> Array:
+    """Bidirectional GMA, O = Γ^Q ((Γ^K)ᵀ V) / (Γ^Q Z + ε) (Eq. 7), by latent memory.
+
+    Parameters
+    ----------
+    gamma_q : array ``(..., N_q, K)``
+        Query responsibilities Γ^Q (rows on the simplex).
+    gamma_k : array ``(..., N_k, K)``
+        Key responsibilities Γ^K.
+    v : array ``(..., N_k, d_v)``
+        Values V_X.
+    eps : float ≥ 0
+        Read stabiliser ε (default 1e-6; 0 is allowed for analysis).
+    check_finite : bool
+        Raise on NaN/Inf inputs (default ``True``).
+
+    Returns
+    -------
+    out : array ``(..., N_q, d_v)``, equal to A V with A of Eq. 9 (exactly, ε included).
+    Promoted floating dtype of the inputs.
+
+    Raises
+    ------
+    TypeError
+        Non-floating dtypes or mixed namespaces.
+    ValueError
+        Rank < 2, K mismatch, N_k mismatch between ``gamma_k`` and ``v``, ε < 0, NaN/Inf.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
+    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+    memory, mass = write_memory(gamma_k, v)
+    return read_memory(gamma_q, memory, mass, eps)
+
+
+class BidirectionalGrad(NamedTuple):
+    """Cotangents of the inputs of :func:`gma_bidirectional` / :func:`gma_cross`."""
+
+    d_gamma_q: Array
+    d_gamma_k: Array
+    d_v: Array
+
+
+def gma_bidirectional_backward(
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
+) -> BidirectionalGrad:
+    """VJP of :func:`gma_bidirectional`: read backward then write backward, O(N K d_v).
+
+    ``d_out`` = ∂L/∂O ``(..., N_q, d_v)``. Returns ∂L/∂Γ^Q ``(..., N_q, K)``,
+    ∂L/∂Γ^K ``(..., N_k, K)`` and ∂L/∂V ``(..., N_k, d_v)``; no N×N array is formed.
+    """
+    memory, mass = write_memory(gamma_k, v)
+    read = read_memory_backward(gamma_q, memory, mass, d_out, eps)
+    d_gamma_k, d_v = write_memory_backward(gamma_k, v, read.d_memory, read.d_mass)
+    return BidirectionalGrad(read.d_gamma_q, d_gamma_k, d_v)
+
+
+def gma_cross(
+    gamma_q_x: Array, gamma_k_y: Array, v_y: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+) -> Array:
+    """GMA cross-attention, O_X = Γ^Q_X Ṽ_Y / (Γ^Q_X Z_Y + ε) (App. E.4).
+
+    Queries from X: ``gamma_q_x`` ``(..., N_q, K)``; keys and values from the
+    context Y: ``gamma_k_y`` ``(..., N_k, K)``, ``v_y`` ``(..., N_k, d_v)``.
+    N_q and N_k are independent; N_k = 0 gives an all-zero output (empty memory).
+    Same computation, dtypes and raises as :func:`gma_bidirectional`.
+    """
+    return gma_bidirectional(gamma_q_x, gamma_k_y, v_y, eps, check_finite=check_finite)
+
+
+def gma_cross_backward(
+    gamma_q_x: Array, gamma_k_y: Array, v_y: Array, d_out: Array, eps: float = DEFAULT_EPS
+) -> BidirectionalGrad:
+    """VJP of :func:`gma_cross` (gradients reach X through Γ^Q_X, Y through Γ^K_Y and V_Y)."""
+    return gma_bidirectional_backward(gamma_q_x, gamma_k_y, v_y, d_out, eps)

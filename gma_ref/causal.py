@@ -1,0 +1,465 @@
+"""Causal GMA (§3.5: Eqs. 6b, 8b, 9b, 10b; App. C.7) in three linear-time forms.
+
+Query i reads only from the prefix memory of keys j ≤ i::
+
+    Ṽ^(i)_k = Σ_{j≤i} γ^K_jk V_j,   Z^(i)_k = Σ_{j≤i} γ^K_jk                       Eq. 6b
+    O_i = Σ_k γ^Q_ik Ṽ^(i)_k / (Σ_k γ^Q_ik Z^(i)_k + ε)                           Eq. 8b
+
+* :func:`gma_causal_prefix` — cumulative sums along the sequence, as the paper
+  describes. It materializes the prefix memory, N × K × d_v numbers (not O(NK)).
+* :func:`gma_causal_streaming` / :func:`causal_step` — the recurrent form: a
+  state (Ṽ, Z) of K × d_v + K numbers, updated token by token (decoding).
+* :func:`gma_causal_chunked` — chunkwise-parallel, as for linear attention
+  (see the GLA notes): per chunk of C tokens, an intra-chunk term
+  (Γ^Q_c Γ^K_cᵀ ⊙ lower-triangular mask) V_c plus an inter-chunk read
+  Γ^Q_c Ṽ_prev; only K × d_v + K numbers travel between chunks.
+
+All three equal the materialized oracle :func:`gma_ref.affinity.gma_materialized`
+with ``causal=True``. Shapes: ``gamma_q``, ``gamma_k`` ``(..., N, K)``, ``v``
+``(..., N, d_v)`` → ``(..., N, d_v)``. A row with u_i + ε = 0 (only possible
+with ε = 0) outputs 0, as in :mod:`gma_ref.bidirectional`.
+
+The backward passes never form an N × N array. The prefix form reverses its
+cumulative sums by flipping (never as total − prefix, which cancels small
+suffixes). The streaming and chunked backward run two passes: a forward pass
+that recomputes the prefix state from the start and yields ∂L/∂Γ^Q, then a
+reverse pass carrying the constant-size suffix sums; no state is ever
+recovered by subtraction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ._array import (
+    Array,
+    broadcast_shapes,
+    check_nonnegative_scalar,
+    check_positive_int,
+    check_rank,
+    device_of,
+    namespace,
+    sum_to_shape,
+)
+from .bidirectional import BidirectionalGrad, check_routing_inputs
+from .mixture import DEFAULT_EPS
+
+__all__ = [
+    "gma_causal_prefix",
+    "gma_causal_prefix_backward",
+    "CausalState",
+    "initial_causal_state",
+    "causal_step",
+    "gma_causal_streaming",
+    "gma_causal_streaming_backward",
+    "gma_causal_chunked",
+    "gma_causal_chunked_backward",
+]
+
+
+def _check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool) -> float:
+    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+    if gamma_q.shape[-2] != gamma_k.shape[-2]:
+        raise ValueError(
+            f"causal GMA needs as many queries as keys, got gamma_q {tuple(gamma_q.shape)} "
+            f"and gamma_k {tuple(gamma_k.shape)}"
+        )
+    return eps
+
+
+def _divide(xp: Any, num: Array, u: Array, eps: float) -> tuple[Array, Array, Array]:
+    """(num / (u + ε), the safe denominator, the mask of rows that see mass)."""
+    denom = u + eps
+    seen = denom > 0
+    safe = xp.where(seen, denom, xp.ones_like(denom))
+    out = num / xp.expand_dims(safe, axis=-1)
+    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out)), safe, seen
+
+
+def _flip_cumsum(xp: Any, a: Array, axis: int) -> Array:
+    """Suffix sums Σ_{i ≥ j} a_i along ``axis``, by flipping (no total − prefix)."""
+    return xp.flip(xp.cumulative_sum(xp.flip(a, axis=axis), axis=axis), axis=axis)
+
+
+# --------------------------------------------------------------------------- prefix sums
+
+
+def gma_causal_prefix(
+    gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+) -> Array:
+    """Causal GMA by prefix sums (Eqs. 6b and 8b), as the paper describes (§3.5, App. C.7).
+
+    Materializes the prefix memory Ṽ^(i) for every i: N × K × d_v numbers, so
+    memory grows like N·K·d_v (the chunked form avoids this).
+
+    Parameters
+    ----------
+    gamma_q, gamma_k : arrays ``(..., N, K)``; v : array ``(..., N, d_v)``
+    eps : float ≥ 0
+        Read stabiliser ε.
+    check_finite : bool
+        Raise on NaN/Inf inputs.
+
+    Returns
+    -------
+    out : array ``(..., N, d_v)``, promoted floating dtype. Output i depends only on tokens j ≤ i.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gma_ref.bidirectional.gma_bidirectional`, and ``ValueError`` if N_q ≠ N_k.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)  # γ^K_jk V_j: (..., N, K, d_v)
+    memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
+    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
+    num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
+    u = xp.sum(gamma_q * mass_prefix, axis=-1)
+    return _divide(xp, num, u, eps)[0]
+
+
+def gma_causal_prefix_backward(
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
+) -> BidirectionalGrad:
+    """VJP of :func:`gma_causal_prefix` with suffix sums (derivations/causal.py).
+
+    With G = ∂L/∂O, D_i = u_i + ε, P_i = G_i / D_i and c_i = −⟨G_i, O_i⟩ / D_i:
+
+    * ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i)
+    * S^V_j = Σ_{i≥j} γ^Q_i ⊗ P_i,  S^Z_j = Σ_{i≥j} c_i γ^Q_i   (suffix sums, by flipping)
+    * ∂L/∂V_j = Σ_k γ^K_jk S^V_jk,   ∂L/∂γ^K_jk = ⟨V_j, S^V_jk⟩ + S^Z_jk
+
+    Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)
+    memory_prefix = xp.cumulative_sum(written, axis=-3)
+    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)
+    num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
+    u = xp.sum(gamma_q * mass_prefix, axis=-1)
+    out, safe, seen = _divide(xp, num, u, eps)
+    p = xp.where(xp.expand_dims(seen, axis=-1), d_out / xp.expand_dims(safe, axis=-1), xp.zeros_like(d_out))
+    c = -xp.sum(p * out, axis=-1)
+    d_gamma_q = xp.sum(memory_prefix * xp.expand_dims(p, axis=-2), axis=-1) + xp.expand_dims(c, axis=-1) * mass_prefix
+    s_v = _flip_cumsum(xp, xp.expand_dims(gamma_q, axis=-1) * xp.expand_dims(p, axis=-2), axis=-3)
+    s_z = _flip_cumsum(xp, xp.expand_dims(c, axis=-1) * gamma_q, axis=-2)
+    d_v = xp.sum(xp.expand_dims(gamma_k, axis=-1) * s_v, axis=-2)
+    d_gamma_k = xp.sum(s_v * xp.expand_dims(v, axis=-2), axis=-1) + s_z
+    return BidirectionalGrad(
+        sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
+        sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
+        sum_to_shape(xp, d_v, tuple(v.shape)),
+    )
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+class CausalState(NamedTuple):
+    """Recurrent state of causal GMA after some prefix: Ṽ ``(..., K, d_v)`` and Z ``(..., K)``."""
+
+    memory: Array
+    mass: Array
+
+
+def initial_causal_state(
+    n_components: int,
+    d_value: int,
+    batch_shape: tuple[int, ...] = (),
+    *,
+    xp: Any = None,
+    dtype: Any = None,
+    device: Any = None,
+) -> CausalState:
+    """The empty state (Ṽ = 0, Z = 0) before the first token.
+
+    ``xp`` defaults to NumPy (through array-api-compat) and ``dtype`` to float64.
+    Raises ``ValueError`` if ``n_components`` < 1 or ``d_value`` < 1.
+    """
+    n_components = check_positive_int("n_components", n_components)
+    d_value = check_positive_int("d_value", d_value)
+    if xp is None:
+        import array_api_compat.numpy as xp
+    dtype = xp.float64 if dtype is None else dtype
+    shape = tuple(batch_shape)
+    return CausalState(
+        xp.zeros(shape + (n_components, d_value), dtype=dtype, device=device),
+        xp.zeros(shape + (n_components,), dtype=dtype, device=device),
+    )
+
+
+def causal_step(
+    state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: Array, eps: float = DEFAULT_EPS
+) -> tuple[Array, CausalState]:
+    """One decoding step of causal GMA: write token t, then read it (Eqs. 6b, 8b at i = t).
+
+    Parameters
+    ----------
+    state : CausalState
+        Ṽ^(t−1) ``(..., K, d_v)`` and Z^(t−1) ``(..., K)`` (see :func:`initial_causal_state`).
+    gamma_q_t, gamma_k_t : arrays ``(..., K)``; v_t : array ``(..., d_v)``
+        Responsibilities and value of token t.
+    eps : float ≥ 0
+
+    Returns
+    -------
+    (out_t ``(..., d_v)``, new state). The input state is not modified.
+
+    Raises
+    ------
+    ValueError
+        Mismatched K or d_v between the token and the state, ε < 0.
+    """
+    xp = namespace(memory=state.memory, mass=state.mass, gamma_q_t=gamma_q_t, gamma_k_t=gamma_k_t, v_t=v_t)
+    for name, a, layout in (("gamma_q_t", gamma_q_t, "(..., K)"), ("gamma_k_t", gamma_k_t, "(..., K)"),
+                            ("v_t", v_t, "(..., d_v)")):
+        check_rank(name, a, 1, layout)
+    k, d_v = state.memory.shape[-2], state.memory.shape[-1]
+    if gamma_q_t.shape[-1] != k or gamma_k_t.shape[-1] != k or v_t.shape[-1] != d_v:
+        raise ValueError(
+            f"token shapes gamma_q_t {tuple(gamma_q_t.shape)}, gamma_k_t {tuple(gamma_k_t.shape)}, "
+            f"v_t {tuple(v_t.shape)} do not match the state's K = {k}, d_v = {d_v}"
+        )
+    memory = state.memory + xp.expand_dims(gamma_k_t, axis=-1) * xp.expand_dims(v_t, axis=-2)
+    mass = state.mass + gamma_k_t
+    num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
+    u = xp.sum(gamma_q_t * mass, axis=-1)
+    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), check_nonnegative_scalar("eps", eps))[0]
+    return out[..., 0, :], CausalState(memory, mass)
+
+
+def _empty_state(xp: Any, gamma_k: Array, v: Array) -> CausalState:
+    batch = broadcast_shapes(tuple(gamma_k.shape[:-2]), tuple(v.shape[:-2]))
+    dtype = xp.result_type(gamma_k, v)
+    k, d_v = gamma_k.shape[-1], v.shape[-1]
+    return CausalState(
+        xp.zeros(batch + (k, d_v), dtype=dtype, device=device_of(v)),
+        xp.zeros(batch + (k,), dtype=dtype, device=device_of(v)),
+    )
+
+
+def gma_causal_streaming(
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    state: CausalState | None = None,
+    check_finite: bool = True,
+) -> tuple[Array, CausalState]:
+    """Causal GMA token by token with a constant-size state (the recurrent form of Eq. 8b).
+
+    Feeds the sequence through :func:`causal_step`; passing the returned state to
+    a later call continues the sequence (prefill, then decode).
+
+    Parameters
+    ----------
+    gamma_q, gamma_k : arrays ``(..., N, K)``; v : array ``(..., N, d_v)``
+    eps : float ≥ 0
+    state : CausalState, optional
+        State after an earlier prefix (default: empty).
+
+    Returns
+    -------
+    (out ``(..., N, d_v)``, final state). Raises as :func:`gma_causal_prefix`.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    if state is None:
+        state = _empty_state(xp, gamma_k, v)
+    outs = []
+    for t in range(gamma_q.shape[-2]):
+        out_t, state = causal_step(state, gamma_q[..., t, :], gamma_k[..., t, :], v[..., t, :], eps)
+        outs.append(out_t)
+    if not outs:
+        shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(state.memory.shape[:-2])) + (0, v.shape[-1])
+        return xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v)), state
+    return xp.stack(outs, axis=-2), state
+
+
+def gma_causal_streaming_backward(
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
+) -> BidirectionalGrad:
+    """VJP of :func:`gma_causal_streaming` (from the empty state), with O(K d_v) state.
+
+    The recurrence is the chunked recurrence with one token per chunk, and so is
+    its backward: this is :func:`gma_causal_chunked_backward` with C = 1.
+    Pass 1 replays the recurrence forward (recomputing Ṽ^(i), Z^(i) from the
+    start, never by subtraction) and yields ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i).
+    Pass 2 runs backwards carrying the suffix sums S^V (K × d_v) and S^Z (K)
+    of :func:`gma_causal_prefix_backward`, updated by addition only.
+    """
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size=1)
+
+
+# --------------------------------------------------------------------------- chunked
+
+
+def gma_causal_chunked(
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    eps: float = DEFAULT_EPS,
+    chunk_size: int = 64,
+    *,
+    state: CausalState | None = None,
+    return_state: bool = False,
+    check_finite: bool = True,
+) -> Array | tuple[Array, CausalState]:
+    """Chunkwise-parallel causal GMA (Eq. 8b computed chunk by chunk).
+
+    For chunk c (tokens [cC, (c+1)C), the last chunk may be shorter)::
+
+        A_c   = (Γ^Q_c (Γ^K_c)ᵀ) ⊙ L            L: lower-triangular mask (j ≤ i), C × C
+        num_c = A_c V_c + Γ^Q_c Ṽ_prev           intra-chunk + inter-chunk
+        u_c   = A_c 1   + Γ^Q_c Z_prev
+        O_c   = num_c / (u_c + ε)
+        Ṽ_prev += (Γ^K_c)ᵀ V_c,  Z_prev += (Γ^K_c)ᵀ 1
+
+    Only K × d_v + K numbers travel between chunks; peak memory is
+    O(C² + C(K + d_v) + K d_v) beside the output, independent of N·K·d_v.
+
+    Parameters
+    ----------
+    gamma_q, gamma_k : arrays ``(..., N, K)``; v : array ``(..., N, d_v)``
+    eps : float ≥ 0
+    chunk_size : int ≥ 1
+        C; need not divide N.
+    state : CausalState, optional
+        State after an earlier prefix (default: empty).
+    return_state : bool
+        Also return the final state.
+
+    Returns
+    -------
+    out ``(..., N, d_v)``, or ``(out, state)`` with ``return_state``.
+
+    Raises
+    ------
+    ValueError
+        ``chunk_size`` < 1, and as :func:`gma_causal_prefix`.
+    """
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    memory, mass = _empty_state(xp, gamma_k, v) if state is None else state
+    n = gamma_q.shape[-2]
+    outs = []
+    for start in range(0, n, chunk_size):
+        stop = min(n, start + chunk_size)
+        gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
+        a = _masked_affinity(xp, gq, gk)
+        num = xp.matmul(a, vc) + xp.matmul(gq, memory)
+        u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
+        outs.append(_divide(xp, num, u, eps)[0])
+        memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
+        mass = mass + xp.sum(gk, axis=-2)
+    if outs:
+        out = xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
+    else:
+        shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(memory.shape[:-2])) + (0, v.shape[-1])
+        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v))
+    return (out, CausalState(memory, mass)) if return_state else out
+
+
+def _masked_affinity(xp: Any, gq: Array, gk: Array) -> Array:
+    """(Γ^Q_c Γ^K_cᵀ) ⊙ L for one chunk (C × C, lower-triangular, j ≤ i)."""
+    c = gq.shape[-2]
+    a = xp.matmul(gq, xp.matrix_transpose(gk))
+    i = xp.reshape(xp.arange(c, device=device_of(gq)), (c, 1))
+    j = xp.reshape(xp.arange(c, device=device_of(gq)), (1, c))
+    return xp.where(j <= i, a, xp.zeros_like(a))
+
+
+def gma_causal_chunked_backward(
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, chunk_size: int = 64
+) -> BidirectionalGrad:
+    """VJP of :func:`gma_causal_chunked` (from the empty state), chunk by chunk.
+
+    Pass 1 (forward over chunks) recomputes the inter-chunk state, the outputs
+    and, for each chunk, P_c = G_c / D_c, c_c = −⟨G_c, O_c⟩ / D_c and
+    ∂L/∂Γ^Q_c = P_c Ṽ_prevᵀ + c_c Z_prevᵀ + W_c Γ^K_c with W_c = (P_c V_cᵀ + c_c 1ᵀ) ⊙ L.
+    Pass 2 (reverse over chunks) carries the suffix sums S^V = Σ_later (Γ^Q)ᵀ P
+    and S^Z = Σ_later (Γ^Q)ᵀ c, and gives ∂L/∂V_c = A_cᵀ P_c + Γ^K_c S^V and
+    ∂L/∂Γ^K_c = W_cᵀ Γ^Q_c + V_c (S^V)ᵀ + 1 (S^Z)ᵀ.
+
+    Peak memory O(C² + N(K + d_v) + K d_v): the gradients themselves, never N·K·d_v.
+    """
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size)
+
+
+def _chunked_backward(
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int
+) -> BidirectionalGrad:
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    memory, mass = _empty_state(xp, gamma_k, v)
+    n = gamma_q.shape[-2]
+    bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
+    p_chunks, c_chunks, dq_chunks = [], [], []
+    for start, stop in bounds:  # pass 1: forward state, ∂L/∂Γ^Q
+        gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
+        a = _masked_affinity(xp, gq, gk)
+        num = xp.matmul(a, vc) + xp.matmul(gq, memory)
+        u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
+        out, safe, seen = _divide(xp, num, u, eps)
+        g = d_out[..., start:stop, :]
+        p = xp.where(xp.expand_dims(seen, axis=-1), g / xp.expand_dims(safe, axis=-1), xp.zeros_like(g))
+        c = -xp.sum(p * out, axis=-1)
+        w = _masked_outer(xp, p, vc, c)
+        dq = (
+            xp.matmul(p, xp.matrix_transpose(memory))
+            + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
+            + xp.matmul(w, gk)
+        )
+        p_chunks.append(p)
+        c_chunks.append(c)
+        dq_chunks.append(dq)
+        memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
+        mass = mass + xp.sum(gk, axis=-2)
+    s_v = xp.zeros_like(memory)  # Σ over later chunks of (Γ^Q)ᵀ P
+    s_z = xp.zeros_like(mass)  # Σ over later chunks of (Γ^Q)ᵀ c
+    dk_chunks: list[Array] = []
+    dv_chunks: list[Array] = []
+    for idx in range(len(bounds) - 1, -1, -1):  # pass 2: suffix sums, by addition only
+        start, stop = bounds[idx]
+        gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
+        p, c = p_chunks[idx], c_chunks[idx]
+        a = _masked_affinity(xp, gq, gk)
+        w = _masked_outer(xp, p, vc, c)
+        dv_chunks.append(xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(gk, s_v))
+        dk_chunks.append(
+            xp.matmul(xp.matrix_transpose(w), gq)
+            + xp.matmul(vc, xp.matrix_transpose(s_v))
+            + xp.expand_dims(s_z, axis=-2)
+        )
+        s_v = s_v + xp.matmul(xp.matrix_transpose(gq), p)
+        s_z = s_z + xp.sum(gq * xp.expand_dims(c, axis=-1), axis=-2)
+    dk_chunks.reverse()
+    dv_chunks.reverse()
+
+    def cat(chunks: list[Array], like: Array, width: int) -> Array:
+        if chunks:
+            return xp.concat(chunks, axis=-2) if len(chunks) > 1 else chunks[0]
+        return xp.zeros(tuple(like.shape[:-1]) + (width,), dtype=like.dtype, device=device_of(like))
+
+    d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1])
+    d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1])
+    d_v = cat(dv_chunks, v, v.shape[-1])
+    return BidirectionalGrad(
+        sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
+        sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
+        sum_to_shape(xp, d_v, tuple(v.shape)),
+    )
+
+
+def _masked_outer(xp: Any, p: Array, vc: Array, c: Array) -> Array:
+    """W = (P Vᵀ + c 1ᵀ) ⊙ L: W_ij = ⟨P_i, V_j⟩ + c_i for j ≤ i within a chunk."""
+    n = p.shape[-2]
+    w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
+    i = xp.reshape(xp.arange(n, device=device_of(p)), (n, 1))
+    j = xp.reshape(xp.arange(n, device=device_of(p)), (1, n))
+    return xp.where(j <= i, w, xp.zeros_like(w))

@@ -1,0 +1,158 @@
+"""Mixture parameterisation (§3.6, Eqs. 13–15 and 55) and its backward (Eqs. 58, 61).
+
+The trainable mixture parameters are unconstrained: ``omega`` (ω) gives the
+diagonal variances through a softplus with a floor ε_σ, and ``prior_logits``
+(α) give the priors through a softmax::
+
+    σ²_kj = softplus(ω_kj) + ε_σ            (Eq. 14 = Eq. 55)
+    π_k   = exp(α_k) / Σ_l exp(α_l)         (Eq. 15)
+
+Both are computed so that |ω|, |α| up to 1e4 neither overflow nor take log(0):
+softplus as ``logaddexp(0, ω)`` and log π as ``α − max α − log Σ exp(α − max α)``.
+"""
+
+from __future__ import annotations
+
+from ._array import Array, check_floating, check_positive_scalar, check_rank, namespace
+from ._array import check_finite as _check_finite
+
+__all__ = [
+    "DEFAULT_EPS",
+    "DEFAULT_EPS_SIGMA",
+    "variances_from_omega",
+    "variances_from_omega_backward",
+    "omega_from_variances",
+    "log_priors_from_logits",
+    "log_priors_from_logits_backward",
+    "priors_from_logits",
+    "sigmoid",
+]
+
+#: Default read stabiliser ε of Eq. 7.
+DEFAULT_EPS = 1e-6
+#: Default variance floor ε_σ of Eq. 14.
+DEFAULT_EPS_SIGMA = 1e-4
+
+
+def sigmoid(w: Array) -> Array:
+    """Logistic sigmoid σ_sig(w) = 1 / (1 + e^{−w}), stable for |w| up to 1e4 (Eq. 58).
+
+    Computed as ``exp(−softplus(−w))`` so neither branch overflows.
+    Shape and dtype of ``w`` are preserved.
+    """
+    xp = namespace(w=w)
+    return xp.exp(-xp.logaddexp(xp.zeros_like(w), -w))
+
+
+def variances_from_omega(
+    omega: Array, eps_sigma: float = DEFAULT_EPS_SIGMA, *, check_finite: bool = True
+) -> Array:
+    """Diagonal variances σ² = softplus(ω) + ε_σ (Eq. 14, Eq. 55).
+
+    Parameters
+    ----------
+    omega : array, shape ``(..., K, d_r)``
+        Unconstrained variance parameters ω, real floating dtype.
+    eps_sigma : float
+        Variance floor ε_σ > 0; every returned variance is ≥ ε_σ.
+    check_finite : bool
+        Raise on NaN/Inf in ``omega`` (default ``True``).
+
+    Returns
+    -------
+    variances : array, same shape and dtype as ``omega``.
+
+    Raises
+    ------
+    TypeError
+        ``omega`` is not a real floating array.
+    ValueError
+        ``omega`` has fewer than 2 axes, holds NaN/Inf, or ``eps_sigma`` ≤ 0.
+    """
+    xp = namespace(omega=omega)
+    check_floating(xp, "omega", omega)
+    check_rank("omega", omega, 2, "(..., K, d_r)")
+    eps_sigma = check_positive_scalar("eps_sigma", eps_sigma)
+    if check_finite:
+        _check_finite(xp, "omega", omega)
+    # softplus(ω) = log(1 + e^ω) = logaddexp(0, ω): no overflow for ω = 1e4.
+    return xp.logaddexp(xp.zeros_like(omega), omega) + eps_sigma
+
+
+def variances_from_omega_backward(omega: Array, d_variances: Array) -> Array:
+    """Vector–Jacobian product of Eq. 14: ∂L/∂ω = ∂L/∂σ² · sigmoid(ω) (Eq. 58).
+
+    ``omega`` and ``d_variances`` have shape ``(..., K, d_r)``; returns ``d_omega``
+    of the same shape. ε_σ does not enter the derivative.
+    """
+    namespace(omega=omega, d_variances=d_variances)
+    return d_variances * sigmoid(omega)
+
+
+def omega_from_variances(variances: Array, eps_sigma: float = DEFAULT_EPS_SIGMA) -> Array:
+    """Inverse of Eq. 14: ω = softplus⁻¹(σ² − ε_σ) = log(expm1(σ² − ε_σ)).
+
+    Useful to initialise ω from target variances. ``variances`` must all be
+    > ε_σ (raises ``ValueError`` otherwise). For large arguments the stable form
+    ``t + log(−expm1(−t))`` is used.
+    """
+    xp = namespace(variances=variances)
+    check_floating(xp, "variances", variances)
+    eps_sigma = check_positive_scalar("eps_sigma", eps_sigma)
+    t = variances - eps_sigma
+    if not bool(xp.all(t > 0)):
+        raise ValueError(f"variances must all exceed eps_sigma={eps_sigma}, got min {float(xp.min(variances))}")
+    return t + xp.log(-xp.expm1(-t))
+
+
+def log_priors_from_logits(prior_logits: Array, *, check_finite: bool = True) -> Array:
+    """Log-priors log π = log_softmax(α) over the last axis (Eq. 15, in log space).
+
+    Parameters
+    ----------
+    prior_logits : array, shape ``(..., K)``
+        Unconstrained prior logits α, real floating dtype, K ≥ 1.
+    check_finite : bool
+        Raise on NaN/Inf (default ``True``).
+
+    Returns
+    -------
+    log_priors : array, same shape and dtype; finite for |α| ≤ 1e4.
+
+    Raises
+    ------
+    TypeError
+        Not a real floating array.
+    ValueError
+        Zero-dimensional, K = 0, or NaN/Inf.
+    """
+    xp = namespace(prior_logits=prior_logits)
+    check_floating(xp, "prior_logits", prior_logits)
+    check_rank("prior_logits", prior_logits, 1, "(..., K)")
+    if prior_logits.shape[-1] < 1:
+        raise ValueError(f"prior_logits must have K >= 1 components, got shape {tuple(prior_logits.shape)}")
+    if check_finite:
+        _check_finite(xp, "prior_logits", prior_logits)
+    shifted = prior_logits - xp.max(prior_logits, axis=-1, keepdims=True)
+    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
+
+
+def log_priors_from_logits_backward(log_priors: Array, d_log_priors: Array) -> Array:
+    """Vector–Jacobian product of log π = log_softmax(α) (from Eqs. 61–62).
+
+    ∂ log π_k / ∂α_m = 1{k=m} − π_m, so ∂L/∂α_m = g_m − π_m Σ_k g_k with
+    g = ∂L/∂log π. Shapes ``(..., K)``. The result sums to 0 over the last axis.
+    """
+    xp = namespace(log_priors=log_priors, d_log_priors=d_log_priors)
+    priors = xp.exp(log_priors)
+    return d_log_priors - priors * xp.sum(d_log_priors, axis=-1, keepdims=True)
+
+
+def priors_from_logits(prior_logits: Array, *, check_finite: bool = True) -> Array:
+    """Priors π = softmax(α) over the last axis (Eq. 15); rows sum to 1.
+
+    Shapes ``(..., K)``; see :func:`log_priors_from_logits` for checks and raises.
+    """
+    xp = namespace(prior_logits=prior_logits)
+    return xp.exp(log_priors_from_logits(prior_logits, check_finite=check_finite))
+

@@ -1,0 +1,92 @@
+"""Shared fixtures: array namespaces under test and hypothesis profiles.
+
+Profiles: ``ci`` (default; derandomised, few examples, fits the CI budget) and
+``thorough`` (many random examples, for local runs)::
+
+    pytest --hypothesis-profile=thorough
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=20,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "thorough",
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.load_profile("ci")
+
+
+def _cupy_reason() -> str | None:
+    """``None`` if CuPy with a usable CUDA device is present, else why not."""
+    try:
+        cupy = importlib.import_module("cupy")
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return f"CuPy is not importable ({type(exc).__name__}: {exc})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"CuPy found no CUDA device ({type(exc).__name__}: {exc})"
+    if n < 1:
+        return "CuPy found no CUDA device"
+    return None
+
+
+CUPY_SKIP_REASON = _cupy_reason()
+
+NAMESPACES = [
+    "numpy",
+    "array_api_strict",
+    pytest.param("cupy", marks=[pytest.mark.cupy]),
+]
+
+
+def load_namespace(name: str):
+    """Import the array namespace ``name`` (skipping with the reason for CuPy)."""
+    if name == "numpy":
+        import array_api_compat.numpy as xp
+
+        return xp
+    if name == "array_api_strict":
+        import array_api_strict as xp
+
+        return xp
+    if name == "cupy":
+        if CUPY_SKIP_REASON is not None:
+            pytest.skip(f"CuPy tests skipped: {CUPY_SKIP_REASON}")
+        import array_api_compat.cupy as xp
+
+        return xp
+    raise ValueError(name)
+
+
+@pytest.fixture(params=NAMESPACES)
+def xp(request):
+    """Every array namespace the forward tests run under."""
+    return load_namespace(request.param)
+
+
+def pytest_report_header(config):
+    if CUPY_SKIP_REASON is None:
+        return "gma-ref: CuPy tests enabled (CUDA device found)"
+    return f"gma-ref: CuPy tests will skip: {CUPY_SKIP_REASON}"
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20260611)
