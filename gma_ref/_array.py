@@ -117,7 +117,9 @@ def check_positive_scalar(name: str, value: Any) -> float:
 
 def check_positive_int(name: str, value: Any) -> int:
     """Return ``int(value)``; raise unless it is an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer >= 1, got {value!r}")
+    if not isinstance(value, int):
         try:
             import operator
 
