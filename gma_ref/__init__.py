@@ -14,10 +14,14 @@ Modules, in the order of the paper:
 * :mod:`gma_ref.causal` — Eqs. 6b, 8b, 9b, 10b: prefix, streaming and chunked causal GMA.
 * :mod:`gma_ref.attention` — the full pipeline from routing vectors, with all gradients.
 * :mod:`gma_ref.layer` — Eq. 4 and footnote 18: the multi-head layer.
+
+``gma_ref.responsibilities`` and ``gma_ref.affinity`` are modules; their main
+functions are ``gma_ref.responsibilities.responsibilities`` (Eq. 3) and
+``gma_ref.affinity.affinity`` (Eq. 11).
 """
 
+from . import affinity, responsibilities
 from .affinity import (
-    affinity,
     attention_weights,
     gma_materialized,
     gma_materialized_backward,
@@ -65,7 +69,6 @@ from .responsibilities import (
     ScoresGrad,
     log_gaussian_density,
     log_softmax_backward,
-    responsibilities,
     responsibilities_backward,
     scores,
     scores_backward,
@@ -75,6 +78,8 @@ from .responsibilities import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "affinity",
+    "responsibilities",
     "DEFAULT_EPS",
     "DEFAULT_EPS_SIGMA",
     "FORMS",
@@ -85,7 +90,6 @@ __all__ = [
     "LayerGrad",
     "ReadGrad",
     "ScoresGrad",
-    "affinity",
     "attention_weights",
     "causal_step",
     "gma_attention",
@@ -117,7 +121,6 @@ __all__ = [
     "read_memory",
     "read_memory_backward",
     "read_weights",
-    "responsibilities",
     "responsibilities_backward",
     "scores",
     "scores_backward",

@@ -1,0 +1,96 @@
+"""Command line: ``gma-ref verify | derive | coverage | bench | check``.
+
+* ``gma-ref verify [--namespace NS] [--dtype DT] [--seed S] [--kind forward|gradient]``:
+  the equation-by-equation verification report; exits 1 on any failure.
+* ``gma-ref derive [NAME]``: print the sympy derivations (all, or one).
+* ``gma-ref coverage [--write PATH]``: the equation-coverage table from the registry.
+* ``gma-ref bench [--quick]``: time and memory versus N for every form.
+* ``gma-ref check module:function ...``: check an implementation against the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .registry import NAMESPACES
+
+    parser = argparse.ArgumentParser(prog="gma-ref", description="Gaussian Mixture Attention reference")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("verify", help="run every equation check and print the report")
+    p.add_argument("--namespace", default="numpy", choices=sorted(NAMESPACES))
+    p.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kind", choices=["forward", "gradient", "all"], default="all")
+
+    p = sub.add_parser("derive", help="print the sympy derivations")
+    p.add_argument("name", nargs="?", help="one derivation (default: all)")
+
+    p = sub.add_parser("coverage", help="print (or write) the equation coverage table")
+    p.add_argument("--write", metavar="PATH", help="write the table to PATH instead of printing it")
+
+    p = sub.add_parser("bench", help="time and peak memory versus N for each form")
+    p.add_argument("--quick", action="store_true", help="sizes 8x smaller (seconds)")
+
+    try:
+        from .check_cli import add_check_parser
+    except ModuleNotFoundError as exc:
+        if exc.name != "gma_ref.check_cli":
+            raise
+    else:
+        add_check_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "verify":
+        from .verify import verify
+
+        kinds = ("forward", "gradient") if args.kind == "all" else (args.kind,)
+        try:
+            return verify(args.namespace, args.dtype, args.seed, kinds=kinds)
+        except RuntimeError as exc:
+            print(f"gma-ref verify: {exc}", file=sys.stderr)
+            return 2
+    if args.command == "derive":
+        from derivations import DERIVATIONS, print_derivation
+
+        names = [args.name] if args.name else list(DERIVATIONS)
+        unknown = [n for n in names if n not in DERIVATIONS]
+        if unknown:
+            print(f"gma-ref derive: unknown derivation {unknown[0]!r}; choose from {sorted(DERIVATIONS)}",
+                  file=sys.stderr)
+            return 2
+        ok = all([print_derivation(n) for n in names])
+        return 0 if ok else 1
+    if args.command == "coverage":
+        from .registry import coverage_markdown
+
+        text = coverage_markdown()
+        if args.write:
+            with open(args.write, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        else:
+            print(text, end="")
+        return 0
+    if args.command == "bench":
+        from .bench import run_benchmarks
+
+        result = run_benchmarks(quick=args.quick)
+        return 0 if result is not None else 1
+    if args.command == "check":
+        from .check_cli import run_check
+
+        return run_check(args)
+    raise AssertionError(args.command)  # argparse enforces the choices
+
+
+if __name__ == "__main__":
+    sys.exit(main())
