@@ -43,8 +43,8 @@ def to_numpy(a: Any) -> np.ndarray:
         out = a.get()
     elif mod.startswith("torch"):
         out = a.detach().cpu().numpy()
-    elif isinstance(a, np.ndarray):
-        out = a
+    elif isinstance(a, (np.ndarray, np.generic, float, int)):
+        out = np.asarray(a)
     else:
         out = np.from_dlpack(a)
     out = np.asarray(out)
@@ -70,7 +70,7 @@ class Context:
 
     def arr(self, a: Any) -> Any:
         """A float64 NumPy array (already rounded) as an array of ``xp`` in the dtype under test."""
-        host = np.ascontiguousarray(np.asarray(a, dtype=np.float64).astype(self.dtype_name))
+        host = np.array(a, dtype=np.float64).astype(self.dtype_name)  # a contiguous copy; keeps 0-d
         out = self.xp.asarray(host) if self.device is None else self.xp.asarray(host, device=self.device)
         return out
 
