@@ -18,7 +18,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .registry import NAMESPACES
+    from .verification.registry import NAMESPACES
 
     parser = argparse.ArgumentParser(prog="gma-ref", description="Gaussian Mixture Attention reference")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "verify":
-        from .verify import verify
+        from .verification.report import verify
 
         kinds = ("forward", "gradient") if args.kind == "all" else (args.kind,)
         try:
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = all([print_derivation(n) for n in names])
         return 0 if ok else 1
     if args.command == "coverage":
-        from .registry import coverage_markdown
+        from .verification.registry import coverage_markdown
 
         text = coverage_markdown()
         if args.write:

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from gma_ref import registry, verify
 from gma_ref.cli import main
+from gma_ref.verification import registry
+from gma_ref.verification import report as verify
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

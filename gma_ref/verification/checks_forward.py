@@ -13,8 +13,8 @@ import math
 import numpy as np
 from scipy import special, stats
 
-from . import affinity as aff
-from . import baselines, bidirectional, causal, costs, layer, mixture, responsibilities
+from .. import affinity as aff
+from .. import baselines, bidirectional, causal, costs, layer, mixture, responsibilities
 from .registry import Context, register, to_numpy
 
 F32 = {"float64": 1e-12, "float32": 2e-5}

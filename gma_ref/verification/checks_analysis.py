@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 from scipy import special, stats
 
-from . import diagnostics as diag
-from . import extensions as ext
+from .. import diagnostics as diag
+from .. import extensions as ext
 from .checks_gradients import GRAD_TOL, _np, _worst
 from .registry import Context, register, to_numpy
 
@@ -24,7 +24,7 @@ MC = {"float64": 1.0, "float32": 1.0}
           "‖J_s(x)‖₂ ≤ √K R/ε_σ on drawn points with ‖x − μ_k‖ ≤ R (worst measured/bound ratio, must be ≤ 1)",
           tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
 def _thm1(ctx: Context) -> float:
-    from . import responsibilities as resp
+    from .. import responsibilities as resp
 
     k, d_r = 4, 3
     means = ctx.normal(k, d_r)

@@ -128,7 +128,11 @@ def register(
     return deco
 
 
-_CHECK_MODULES = ("gma_ref.checks_forward", "gma_ref.checks_gradients", "gma_ref.checks_analysis")
+_CHECK_MODULES = (
+    "gma_ref.verification.checks_forward",
+    "gma_ref.verification.checks_gradients",
+    "gma_ref.verification.checks_analysis",
+)
 
 
 def all_checks() -> list[Check]:
@@ -148,7 +152,8 @@ def coverage_markdown() -> str:
     lines = [
         "# Equation coverage",
         "",
-        "Generated from `gma_ref/registry.py` by `gma-ref coverage`; a test fails when this file is stale.",
+        "Generated from `gma_ref/verification/registry.py` by `gma-ref coverage`; a test fails when this",
+        "file is stale.",
         "Every row is one check that `gma-ref verify` runs; the tests named alongside check the same",
         "property more thoroughly (hypothesis-drawn shapes, every namespace).",
         "",

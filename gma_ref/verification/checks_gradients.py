@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import affinity as aff
-from . import attention, bidirectional, causal, layer, mixture
-from . import responsibilities as resp
+from .. import affinity as aff
+from .. import attention, bidirectional, causal, layer, mixture
+from .. import responsibilities as resp
 from .registry import Context, register, to_numpy
 
 GRAD_TOL = {"float64": 1e-7, "float32": 2e-3}
