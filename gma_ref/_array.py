@@ -132,7 +132,7 @@ def check_positive_int(name: str, value: Any) -> int:
 
 
 def _as_real(name: str, value: Any) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
         raise TypeError(f"{name} must be a real number, got {value!r}")
     try:
         return float(value)

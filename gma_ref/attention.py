@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._array import Array, check_positive_int, namespace
+from ._array import Array, check_floating, check_last_dim, check_positive_int, check_rank, namespace, sum_to_shape
+from ._array import check_finite as _check_finite
 from .affinity import gma_materialized, gma_materialized_backward
-from .bidirectional import gma_bidirectional, gma_bidirectional_backward
+from .bidirectional import check_routing_inputs, gma_bidirectional, gma_bidirectional_backward
 from .causal import (
     gma_causal_chunked,
     gma_causal_chunked_backward,
@@ -138,17 +139,29 @@ def gma_attention(
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
+    xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
+    _check_routing_vectors(xp, q, k, v, means, check_finite)
     variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
-    gamma_q = responsibilities(q, means, variances, log_priors, check_finite=check_finite)
-    gamma_k = responsibilities(k, means, variances, log_priors, check_finite=check_finite)
-    if check_finite:
-        from .bidirectional import check_routing_inputs
-
-        check_routing_inputs(namespace(v=v), gamma_q, gamma_k, v, eps, True)
+    gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
+    gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
+    check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal GMA needs N_q == N_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     return _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
+
+
+def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool) -> None:
+    """Check q, k, v under their own names (the responsibilities would call both ``x``)."""
+    check_floating(xp, "means", means)
+    check_rank("means", means, 2, "(..., K, d_r)")
+    d_r = means.shape[-1]
+    for name, a, layout in (("q", q, "(..., N_q, d_r)"), ("k", k, "(..., N_k, d_r)"), ("v", v, "(..., N_k, d_v)")):
+        check_floating(xp, name, a)
+        check_rank(name, a, 2, layout)
+        if name != "v":
+            check_last_dim(name, a, d_r, layout, f"d_r of means {tuple(means.shape)}")
+        if check_finite:
+            _check_finite(xp, name, a)
 
 
 class AttentionGrad(NamedTuple):
@@ -196,8 +209,6 @@ def gma_attention_backward(
     side_k = responsibilities_backward(k, means, variances, gamma_k, d_gamma_k, lp_shape)
     d_variances = side_q.d_variances + side_k.d_variances
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors
-    from ._array import sum_to_shape
-
     return AttentionGrad(
         d_q=side_q.d_x,
         d_k=side_k.d_x,

@@ -72,7 +72,10 @@ def check_routing_inputs(
             f"and {tuple(gamma_k.shape)}"
         )
     if gamma_q.shape[-1] < 1:
-        raise ValueError(f"responsibilities must have K >= 1 components, got shape {tuple(gamma_q.shape)}")
+        raise ValueError(
+            f"gamma_q and gamma_k must have K >= 1 components (last axis), got shapes {tuple(gamma_q.shape)} "
+            f"and {tuple(gamma_k.shape)}"
+        )
     if v.shape[-2] != gamma_k.shape[-2]:
         raise ValueError(
             f"v must have one row per key: v has shape {tuple(v.shape)} (N_k = {v.shape[-2]}) but "
