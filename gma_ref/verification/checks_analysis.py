@@ -198,3 +198,47 @@ def _ext_grads(ctx: Context) -> float:
     grads = ext.moe_gates_backward(*[ctx.arr(x) for x in args], ctx.arr(cot))
     errs.append(_worst(ctx, _np(ext.moe_gates), args, list(grads), cot))
     return max(errs)
+
+
+def _responsibility_jacobian(ctx: Context, x: np.ndarray, means: np.ndarray, variances: np.ndarray,
+                             log_priors: np.ndarray) -> np.ndarray:
+    """J_γ(x) (K × d_r), row k = the VJP of γ_k, from the hand-written backward."""
+    from .. import responsibilities as resp
+
+    args = [ctx.arr(x[None, :]), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors)]
+    gamma = resp.responsibilities(*args)
+    rows = []
+    for j in range(means.shape[0]):
+        cot = np.zeros((1, means.shape[0]))
+        cot[0, j] = 1.0
+        rows.append(to_numpy(resp.responsibilities_backward(*args[:3], gamma, ctx.arr(cot)).d_x)[0])
+    return np.array(rows)
+
+
+@register("Thm 1", "§4.3", "gma_ref.responsibilities.responsibilities_backward",
+          "‖J_γ(x)‖₂ ≤ R/(√2 ε_σ), independent of K (docs/lipschitz.md): worst measured/bound ratio on drawn "
+          "points, must be ≤ 1", tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
+def _thm1_gamma(ctx: Context) -> float:
+    k, d_r = 6, 3
+    means = ctx.normal(k, d_r)
+    variances = ctx.rounded(0.2 + ctx.rng.random((k, d_r)))
+    log_priors = ctx.rounded(special.log_softmax(ctx.rng.normal(size=k)))
+    eps_sigma = float(variances.min())
+    worst = 0.0
+    for x in ctx.normal(20, d_r, scale=1.5):
+        r = float(max(np.linalg.norm(x - means[j]) for j in range(k)))
+        norm = float(np.linalg.norm(_responsibility_jacobian(ctx, x, means, variances, log_priors), 2))
+        worst = max(worst, norm / (r / (math.sqrt(2) * eps_sigma)))
+    return worst
+
+
+@register("Thm 1", "§4.3", "gma_ref.responsibilities.responsibilities_backward",
+          "the bound R/(√2 ε_σ) is attained: K = 2, μ = x ± R e₁, σ² = ε_σ (1 − measured/bound)",
+          tolerance={"float64": 1e-9, "float32": 1e-4}, tests=("tests/test_lipschitz.py",))
+def _thm1_tight(ctx: Context) -> float:
+    r, eps_sigma = 1.5, 0.25
+    x = np.zeros(2)
+    means = np.array([[r, 0.0], [-r, 0.0]])
+    variances = np.full((2, 2), eps_sigma)
+    norm = float(np.linalg.norm(_responsibility_jacobian(ctx, x, means, variances, np.log([0.5, 0.5])), 2))
+    return abs(1.0 - norm / (r / (math.sqrt(2) * eps_sigma)))
