@@ -132,6 +132,7 @@ _CHECK_MODULES = (
     "gma_ref.verification.checks_forward",
     "gma_ref.verification.checks_gradients",
     "gma_ref.verification.checks_analysis",
+    "gma_ref.verification.checks_sympy",
 )
 
 
