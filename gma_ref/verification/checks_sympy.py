@@ -19,7 +19,10 @@ from .. import bidirectional, causal, mixture
 from .. import responsibilities as resp
 from .registry import Context, register, to_numpy
 
-SYMPY_TOL = {"float64": 1e-12, "float32": 2e-4}
+#: The lambdified sympy gradients evaluate exponentials directly (not in log space) and the mixture
+#: gradients are small differences of larger terms, so they carry up to ~1e-11 relative rounding
+#: (measured: worst 6.9e-12 over 60 random points).
+SYMPY_TOL = {"float64": 1e-10, "float32": 2e-4}
 
 
 def _derivation(name: str):  # noqa: ANN202 - a module
