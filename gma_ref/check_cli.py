@@ -1,0 +1,100 @@
+"""``gma-ref check``: run the conformance harness on an implementation from the shell.
+
+::
+
+    gma-ref check package.module:function --variant causal --dtype float32 [--device cuda] [--grad]
+                  [--cases N] [--seed S] [--json] [--verbose]
+
+``package.module:function`` is imported; a callable attribute that is a class
+is instantiated without arguments. Its ``gma_declaration`` (a
+:class:`gma_ref.testing.Declaration`) says what it supports; its ``gma_vjp``
+(or the PyTorch / JAX adapter, by the declared namespace) gives gradients.
+Exit status: 0 all checks passed; 1 a mismatch (or nothing could be checked);
+2 everything checked passed but something explicitly requested was skipped
+(not declared); 3 the implementation could not be loaded.
+
+Standalone: ``python -m gma_ref.check_cli package.module:function ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_check_parser", "run_check", "load_implementation", "main"]
+
+
+def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("target", help="the implementation, as package.module:function (or :Class, instantiated)")
+    p.add_argument("--variant", action="append", choices=("bidirectional", "causal", "cross"),
+                   help="variant to check (repeatable); default: bidirectional, causal and cross")
+    p.add_argument("--dtype", choices=("float64", "float32", "float16", "bfloat16"),
+                   help="dtype under test; default: the first declared")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="device; default: the first declared")
+    p.add_argument("--grad", action="store_true", default=None, help="check all gradients (needs a VJP)")
+    p.add_argument("--no-grad", dest="grad", action="store_false", help="forward only")
+    p.add_argument("--cases", type=int, default=0, metavar="N",
+                   help="add N seeded random cases to the default set (25 cases)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the case generator")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")
+    p.add_argument("--no-contract", dest="contract", action="store_false",
+                   help="skip the determinism and non-contiguous-input checks")
+    return p
+
+
+def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``check`` subcommand to an ``argparse`` subparsers object; returns its parser."""
+    p = subparsers.add_parser("check", help="check a GMA implementation against the reference",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _configure(p)
+    p.set_defaults(func=run_check)
+    return p
+
+
+def load_implementation(target: str) -> Any:
+    """Import ``package.module:attr`` (the current directory is importable); instantiate a class."""
+    if ":" not in target:
+        raise ValueError(f"target must look like package.module:function, got {target!r}")
+    mod_name, attr = target.split(":", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj: Any = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if inspect.isclass(obj):
+        obj = obj()
+    if not callable(obj):
+        raise TypeError(f"{target} is not callable")
+    return obj
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Run the harness for parsed ``args``; print the report; return the exit status."""
+    from .testing import check
+
+    try:
+        impl = load_implementation(args.target)
+    except Exception as exc:
+        print(f"gma-ref check: cannot load {args.target}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+    report = check(impl, variants=tuple(args.variant) if args.variant else None, dtype=args.dtype,
+                   device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
+                   contract=getattr(args, "contract", True), name=args.target)
+    print(report.to_json() if args.json else report.format(verbose=args.verbose))
+    return report.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point: ``python -m gma_ref.check_cli TARGET [options]``."""
+    parser = _configure(argparse.ArgumentParser(prog="gma-ref check", description=__doc__,
+                                                formatter_class=argparse.RawDescriptionHelpFormatter))
+    return run_check(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Measure the error distribution of a correct implementation: how the tolerance table was derived.
+
+:func:`calibrate` runs an implementation over the default cases plus ``n_cases``
+generated ones with τ = 1, so every error figure comes back in units of
+ν = u_store + u_acc·κ + t_store·λ (:mod:`gma_ref.testing.compare`). The
+calibrated τ in :data:`~gma_ref.testing.compare.TOLERANCES` is a multiple
+(8× to 16×, rounded up to a power of two) of the largest normalised error seen
+over the correct implementations; ``examples/calibrate_tolerances.py``
+regenerates the table printed in docs/oracle.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .adapters import Declaration, declaration_of
+from .cases import VARIANTS, default_cases, generate_cases
+from .compare import Tolerance
+from .runner import _resolve_vjp, run_case
+
+__all__ = ["Calibration", "calibrate"]
+
+
+@dataclass
+class Calibration:
+    """Normalised error figures (error / ν) of one implementation and dtype.
+
+    ``norm``/``elem`` map tensor names to the list of per-case values;
+    ``failures`` lists contract failures (which calibration must not have);
+    ``skipped`` the cases too ill-conditioned for the dtype (ν > NU_MAX).
+    """
+
+    implementation: str
+    dtype: str
+    n_cases: int
+    norm: dict[str, list[float]] = field(default_factory=dict)
+    elem: dict[str, list[float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def max_norm(self) -> float:
+        """Largest normalised norm error over all tensors and cases."""
+        return max((max(v) for v in self.norm.values() if v), default=0.0)
+
+    def max_elem(self) -> float:
+        """Largest normalised element error over all tensors and cases."""
+        return max((max(v) for v in self.elem.values() if v), default=0.0)
+
+    def quantile(self, which: str, q: float) -> float:
+        """The ``q`` quantile of all normalised ``which`` (``'norm'``/``'elem'``) values."""
+        import numpy as np
+
+        vals = [x for v in getattr(self, which).values() for x in v]
+        return float(np.quantile(vals, q)) if vals else 0.0
+
+    def suggested(self, multiple: float = 8.0) -> Tolerance:
+        """τ = ``multiple`` × the observed maximum, rounded up to a power of two."""
+        def up(x: float) -> float:
+            return 2.0 ** math.ceil(math.log2(max(x * multiple, 1.0)))
+
+        return Tolerance(norm=up(self.max_norm()), elem=up(self.max_elem()))
+
+    def summary(self) -> str:
+        """One line per tensor: max and median of both figures."""
+        import numpy as np
+
+        lines = [f"{self.implementation} {self.dtype}: {self.n_cases} cases"]
+        for t in self.norm:
+            n, e = np.asarray(self.norm[t]), np.asarray(self.elem[t])
+            lines.append(f"  {t:<15} norm max {n.max():8.3g} median {np.median(n):8.3g}   "
+                         f"elem max {e.max():8.3g} median {np.median(e):8.3g}")
+        lines.append(f"  overall norm max {self.max_norm():.3g}, elem max {self.max_elem():.3g}; "
+                     f"failures: {len(self.failures)}; skipped (ill-conditioned): {len(self.skipped)}")
+        return "\n".join(lines)
+
+
+def calibrate(
+    impl: Callable[..., Any],
+    dtype: str,
+    *,
+    n_cases: int = 200,
+    seed: int = 0,
+    declaration: Declaration | None = None,
+    vjp: Callable[..., Any] | None = None,
+    variants: Sequence[str] = VARIANTS,
+    device: str = "cpu",
+    grad: bool = True,
+) -> Calibration:
+    """Normalised errors of ``impl`` at ``dtype`` over the default cases plus ``n_cases`` generated ones.
+
+    ``impl`` must be a *correct* implementation; a failed contract check is
+    recorded in :attr:`Calibration.failures`.
+    """
+    decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))
+    the_vjp = _resolve_vjp(impl, decl, vjp)[0] if grad else None
+    cases = default_cases(tuple(variants), dtype=dtype, seed=seed)
+    cases += generate_cases(n_cases, variants=tuple(variants), dtype=dtype, seed=seed + 1)
+    cal = Calibration(getattr(impl, "__name__", repr(impl)), dtype, len(cases))
+    unit = Tolerance(1.0, 1.0)
+    for case in cases:
+        results, _ = run_case(impl, case, decl, vjp=the_vjp, device=device, contract=False, tolerance=unit)
+        if len(results) == 1 and results[0].check == "conditioning":
+            cal.skipped.append(case.case_id)
+            continue
+        for r in results:
+            if r.metric in ("norm", "elem"):
+                getattr(cal, r.metric).setdefault(r.tensor, []).append(r.value / r.threshold)
+            elif not r.passed:
+                cal.failures.append(f"{r.case_id} {r.check} {r.tensor} {r.metric} {r.detail}")
+    return cal

@@ -1,0 +1,244 @@
+"""Seeded conformance cases: shapes, regimes and the float64 inputs of each case.
+
+A :class:`Case` is a small frozen description (variant, shapes, ε, ε_σ, chunk
+size, input regime, seed); :func:`case_arrays` turns it into float64 NumPy
+arrays, deterministically. The harness rounds them to the dtype under test
+*before* the reference sees them (the reference runs on the candidate's own
+rounded inputs, upcast to float64).
+
+Regimes:
+
+* ``normal`` — routing vectors drawn from the mixture (each near one mean);
+* ``far`` — routing vectors 12 standard deviations from their nearest mean;
+* ``floor`` — most variances at the floor ε_σ (ω = −40), routing vectors within a
+  few of those tiny standard deviations of a mean;
+* ``tiny_eps`` — ε = 1e-12 and an empty-ish component (mass far below 1).
+
+NumPy is used here for host-side generation only (this module is bookkeeping,
+not reference array code).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "VARIANTS",
+    "DTYPES",
+    "REGIMES",
+    "Case",
+    "case_arrays",
+    "default_cases",
+    "generate_cases",
+    "dtype_short",
+]
+
+#: The three variants of GMA the harness knows.
+VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")
+#: Dtype names the harness calibrates (``float64`` is the strictest mode).
+DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
+#: Input regimes (see the module docstring).
+REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps")
+
+_SHORT = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def dtype_short(dtype: str) -> str:
+    """``'float32'`` → ``'f32'`` (used in case ids)."""
+    return _SHORT.get(dtype, dtype)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance case.
+
+    ``batch``/``heads`` are the leading axes B, H of q, k, v ``(B, H, N, d)``;
+    the mixture is per head ``(H, K, d_r)``. ``n_k`` equals ``n_q`` except for
+    ``cross``. ``chunk_size`` is passed to implementations that declare they
+    accept it (and used by the causal reference). ``dtype`` is the dtype the
+    candidate receives.
+    """
+
+    variant: str
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    n_components: int
+    d_r: int
+    d_v: int
+    dtype: str = "float32"
+    regime: str = "normal"
+    eps: float = 1e-6
+    eps_sigma: float = 1e-4
+    chunk_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.regime not in REGIMES:
+            raise ValueError(f"regime must be one of {REGIMES}, got {self.regime!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.variant != "cross" and self.n_q != self.n_k:
+            raise ValueError(f"{self.variant} GMA needs n_q == n_k, got {self.n_q} and {self.n_k}")
+        for name in ("batch", "heads", "n_q", "n_k", "n_components", "d_r", "d_v", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def causal(self) -> bool:
+        """True for the causal variant."""
+        return self.variant == "causal"
+
+    @property
+    def case_id(self) -> str:
+        """Readable id, e.g. ``causal-B2-H3-N63-K7-dr5-dv60-f32-c16``."""
+        n = f"N{self.n_q}" if self.n_q == self.n_k else f"N{self.n_q}x{self.n_k}"
+        parts = [self.variant, f"B{self.batch}", f"H{self.heads}", n, f"K{self.n_components}",
+                 f"dr{self.d_r}", f"dv{self.d_v}", dtype_short(self.dtype)]
+        if self.causal:
+            parts.append(f"c{self.chunk_size}")
+        if self.regime != "normal":
+            parts.append(self.regime)
+        if self.eps != 1e-6 and self.regime != "tiny_eps":
+            parts.append(f"eps{self.eps:g}")
+        parts.append(f"s{self.seed}")
+        return "-".join(parts)
+
+    def with_dtype(self, dtype: str) -> Case:
+        """The same case for another dtype."""
+        return replace(self, dtype=dtype)
+
+
+def _mixture(rng: np.random.Generator, case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    h, kk, d = case.heads, case.n_components, case.d_r
+    means = rng.normal(scale=1.5, size=(h, kk, d))
+    omega = rng.normal(scale=0.5, size=(h, kk, d))
+    if case.regime == "floor":
+        at_floor = rng.random(size=(h, kk, d)) < 0.75
+        omega = np.where(at_floor, -40.0 + rng.normal(scale=1.0, size=omega.shape), omega)
+    prior_logits = rng.normal(scale=1.0, size=(h, kk))
+    return means, omega, prior_logits
+
+
+def _routing(rng: np.random.Generator, case: Case, n: int, means: np.ndarray, variances: np.ndarray,
+             priors: np.ndarray) -> np.ndarray:
+    """Routing vectors (B, H, n, d_r) drawn around components chosen by the priors."""
+    b, h, kk, d = case.batch, case.heads, case.n_components, case.d_r
+    out = np.empty((b, h, n, d))
+    for hh in range(h):
+        comp = rng.choice(kk, size=(b, n), p=priors[hh])
+        sd = np.sqrt(variances[hh][comp])  # (b, n, d)
+        z = rng.normal(size=(b, n, d))
+        if case.regime == "far":
+            z = 12.0 * z / np.maximum(np.linalg.norm(z, axis=-1, keepdims=True), 1e-12) * math.sqrt(d)
+        out[:, hh] = means[hh][comp] + sd * z
+    return out
+
+
+def case_arrays(case: Case) -> dict[str, np.ndarray]:
+    """Float64 inputs of ``case``: q, k, v, means, omega, prior_logits and the cotangent d_out.
+
+    Deterministic in ``case`` (the seed is part of it). Shapes: q ``(B, H, N_q, d_r)``,
+    k ``(B, H, N_k, d_r)``, v ``(B, H, N_k, d_v)``, means/omega ``(H, K, d_r)``,
+    prior_logits ``(H, K)``, d_out ``(B, H, N_q, d_v)``.
+    """
+    key = [case.seed, case.batch, case.heads, case.n_q, case.n_k, case.n_components, case.d_r, case.d_v,
+           VARIANTS.index(case.variant), REGIMES.index(case.regime)]
+    rng = np.random.default_rng(key)
+    means, omega, prior_logits = _mixture(rng, case)
+    variances = np.logaddexp(0.0, omega) + case.eps_sigma
+    priors = np.exp(prior_logits - prior_logits.max(-1, keepdims=True))
+    priors /= priors.sum(-1, keepdims=True)
+    if case.regime == "tiny_eps" and case.n_components > 1:
+        # one component that the keys almost never visit: its mass Z_k is tiny, so queries routed
+        # there read u_i ≪ 1 and ε matters.
+        key_priors = priors.copy()
+        key_priors[:, 0] = 1e-9
+        key_priors /= key_priors.sum(-1, keepdims=True)
+    else:
+        key_priors = priors
+    q = _routing(rng, case, case.n_q, means, variances, priors)
+    k = _routing(rng, case, case.n_k, means, variances, key_priors)
+    v = rng.normal(size=(case.batch, case.heads, case.n_k, case.d_v))
+    d_out = rng.normal(size=(case.batch, case.heads, case.n_q, case.d_v))
+    return {"q": q, "k": k, "v": v, "means": means, "omega": omega, "prior_logits": prior_logits, "d_out": d_out}
+
+
+def _base(variant: str, dtype: str, **kw: Any) -> Case:
+    shape = {"batch": 2, "heads": 3, "n_q": 63, "n_k": 63, "n_components": 7, "d_r": 5, "d_v": 60}
+    if variant == "cross":
+        shape.update(n_q=37, n_k=50)
+    shape.update(kw)
+    return Case(variant=variant, dtype=dtype, **shape)
+
+
+def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0) -> list[Case]:
+    """The default case set of ``gma-ref check``: 8–9 cases per variant covering the edge cases.
+
+    Per variant: the base shape (``causal-B2-H3-N63-K7-dr5-dv60``, chunk 16 not
+    dividing 63), N = 1 (cross: N_q = 1 and N_k = 1), K = 1, d_r = 1, large d_r
+    (96), a long sequence with an odd chunk (N = 100, C = 7; causal only), routing
+    vectors far from every mean, variances at the ε_σ floor, and tiny ε: 25 cases.
+    """
+    out: list[Case] = []
+    for variant in variants:
+        cross = variant == "cross"
+        specs: list[dict[str, Any]] = [
+            {},
+            {"n_q": 1, "n_k": 9} if cross else {"n_q": 1, "n_k": 1},
+            {"n_q": 29, "n_k": 1} if cross else {"n_components": 1, "n_q": 20, "n_k": 20},
+            {"d_r": 1, "n_components": 4},
+            {"d_r": 96, "d_v": 8, "n_q": 24, "n_k": 31 if cross else 24, "batch": 1, "heads": 2},
+            {"n_q": 100, "n_k": 100 if not cross else 70, "chunk_size": 7, "batch": 1, "heads": 2, "d_v": 16},
+            {"regime": "far", "d_v": 16},
+            {"regime": "floor", "d_v": 16},
+            {"regime": "tiny_eps", "eps": 1e-12, "d_v": 16, "n_components": 4},
+        ]
+        if variant != "causal":
+            specs.pop(5)  # the long-sequence / odd-chunk case only matters for the chunked causal form
+        for i, spec in enumerate(specs):
+            out.append(_base(variant, dtype, seed=seed * 1000 + i, **spec))
+    return out
+
+
+def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
+                   max_tokens: int = 96) -> list[Case]:
+    """``n`` random cases (round-robin over ``variants``), seeded, covering every regime and edge size.
+
+    Shapes are drawn with a bias towards the edges: N ∈ {1, 2, …, ``max_tokens``}
+    (N_q ≠ N_k for cross), K ∈ {1, …, 12}, d_r ∈ {1, …, 64} (occasionally 128),
+    chunk sizes from 1 to 32 (rarely dividing N). Every fourth case uses a
+    non-normal regime.
+    """
+    rng = np.random.default_rng([seed, 7919])
+    out = []
+    for i in range(n):
+        variant = variants[i % len(variants)]
+
+        def size(lo: int, hi: int, edge: float = 0.15) -> int:
+            r = rng.random()
+            if r < edge:
+                return lo
+            if r < 2 * edge:
+                return hi
+            return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+        n_q = size(1, max_tokens)
+        n_k = size(1, max_tokens) if variant == "cross" else n_q
+        d_r = 128 if rng.random() < 0.04 else size(1, 64)
+        regime = REGIMES[(i // 4) % len(REGIMES)] if i % 4 == 3 else "normal"
+        case = Case(
+            variant=variant, batch=int(rng.integers(1, 3)), heads=int(rng.integers(1, 4)), n_q=n_q, n_k=n_k,
+            n_components=size(1, 12), d_r=d_r, d_v=size(1, 64), dtype=dtype, regime=regime,
+            eps=1e-12 if regime == "tiny_eps" else 1e-6, chunk_size=int(rng.integers(1, 33)),
+            seed=seed * 100003 + i,
+        )
+        out.append(case)
+    return out

@@ -1,0 +1,176 @@
+"""Accuracy metric and the per-dtype tolerances of the conformance harness.
+
+For a tensor T with candidate values a and float64 reference r (evaluated on
+the candidate's own rounded inputs), two figures are computed:
+
+* the **norm error** e = ‖a − r‖₂ / max(‖r‖₂, √n · f_T), the RMS error ratio,
+  with f_T the tensor's cancellation-free scale (:mod:`gma_ref.testing.reference`);
+* the **element error** e_∞ = max_i |a_i − r_i| / (|r_i| + s_T), s_T = max(RMS(r), f_T):
+  a relative error for large elements and an absolute one, at the tensor's own
+  scale, for elements near 0. Its argmax is the reported worst element.
+
+Both are compared with a bound that scales with the dtype and the problem::
+
+    bound = τ · ν,   ν = u_store + u_acc · κ + t_store · λ
+
+where u_store is the unit roundoff of the dtype under test (2⁻⁵³, 2⁻²⁴, 2⁻¹¹,
+2⁻⁸ for float64, float32, float16, bfloat16), u_acc that of the precision a
+correct kernel accumulates and evaluates scores in (float64 for float64
+inputs, float32 otherwise), κ the score condition factor of the case, t_store
+half the smallest subnormal of the dtype and λ the read condition of the case
+(:mod:`gma_ref.testing.reference`). τ (``TOLERANCES``) was set at a multiple of the largest value observed for
+correct implementations over ≥ 200 generated cases per dtype (see
+docs/oracle.md and :func:`gma_ref.testing.calibrate`).
+
+Both figures must be within their bound, and any non-finite value where the
+reference is finite fails outright. NumPy is used for host-side reduction of
+the error figures (the arrays themselves stay in the reference namespace).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .._array import Array
+
+__all__ = [
+    "UNIT_ROUNDOFF",
+    "UNDERFLOW",
+    "NU_MAX",
+    "TOLERANCES",
+    "Tolerance",
+    "Comparison",
+    "unit_scale",
+    "compare_tensor",
+]
+
+#: Half the smallest subnormal t of each dtype: the absolute error of a stored value that underflows.
+UNDERFLOW: dict[str, float] = {
+    "float64": 2.0**-1075,
+    "float32": 2.0**-150,
+    "float16": 2.0**-25,
+    "bfloat16": 2.0**-134,
+}
+
+#: Unit roundoff u = 2^-p of each dtype (p = significand bits including the implicit one), i.e. half of ε_mach.
+UNIT_ROUNDOFF: dict[str, float] = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+
+
+#: Largest ν at which a case is checked: beyond it the dtype cannot resolve the case to better than
+#: ~1 % (first-order error analysis breaks down), so the case is skipped and listed, never passed.
+NU_MAX: float = 2.0**-7
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Multipliers τ of ν for the norm error and the element error of one dtype."""
+
+    norm: float
+    elem: float
+
+
+#: τ per dtype (norm error, element error), in units of ν = u_store + u_acc·κ. See docs/oracle.md.
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(norm=64.0, elem=64.0),
+    "float32": Tolerance(norm=16.0, elem=64.0),
+    "float16": Tolerance(norm=8.0, elem=32.0),
+    "bfloat16": Tolerance(norm=8.0, elem=128.0),
+}
+
+
+def unit_scale(dtype: str, kappa: float, read_condition: float = 0.0) -> float:
+    """ν = u_store + u_acc · κ + t_store · λ for ``dtype``, the score condition factor κ and the read condition λ."""
+    u_store = UNIT_ROUNDOFF[dtype]
+    u_acc = UNIT_ROUNDOFF["float64"] if dtype == "float64" else UNIT_ROUNDOFF["float32"]
+    return u_store + u_acc * max(float(kappa), 1.0) + UNDERFLOW[dtype] * float(read_condition)
+
+
+@dataclass
+class Comparison:
+    """Result of comparing one tensor: both error figures, their bounds, the worst element."""
+
+    tensor: str
+    norm_error: float
+    norm_bound: float
+    elem_error: float
+    elem_bound: float
+    worst_index: tuple[int, ...] | None
+    worst_actual: float | None
+    worst_expected: float | None
+    nonfinite: int
+    passed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        d = asdict(self)
+        d["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
+        return d
+
+
+def _to_host(a: Array) -> Any:
+    import numpy as np
+
+    if type(a).__module__.startswith("cupy"):
+        return a.get()
+    return np.asarray(a, dtype=np.float64)
+
+
+def compare_tensor(
+    name: str,
+    actual: Array,
+    expected: Array,
+    *,
+    dtype: str,
+    kappa: float = 1.0,
+    read_condition: float = 0.0,
+    floor: float = 0.0,
+    tolerance: Tolerance | None = None,
+) -> Comparison:
+    """Compare ``actual`` with the float64 reference ``expected`` (same shape, same namespace).
+
+    ``dtype`` names the dtype under test (a key of :data:`TOLERANCES`), ``kappa`` the
+    case's score condition factor, ``read_condition`` its λ, ``floor`` the tensor's cancellation-free scale.
+    ``tolerance`` overrides the calibrated τ. Returns :class:`Comparison`; a shape
+    mismatch raises ``ValueError``.
+    """
+    import numpy as np
+
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise ValueError(f"{name}: shape {tuple(actual.shape)} does not match the reference {tuple(expected.shape)}")
+    tol = tolerance if tolerance is not None else TOLERANCES[dtype]
+    nu = unit_scale(dtype, kappa, read_condition)
+    a, r = _to_host(actual), _to_host(expected)
+    n = r.size
+    if n == 0:
+        return Comparison(name, 0.0, tol.norm * nu, 0.0, tol.elem * nu, None, None, None, 0, True)
+    ref_finite = np.isfinite(r)
+    bad = ref_finite & ~np.isfinite(a)
+    nonfinite = int(bad.sum())
+    diff = np.where(ref_finite, a - r, 0.0)
+    diff = np.where(bad, np.inf, diff)
+    r0 = np.where(ref_finite, r, 0.0)
+    ref_norm = float(np.sqrt(np.sum(r0 * r0)))
+    scale_norm = max(ref_norm, math.sqrt(n) * floor, np.finfo(np.float64).tiny)
+    with np.errstate(invalid="ignore", over="ignore"):
+        norm_error = float(np.sqrt(np.sum(diff * diff))) / scale_norm
+        s_t = max(ref_norm / math.sqrt(n), floor, np.finfo(np.float64).tiny)
+        elem = np.abs(diff) / (np.abs(r0) + s_t)
+    flat = int(np.argmax(elem))
+    idx = tuple(int(i) for i in np.unravel_index(flat, r.shape))
+    elem_error = float(elem.reshape(-1)[flat])
+    norm_bound, elem_bound = tol.norm * nu, tol.elem * nu
+    passed = nonfinite == 0 and norm_error <= norm_bound and elem_error <= elem_bound
+    if math.isnan(norm_error) or math.isnan(elem_error):
+        passed = False
+    return Comparison(
+        tensor=name, norm_error=norm_error, norm_bound=norm_bound, elem_error=elem_error, elem_bound=elem_bound,
+        worst_index=idx, worst_actual=float(a.reshape(-1)[flat]), worst_expected=float(r.reshape(-1)[flat]),
+        nonfinite=nonfinite, passed=passed,
+    )
