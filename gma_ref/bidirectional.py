@@ -165,7 +165,7 @@ class ReadGrad(NamedTuple):
 
 
 def read_memory_backward(
-    gamma_q: Array, memory: Array, mass: Array, d_out: Array, eps: float = DEFAULT_EPS
+    gamma_q: Array, memory: Array, mass: Array, d_out: Array, eps: float = DEFAULT_EPS, *, out: Array | None = None
 ) -> ReadGrad:
     """VJP of the read step (derivations/write_read.py).
 
@@ -175,15 +175,25 @@ def read_memory_backward(
     * ∂L/∂Ṽ   = (Γ^Q)ᵀ P         ``(..., K, d_v)``
     * ∂L/∂Z   = (Γ^Q)ᵀ c         ``(..., K)``
 
-    Rows that see no mass (u_i + ε = 0) pass no gradient. Cost O(N K d_v).
+    ``out`` is the forward's output O, if saved (as an autograd framework would);
+    without it O is recomputed. Rows that see no mass (u_i + ε = 0) pass no
+    gradient. Cost O(N K d_v): three products of that size, two with ``out``.
     """
-    xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass, d_out=d_out)
+    xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass, d_out=d_out, out=out)
     eps = check_nonnegative_scalar("eps", eps)
-    denom, seen = _safe_denominator(xp, query_mass(gamma_q, mass), eps)
-    seen_col = xp.expand_dims(seen, axis=-1)
-    zero = xp.zeros_like(d_out)
-    p = xp.where(seen_col, d_out / xp.expand_dims(denom, axis=-1), zero)  # G_i / D_i
-    out = xp.where(seen_col, xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1), zero)
+    u = query_mass(gamma_q, mass)
+    if eps > 0:  # every row sees mass: no masking needed
+        inv = xp.expand_dims(1.0 / (u + eps), axis=-1)
+        p = d_out * inv  # G_i / D_i
+        if out is None:
+            out = xp.matmul(gamma_q, memory) * inv
+    else:
+        denom, seen = _safe_denominator(xp, u, eps)
+        seen_col = xp.expand_dims(seen, axis=-1)
+        zero = xp.zeros_like(d_out)
+        p = xp.where(seen_col, d_out / xp.expand_dims(denom, axis=-1), zero)
+        if out is None:
+            out = xp.where(seen_col, xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1), zero)
     c = -xp.sum(p * out, axis=-1)  # −⟨G_i, O_i⟩ / D_i, shape (..., N_q)
     d_gamma_q = xp.matmul(p, xp.matrix_transpose(memory)) + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
     d_memory = xp.matmul(xp.matrix_transpose(gamma_q), p)
@@ -240,15 +250,27 @@ class BidirectionalGrad(NamedTuple):
 
 
 def gma_bidirectional_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    d_out: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    out: Array | None = None,
+    memory: Array | None = None,
+    mass: Array | None = None,
 ) -> BidirectionalGrad:
     """VJP of :func:`gma_bidirectional`: read backward then write backward, O(N K d_v).
 
     ``d_out`` = ∂L/∂O ``(..., N_q, d_v)``. Returns ∂L/∂Γ^Q ``(..., N_q, K)``,
     ∂L/∂Γ^K ``(..., N_k, K)`` and ∂L/∂V ``(..., N_k, d_v)``; no N×N array is formed.
+    The forward's saved values may be passed to skip recomputing them: ``out``
+    (O), and ``memory``, ``mass`` (Ṽ, Z from :func:`write_memory`). With all three
+    the backward performs four products of size N K d_v, against two in the forward.
     """
-    memory, mass = write_memory(gamma_k, v)
-    read = read_memory_backward(gamma_q, memory, mass, d_out, eps)
+    if memory is None or mass is None:
+        memory, mass = write_memory(gamma_k, v)
+    read = read_memory_backward(gamma_q, memory, mass, d_out, eps, out=out)
     d_gamma_k, d_v = write_memory_backward(gamma_k, v, read.d_memory, read.d_mass)
     return BidirectionalGrad(read.d_gamma_q, d_gamma_k, d_v)
 
@@ -267,7 +289,10 @@ def gma_cross(
 
 
 def gma_cross_backward(
-    gamma_q_x: Array, gamma_k_y: Array, v_y: Array, d_out: Array, eps: float = DEFAULT_EPS
+    gamma_q_x: Array, gamma_k_y: Array, v_y: Array, d_out: Array, eps: float = DEFAULT_EPS, *, out: Array | None = None
 ) -> BidirectionalGrad:
-    """VJP of :func:`gma_cross` (gradients reach X through Γ^Q_X, Y through Γ^K_Y and V_Y)."""
-    return gma_bidirectional_backward(gamma_q_x, gamma_k_y, v_y, d_out, eps)
+    """VJP of :func:`gma_cross` (gradients reach X through Γ^Q_X, Y through Γ^K_Y and V_Y).
+
+    ``out``: the forward's saved output, if available (see :func:`gma_bidirectional_backward`).
+    """
+    return gma_bidirectional_backward(gamma_q_x, gamma_k_y, v_y, d_out, eps, out=out)

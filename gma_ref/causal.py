@@ -366,15 +366,19 @@ def gma_causal_chunked(
 
 def _masked_affinity(xp: Any, gq: Array, gk: Array) -> Array:
     """(Γ^Q_c Γ^K_cᵀ) ⊙ L for one chunk (C × C, lower-triangular, j ≤ i)."""
-    c = gq.shape[-2]
     a = xp.matmul(gq, xp.matrix_transpose(gk))
-    i = xp.reshape(xp.arange(c, device=device_of(gq)), (c, 1))
-    j = xp.reshape(xp.arange(c, device=device_of(gq)), (1, c))
-    return xp.where(j <= i, a, xp.zeros_like(a))
+    return xp.where(_lower_mask(xp, gq.shape[-2], device_of(gq)), a, xp.zeros_like(a))
 
 
 def gma_causal_chunked_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, chunk_size: int = 64
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    d_out: Array,
+    eps: float = DEFAULT_EPS,
+    chunk_size: int = 64,
+    *,
+    out: Array | None = None,
 ) -> BidirectionalGrad:
     """VJP of :func:`gma_causal_chunked` (from the empty state), chunk by chunk.
 
@@ -385,36 +389,48 @@ def gma_causal_chunked_backward(
     and S^Z = Σ_later (Γ^Q)ᵀ c, and gives ∂L/∂V_c = A_cᵀ P_c + Γ^K_c S^V and
     ∂L/∂Γ^K_c = W_cᵀ Γ^Q_c + V_c (S^V)ᵀ + 1 (S^Z)ᵀ.
 
-    Peak memory O(C² + N(K + d_v) + K d_v): the gradients themselves, never N·K·d_v.
+    ``out``, the forward's saved output, skips recomputing it (two products per
+    chunk); A_c and W_c are kept from pass 1 for pass 2 (2·N·C numbers).
+    Peak memory O(N(C + K + d_v) + K d_v): linear in N, never N·K·d_v.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, out)
 
 
 def _chunked_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int, out: Array | None = None
 ) -> BidirectionalGrad:
-    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, out=out)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
     memory, mass = _empty_state(xp, gamma_k, v)
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
-    p_chunks, c_chunks, dq_chunks = [], [], []
+    lower = _lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
+    a_chunks, w_chunks, p_chunks, c_chunks, dq_chunks = [], [], [], [], []
     for start, stop in bounds:  # pass 1: forward state, ∂L/∂Γ^Q
         gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
-        a = _masked_affinity(xp, gq, gk)
-        num = xp.matmul(a, vc) + xp.matmul(gq, memory)
+        mask = lower[: stop - start, : stop - start]
+        a = xp.matmul(gq, xp.matrix_transpose(gk))
+        a = xp.where(mask, a, xp.zeros_like(a))
         u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
-        out, safe, seen = _divide(xp, num, u, eps)
+        if out is None:
+            num = xp.matmul(a, vc) + xp.matmul(gq, memory)
+            out_c, safe, seen = _divide(xp, num, u, eps)
+        else:
+            out_c = out[..., start:stop, :]
+            safe, seen = _divide_scalars(xp, u, eps)
         g = d_out[..., start:stop, :]
         p = xp.where(xp.expand_dims(seen, axis=-1), g / xp.expand_dims(safe, axis=-1), xp.zeros_like(g))
-        c = -xp.sum(p * out, axis=-1)
-        w = _masked_outer(xp, p, vc, c)
+        c = -xp.sum(p * out_c, axis=-1)
+        w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)  # W = (P Vᵀ + c 1ᵀ) ⊙ L
+        w = xp.where(mask, w, xp.zeros_like(w))
         dq = (
             xp.matmul(p, xp.matrix_transpose(memory))
             + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
             + xp.matmul(w, gk)
         )
+        a_chunks.append(a)
+        w_chunks.append(w)
         p_chunks.append(p)
         c_chunks.append(c)
         dq_chunks.append(dq)
@@ -427,9 +443,7 @@ def _chunked_backward(
     for idx in range(len(bounds) - 1, -1, -1):  # pass 2: suffix sums, by addition only
         start, stop = bounds[idx]
         gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
-        p, c = p_chunks[idx], c_chunks[idx]
-        a = _masked_affinity(xp, gq, gk)
-        w = _masked_outer(xp, p, vc, c)
+        p, c, a, w = p_chunks[idx], c_chunks[idx], a_chunks[idx], w_chunks[idx]
         dv_chunks.append(xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(gk, s_v))
         dk_chunks.append(
             xp.matmul(xp.matrix_transpose(w), gq)
@@ -456,10 +470,15 @@ def _chunked_backward(
     )
 
 
-def _masked_outer(xp: Any, p: Array, vc: Array, c: Array) -> Array:
-    """W = (P Vᵀ + c 1ᵀ) ⊙ L: W_ij = ⟨P_i, V_j⟩ + c_i for j ≤ i within a chunk."""
-    n = p.shape[-2]
-    w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
-    i = xp.reshape(xp.arange(n, device=device_of(p)), (n, 1))
-    j = xp.reshape(xp.arange(n, device=device_of(p)), (1, n))
-    return xp.where(j <= i, w, xp.zeros_like(w))
+def _lower_mask(xp: Any, size: int, device: Any) -> Array:
+    """Boolean C × C mask L with L_ij = (j ≤ i)."""
+    i = xp.reshape(xp.arange(size, device=device), (size, 1))
+    j = xp.reshape(xp.arange(size, device=device), (1, size))
+    return j <= i
+
+
+def _divide_scalars(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
+    """(safe denominator u + ε, mask of rows that see mass), without dividing anything."""
+    denom = u + eps
+    seen = denom > 0
+    return xp.where(seen, denom, xp.ones_like(denom)), seen
