@@ -3,12 +3,16 @@
 ::
 
     gma-ref check package.module:function --variant causal --dtype float32 [--device cuda] [--grad]
-                  [--cases N] [--seed S] [--json] [--verbose]
+                  [--mode layer] [--cases N] [--seed S] [--json] [--verbose]
 
 ``package.module:function`` is imported; a callable attribute that is a class
 is instantiated without arguments. Its ``gma_declaration`` (a
 :class:`gma_ref.testing.Declaration`) says what it supports; its ``gma_vjp``
 (or the PyTorch / JAX adapter, by the declared namespace) gives gradients.
+``--mode layer`` checks a multi-head layer ``impl(x, y, w_q, w_k, w_v, w_o, means,
+omega, prior_logits, *, causal, eps, eps_sigma)`` (``y = None`` for self-attention)
+on the layer cases; an implementation that declares ``mode="layer"`` is checked
+in layer mode without the flag.
 Exit status: 0 all checks passed; 1 a mismatch (or nothing could be checked);
 2 everything checked passed but something explicitly requested was skipped
 (not declared); 3 the implementation could not be loaded.
@@ -35,10 +39,13 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float64", "float32", "float16", "bfloat16"),
                    help="dtype under test; default: the first declared")
     p.add_argument("--device", choices=("cpu", "cuda"), help="device; default: the first declared")
+    p.add_argument("--mode", choices=("attention", "layer"),
+                   help="attention: impl(q, k, v, means, omega, prior_logits, ...); layer: the multi-head layer "
+                        "impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, ...); default: the declared mode")
     p.add_argument("--grad", action="store_true", default=None, help="check all gradients (needs a VJP)")
     p.add_argument("--no-grad", dest="grad", action="store_false", help="forward only")
     p.add_argument("--cases", type=int, default=0, metavar="N",
-                   help="add N seeded random cases to the default set (25 cases)")
+                   help="add N seeded random cases to the default set (25 cases in either mode)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the case generator")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")
@@ -84,7 +91,7 @@ def run_check(args: argparse.Namespace) -> int:
         return 3
     report = check(impl, variants=tuple(args.variant) if args.variant else None, dtype=args.dtype,
                    device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
-                   contract=getattr(args, "contract", True), name=args.target)
+                   contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None))
     print(report.to_json() if args.json else report.format(verbose=args.verbose))
     return report.exit_code
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gma_ref.testing import Declaration, NumpyKernel
+from gma_ref.testing import Declaration, NumpyKernel, NumpyLayer
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -286,4 +286,103 @@ def make_torch_impl(dtypes: tuple[str, ...] = ("float64", "float32", "float16", 
 
     impl.__name__ = impl.__qualname__ = f"torch_gma[{bug or 'correct'}]"
     impl.gma_declaration = Declaration(dtypes=dtypes, grad=True, namespace="torch")
+    return impl
+
+
+# --------------------------------------------------------------------------- layer mode: planted layer bugs
+
+
+class LayerHeadsDvMajor(NumpyLayer):
+    """Heads concatenated d_v-major (column j·H + h) instead of head-major (h·d_v + j), forward and backward."""
+
+    def concat_heads(self, heads):
+        b, h, n, d_v = heads.shape
+        return np.moveaxis(heads, 1, -1).reshape(b, n, d_v * h)
+
+    def split_heads(self, d_concat, h):
+        b, n, hd = d_concat.shape
+        return np.moveaxis(d_concat.reshape(b, n, hd // h, h), -1, 1)
+
+
+class LayerOutputWeightGradFirstBatch(NumpyLayer):
+    """∂W_O from the first batch element only (the sum over the batch is missing)."""
+
+    def output_weight_grad(self, concat, d_out):
+        return concat[0].T @ d_out[0]
+
+
+class LayerSelfInputGradQueryOnly(NumpyLayer):
+    """Self-attention ∂X misses the key and value paths (only Σ_h ∂Q_h W_Q,hᵀ)."""
+
+    def input_grads(self, d_q, d_k, d_v, w_q, w_k, w_v, cross):
+        d_x, d_y = super().input_grads(d_q, d_k, d_v, w_q, w_k, w_v, cross)
+        return (d_x, d_y) if cross else (self.input_grad(d_q, w_q), None)
+
+
+class LayerCrossContextGradKeyOnly(NumpyLayer):
+    """Cross-attention ∂Y misses the value path (only Σ_h ∂K_h W_K,hᵀ)."""
+
+    def input_grads(self, d_q, d_k, d_v, w_q, w_k, w_v, cross):
+        d_x, d_y = super().input_grads(d_q, d_k, d_v, w_q, w_k, w_v, cross)
+        return (d_x, self.input_grad(d_k, w_k)) if cross else (d_x, d_y)
+
+
+class LayerHeadsSplitDvMajor(NumpyLayer):
+    """Forward concatenates head-major, but the backward splits ∂concat d_v-major (layouts disagree)."""
+
+    def split_heads(self, d_concat, h):
+        b, n, hd = d_concat.shape
+        return np.moveaxis(d_concat.reshape(b, n, hd // h, h), -1, 1)
+
+
+class LayerFusedProjections(NumpyLayer):
+    """Control: all heads projected by one matmul with a (d_model, H·d) weight, heads concatenated by reshape."""
+
+    def project(self, a, w):
+        h, dm, d = w.shape
+        fused = np.moveaxis(w, 0, 1).reshape(dm, h * d)
+        p = a @ fused
+        return self.store(np.moveaxis(p.reshape(a.shape[0], a.shape[1], h, d), 2, 1))
+
+    def concat_heads(self, heads):
+        b, h, n, d_v = heads.shape
+        return np.moveaxis(heads, 1, 2).reshape(b, n, h * d_v)
+
+
+#: Planted layer bugs flagged by the default float32 layer check (``check(bug(), mode="layer")``).
+LAYER_BUGS: tuple[type[NumpyLayer], ...] = (
+    LayerHeadsDvMajor,
+    LayerOutputWeightGradFirstBatch,
+    LayerSelfInputGradQueryOnly,
+    LayerCrossContextGradKeyOnly,
+    LayerHeadsSplitDvMajor,
+)
+#: Correct layer rewrites that must pass.
+LAYER_CONTROLS: tuple[type[NumpyLayer], ...] = (LayerFusedProjections,)
+
+
+def torch_layer(x: Any, y: Any, w_q: Any, w_k: Any, w_v: Any, w_o: Any, means: Any, omega: Any, prior_logits: Any,
+                *, causal: bool = False, eps: float = 1e-6, eps_sigma: float = 1e-4) -> Any:
+    """A correct PyTorch multi-head GMA layer: projections and W_O as matmuls in the input dtype, heads by
+    :func:`torch_gma` (gradients by autograd)."""
+    import torch
+
+    ctx = x if y is None else y
+    q = torch.matmul(x.unsqueeze(-3), w_q)
+    k = torch.matmul(ctx.unsqueeze(-3), w_k)
+    v = torch.matmul(ctx.unsqueeze(-3), w_v)
+    heads = torch_gma(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma)
+    concat = heads.transpose(-3, -2).reshape(*heads.shape[:-3], heads.shape[-2], -1)
+    return torch.matmul(concat, w_o)
+
+
+def make_torch_layer_impl(dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")) -> Any:
+    """:func:`torch_layer` with a layer-mode :class:`Declaration` (gradients by autograd)."""
+
+    def impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma):
+        return torch_layer(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, causal=causal, eps=eps,
+                           eps_sigma=eps_sigma)
+
+    impl.__name__ = impl.__qualname__ = "torch_layer"
+    impl.gma_declaration = Declaration(dtypes=dtypes, grad=True, namespace="torch", mode="layer")
     return impl

@@ -21,23 +21,53 @@ calibrated tolerances), :mod:`~gma_ref.testing.adapters` (declarations,
 framework conversion by DLPack, PyTorch/JAX VJP adapters),
 :mod:`~gma_ref.testing.runner` (:func:`check` and the report),
 :mod:`~gma_ref.testing.emulated` (a correct NumPy kernel with low-precision
-storage), :mod:`~gma_ref.testing.calibration` (regenerate the tolerance table).
+storage), :mod:`~gma_ref.testing.emulated_layer` (the same for the
+multi-head layer), :mod:`~gma_ref.testing.calibration` (regenerate the
+tolerance table). Layer mode — the multi-head layer with its projections,
+``impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma)``
+— is selected by ``Declaration(mode="layer")`` or ``check(..., mode="layer")``.
 Importing this package does not import torch, jax or cupy.
 """
 
-from .adapters import Declaration, jax_vjp, torch_autograd
+from .adapters import MODES, Declaration, jax_vjp, torch_autograd
 from .assertions import assert_gma_close
 from .calibration import calibrate
-from .cases import DTYPES, REGIMES, VARIANTS, Case, case_arrays, default_cases, generate_cases
-from .compare import TOLERANCES, UNIT_ROUNDOFF, Comparison, Tolerance, compare_tensor, unit_scale
+from .cases import (
+    DTYPES,
+    LAYER_REGIMES,
+    REGIMES,
+    VARIANTS,
+    Case,
+    case_arrays,
+    default_cases,
+    default_layer_cases,
+    generate_cases,
+    generate_layer_cases,
+    layer_case_arrays,
+)
+from .compare import LAYER_TOLERANCES, TOLERANCES, UNIT_ROUNDOFF, Comparison, Tolerance, compare_tensor, unit_scale
 from .emulated import NumpyKernel, round_to
-from .reference import GRAD_NAMES, INPUT_NAMES, Reference, reference
+from .emulated_layer import NumpyLayer
+from .reference import (
+    GRAD_NAMES,
+    INPUT_NAMES,
+    LAYER_GRAD_NAMES,
+    LAYER_INPUT_NAMES,
+    Reference,
+    layer_reference,
+    reference,
+)
 from .runner import CheckResult, Report, Skip, assert_conforms, check, run_case
 
 __all__ = [
     "DTYPES",
     "GRAD_NAMES",
     "INPUT_NAMES",
+    "LAYER_GRAD_NAMES",
+    "LAYER_INPUT_NAMES",
+    "LAYER_REGIMES",
+    "LAYER_TOLERANCES",
+    "MODES",
     "REGIMES",
     "TOLERANCES",
     "UNIT_ROUNDOFF",
@@ -47,6 +77,7 @@ __all__ = [
     "Comparison",
     "Declaration",
     "NumpyKernel",
+    "NumpyLayer",
     "Reference",
     "Report",
     "Skip",
@@ -58,8 +89,12 @@ __all__ = [
     "check",
     "compare_tensor",
     "default_cases",
+    "default_layer_cases",
     "generate_cases",
+    "generate_layer_cases",
     "jax_vjp",
+    "layer_case_arrays",
+    "layer_reference",
     "reference",
     "round_to",
     "run_case",

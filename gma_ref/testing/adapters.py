@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._array import Array
-from .reference import INPUT_NAMES
+from .reference import INPUT_NAMES, LAYER_INPUT_NAMES
 
 __all__ = [
     "NAMESPACES",
+    "MODES",
     "Declaration",
     "declaration_of",
     "torch_autograd",
@@ -38,6 +39,8 @@ __all__ = [
 
 #: Kinds of arrays an implementation may take.
 NAMESPACES: tuple[str, ...] = ("numpy", "torch", "jax", "cupy")
+#: What an implementation computes: one GMA (``'attention'``) or the multi-head layer (``'layer'``).
+MODES: tuple[str, ...] = ("attention", "layer")
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class Declaration:
     deterministic : bool
         Two calls on the same inputs give bitwise-identical outputs. When
         ``False`` a difference is reported but does not fail.
+    mode : ``'attention'`` or ``'layer'``
+        ``'attention'``: ``impl(q, k, v, means, omega, prior_logits, ...)`` → ``(B, H, N_q, d_v)``.
+        ``'layer'``: the multi-head layer, ``impl(x, y, w_q, w_k, w_v, w_o, means, omega,
+        prior_logits, ...)`` → ``(B, N_q, d_model)`` with ``y = None`` for self-attention
+        (docs/oracle.md, "Layer mode"). ``returns_state`` does not apply to layers.
     """
 
     variants: tuple[str, ...] = ("bidirectional", "causal", "cross")
@@ -73,10 +81,13 @@ class Declaration:
     accepts_chunk_size: bool = False
     deterministic: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    mode: str = "attention"
 
     def __post_init__(self) -> None:
         if self.namespace not in NAMESPACES:
             raise ValueError(f"namespace must be one of {NAMESPACES}, got {self.namespace!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("variants", "dtypes", "devices"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, (getattr(self, name),))
@@ -260,53 +271,74 @@ def snapshot(a: Array) -> Any:
 # --------------------------------------------------------------------------- gradient adapters
 
 
-def torch_autograd(impl: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
+def _input_names(impl: Callable[..., Any], mode: str | None) -> tuple[str, ...]:
+    if mode is None:
+        decl = getattr(impl, "gma_declaration", None)
+        mode = decl.mode if isinstance(decl, Declaration) else "attention"
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return LAYER_INPUT_NAMES if mode == "layer" else INPUT_NAMES
+
+
+def torch_autograd(impl: Callable[..., Any], mode: str | None = None) -> Callable[..., dict[str, Any]]:
     """A VJP for a PyTorch implementation, by autograd.
 
     Returns ``vjp(q, k, v, means, omega, prior_logits, d_out, **options) -> dict``
     with keys ``d_q`` … ``d_prior_logits`` (a ``None`` gradient — an input the
     output does not depend on — becomes zeros). If ``impl`` returns a tuple
-    (declared state), the first element is differentiated.
+    (declared state), the first element is differentiated. In layer mode
+    (``mode='layer'``, default: the mode of ``impl.gma_declaration``) it is
+    ``vjp(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, d_out, **options)``
+    with keys ``d_x`` … ``d_prior_logits``; ``d_y`` is ``None`` when ``y`` is ``None``.
     """
+    names = _input_names(impl, mode)
 
     def vjp(*args: Any, **options: Any) -> dict[str, Any]:
         import torch
 
         *inputs, d_out = args
-        leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+        leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in inputs]
+        live = [x for x in leaves if x is not None]
         with torch.enable_grad():
             out = impl(*leaves, **options)
             if isinstance(out, (tuple, list)):
                 out = out[0]
-            grads = torch.autograd.grad(out, leaves, grad_outputs=d_out, allow_unused=True)
-        return {
-            "d_" + name: (g if g is not None else torch.zeros_like(x))
-            for name, g, x in zip(INPUT_NAMES, grads, leaves, strict=True)
-        }
+            grads = iter(torch.autograd.grad(out, live, grad_outputs=d_out, allow_unused=True))
+        result: dict[str, Any] = {}
+        for name, x in zip(names, leaves, strict=True):
+            g = None if x is None else next(grads)
+            result["d_" + name] = None if x is None else (g if g is not None else torch.zeros_like(x))
+        return result
 
     vjp.__name__ = f"torch_autograd({getattr(impl, '__name__', 'impl')})"
     return vjp
 
 
-def jax_vjp(impl: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
+def jax_vjp(impl: Callable[..., Any], mode: str | None = None) -> Callable[..., dict[str, Any]]:
     """A VJP for a JAX implementation, by ``jax.vjp``.
 
-    Same signature and result as :func:`torch_autograd`. The options (``causal``,
-    ``eps`` …) are closed over, so they are static for tracing.
+    Same signature and result as :func:`torch_autograd` (attention or layer
+    mode). The options (``causal``, ``eps`` …) are closed over, so they are
+    static for tracing; a ``None`` input (``y`` of self-attention) stays ``None``.
     """
+    names = _input_names(impl, mode)
 
     def vjp(*args: Any, **options: Any) -> dict[str, Any]:
         import jax
 
         *inputs, d_out = args
+        present = [i for i, x in enumerate(inputs) if x is not None]
 
         def fwd(*xs: Any) -> Any:
-            out = impl(*xs, **options)
+            full = list(inputs)
+            for i, x in zip(present, xs, strict=True):
+                full[i] = x
+            out = impl(*full, **options)
             return out[0] if isinstance(out, (tuple, list)) else out
 
-        _, pullback = jax.vjp(fwd, *inputs)
-        grads = pullback(d_out)
-        return {"d_" + name: g for name, g in zip(INPUT_NAMES, grads, strict=True)}
+        _, pullback = jax.vjp(fwd, *(inputs[i] for i in present))
+        grads = dict(zip(present, pullback(d_out), strict=True))
+        return {"d_" + name: grads.get(i) for i, name in enumerate(names)}
 
     vjp.__name__ = f"jax_vjp({getattr(impl, '__name__', 'impl')})"
     return vjp

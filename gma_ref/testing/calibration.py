@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .adapters import Declaration, declaration_of
-from .cases import VARIANTS, default_cases, generate_cases
+from .cases import VARIANTS, default_cases, default_layer_cases, generate_cases, generate_layer_cases
 from .compare import Tolerance
 from .runner import _resolve_vjp, run_case
 
@@ -88,16 +88,20 @@ def calibrate(
     variants: Sequence[str] = VARIANTS,
     device: str = "cpu",
     grad: bool = True,
+    mode: str | None = None,
 ) -> Calibration:
     """Normalised errors of ``impl`` at ``dtype`` over the default cases plus ``n_cases`` generated ones.
 
     ``impl`` must be a *correct* implementation; a failed contract check is
-    recorded in :attr:`Calibration.failures`.
+    recorded in :attr:`Calibration.failures`. ``mode='layer'`` (default: the
+    declared mode) uses the layer cases and the layer reference.
     """
     decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))
     the_vjp = _resolve_vjp(impl, decl, vjp)[0] if grad else None
-    cases = default_cases(tuple(variants), dtype=dtype, seed=seed)
-    cases += generate_cases(n_cases, variants=tuple(variants), dtype=dtype, seed=seed + 1)
+    layer = (mode or decl.mode) == "layer"
+    defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
+    cases = defaults(tuple(variants), dtype=dtype, seed=seed)
+    cases += generate(n_cases, variants=tuple(variants), dtype=dtype, seed=seed + 1)
     cal = Calibration(getattr(impl, "__name__", repr(impl)), dtype, len(cases))
     unit = Tolerance(1.0, 1.0)
     for case in cases:

@@ -35,6 +35,10 @@ __all__ = [
     "default_cases",
     "generate_cases",
     "dtype_short",
+    "LAYER_REGIMES",
+    "layer_case_arrays",
+    "default_layer_cases",
+    "generate_layer_cases",
 ]
 
 #: The three variants of GMA the harness knows.
@@ -43,6 +47,9 @@ VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")
 DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
 #: Input regimes (see the module docstring).
 REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps")
+#: Regimes of layer cases (``floor`` needs routing vectors placed within ~ε_σ of a mean, which projections of
+#: shared tokens cannot do for every head at once; the attention mode covers it).
+LAYER_REGIMES: tuple[str, ...] = ("normal", "far", "tiny_eps")
 
 _SHORT = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -60,7 +67,9 @@ class Case:
     the mixture is per head ``(H, K, d_r)``. ``n_k`` equals ``n_q`` except for
     ``cross``. ``chunk_size`` is passed to implementations that declare they
     accept it (and used by the causal reference). ``dtype`` is the dtype the
-    candidate receives.
+    candidate receives. ``d_model`` > 0 makes it a **layer case** (the multi-head
+    layer: x ``(B, N_q, d_model)``, context y ``(B, N_k, d_model)`` for cross, and
+    the projections W_Q, W_K, W_V, W_O; see :func:`layer_case_arrays`).
     """
 
     variant: str
@@ -77,6 +86,7 @@ class Case:
     eps_sigma: float = 1e-4
     chunk_size: int = 16
     seed: int = 0
+    d_model: int = 0
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -90,7 +100,15 @@ class Case:
         for name in ("batch", "heads", "n_q", "n_k", "n_components", "d_r", "d_v", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model < 0:
+            raise ValueError(f"d_model must be >= 1 for a layer case (0 for an attention case), got {self.d_model}")
+        if self.is_layer and self.regime not in LAYER_REGIMES:
+            raise ValueError(f"layer cases support the regimes {LAYER_REGIMES}, got {self.regime!r}")
 
+    @property
+    def is_layer(self) -> bool:
+        """True for a layer case (``d_model`` > 0)."""
+        return self.d_model > 0
     @property
     def causal(self) -> bool:
         """True for the causal variant."""
@@ -98,10 +116,13 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        """Readable id, e.g. ``causal-B2-H3-N63-K7-dr5-dv60-f32-c16``."""
+        """Readable id, e.g. ``causal-B2-H3-N63-K7-dr5-dv60-f32-c16-s0`` or
+        ``layer-causal-B2-H3-N17-K4-dm12-dr5-dv6-f32-c5-s0``."""
         n = f"N{self.n_q}" if self.n_q == self.n_k else f"N{self.n_q}x{self.n_k}"
-        parts = [self.variant, f"B{self.batch}", f"H{self.heads}", n, f"K{self.n_components}",
-                 f"dr{self.d_r}", f"dv{self.d_v}", dtype_short(self.dtype)]
+        parts = [self.variant, f"B{self.batch}", f"H{self.heads}", n, f"K{self.n_components}"]
+        if self.is_layer:
+            parts = ["layer", *parts, f"dm{self.d_model}"]
+        parts += [f"dr{self.d_r}", f"dv{self.d_v}", dtype_short(self.dtype)]
         if self.causal:
             parts.append(f"c{self.chunk_size}")
         if self.regime != "normal":
@@ -241,4 +262,124 @@ def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str =
             seed=seed * 100003 + i,
         )
         out.append(case)
+    return out
+
+
+# --------------------------------------------------------------------------- layer cases
+
+
+def layer_case_arrays(case: Case) -> dict[str, Any]:
+    """Float64 inputs of the layer case ``case``: x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, d_out.
+
+    Shapes: x ``(B, N_q, d_model)``; y ``(B, N_k, d_model)`` for cross, ``None`` for
+    self-attention; w_q, w_k ``(H, d_model, d_r)``; w_v ``(H, d_model, d_v)``; w_o
+    ``(H·d_v, d_model)``; means/omega ``(H, K, d_r)``; prior_logits ``(H, K)``; d_out
+    ``(B, N_q, d_model)``. Projections are Glorot-scaled, so routing vectors are
+    O(1); every mean sits near the routing vector of some token (query or key
+    side, jittered), so responsibilities are neither uniform nor all saturated.
+    ``far`` scales the tokens by 8 after the means are placed (routing vectors far
+    from every mean); ``tiny_eps`` (ε = 1e-12) makes component 0 tight and centred
+    on one query's routing vector, which keys rarely visit (u_i ≪ 1 for that query).
+    Deterministic in ``case``.
+    """
+    if not case.is_layer:
+        raise ValueError(f"{case.case_id} is not a layer case (d_model = 0)")
+    b, h, kk, dm = case.batch, case.heads, case.n_components, case.d_model
+    key = [case.seed, b, h, case.n_q, case.n_k, kk, case.d_r, case.d_v, dm, VARIANTS.index(case.variant),
+           LAYER_REGIMES.index(case.regime), 1]
+    rng = np.random.default_rng(key)
+    x = rng.normal(size=(b, case.n_q, dm))
+    y = rng.normal(size=(b, case.n_k, dm)) if case.variant == "cross" else None
+    w_q = rng.normal(size=(h, dm, case.d_r)) / math.sqrt(dm)
+    w_k = rng.normal(size=(h, dm, case.d_r)) / math.sqrt(dm)
+    w_v = rng.normal(size=(h, dm, case.d_v)) / math.sqrt(dm)
+    w_o = rng.normal(size=(h * case.d_v, dm)) / math.sqrt(h * case.d_v)
+    ctx = x if y is None else y
+    q = np.matmul(x[:, None], w_q)  # (B, H, N_q, d_r)
+    k = np.matmul(ctx[:, None], w_k)
+    means = np.empty((h, kk, case.d_r))
+    for hh in range(h):
+        for c in range(kk):
+            src = q if rng.random() < 0.5 else k
+            means[hh, c] = src[rng.integers(b), hh, rng.integers(src.shape[2])] + 0.5 * rng.normal(size=case.d_r)
+    omega = rng.normal(scale=0.5, size=(h, kk, case.d_r))
+    prior_logits = rng.normal(scale=1.0, size=(h, kk))
+    if case.regime == "far":
+        x = 8.0 * x
+        y = None if y is None else 8.0 * y
+    if case.regime == "tiny_eps" and kk > 1:
+        means[:, 0] = q[0, :, case.n_q // 2]
+        omega[:, 0] = -4.0
+    d_out = rng.normal(size=(b, case.n_q, dm))
+    return {"x": x, "y": y, "w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o, "means": means, "omega": omega,
+            "prior_logits": prior_logits, "d_out": d_out}
+
+
+def _layer_base(variant: str, dtype: str, **kw: Any) -> Case:
+    shape = {"batch": 2, "heads": 3, "n_q": 17, "n_k": 17, "n_components": 4, "d_r": 5, "d_v": 6, "d_model": 12,
+             "chunk_size": 5}
+    if variant == "cross":
+        shape.update(n_q=13, n_k=19)
+    shape.update(kw)
+    return Case(variant=variant, dtype=dtype, **shape)
+
+
+def default_layer_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0) -> list[Case]:
+    """The default layer case set of ``gma-ref check --mode layer``: 8 cases per variant (9 for cross).
+
+    Per variant: the base shape (``layer-causal-B2-H3-N17-K4-dm12-dr5-dv6``, chunk 5
+    not dividing 17; cross 13×19), N = 1 (cross: N_q = 1; and N_k = 1), K = 1,
+    H = 1 (H·d_v = d_model), a wide head (d_model 40, H 4, d_r 16, d_v 10),
+    d_model = d_r = 1, routing vectors far from every mean, and tiny ε: 25 cases.
+    """
+    out: list[Case] = []
+    for variant in variants:
+        cross = variant == "cross"
+        specs: list[dict[str, Any]] = [
+            {},
+            {"n_q": 1, "n_k": 9} if cross else {"n_q": 1, "n_k": 1},
+            {"n_components": 1},
+            {"heads": 1, "d_v": 12},
+            {"d_model": 40, "heads": 4, "d_r": 16, "d_v": 10, "batch": 1, "n_q": 24, "n_k": 30 if cross else 24},
+            {"d_model": 1, "d_r": 1, "d_v": 2, "n_components": 3},
+            {"regime": "far"},
+            {"regime": "tiny_eps", "eps": 1e-12},
+        ]
+        if cross:
+            specs.insert(2, {"n_q": 11, "n_k": 1})
+        for i, spec in enumerate(specs):
+            out.append(_layer_base(variant, dtype, seed=seed * 1000 + i, **spec))
+    return out
+
+
+def generate_layer_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
+                         max_tokens: int = 48) -> list[Case]:
+    """``n`` random layer cases (round-robin over ``variants``), seeded, biased to the edge sizes.
+
+    N ∈ {1, …, ``max_tokens``} (N_q ≠ N_k for cross), H ∈ {1, …, 4}, K ∈ {1, …, 8},
+    d_model ∈ {1, …, 48}, d_r ∈ {1, …, 24}, d_v ∈ {1, …, 16}, chunks 1–16. Every
+    fourth case is ``far`` or ``tiny_eps``.
+    """
+    rng = np.random.default_rng([seed, 104729])
+    out = []
+    for i in range(n):
+        variant = variants[i % len(variants)]
+
+        def size(lo: int, hi: int, edge: float = 0.15) -> int:
+            r = rng.random()
+            if r < edge:
+                return lo
+            if r < 2 * edge:
+                return hi
+            return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+        n_q = size(1, max_tokens)
+        n_k = size(1, max_tokens) if variant == "cross" else n_q
+        regime = LAYER_REGIMES[1 + (i // 4) % 2] if i % 4 == 3 else "normal"
+        out.append(Case(
+            variant=variant, batch=int(rng.integers(1, 3)), heads=size(1, 4), n_q=n_q, n_k=n_k,
+            n_components=size(1, 8), d_r=size(1, 24), d_v=size(1, 16), dtype=dtype, regime=regime,
+            eps=1e-12 if regime == "tiny_eps" else 1e-6, chunk_size=int(rng.integers(1, 17)),
+            seed=seed * 100003 + i, d_model=size(1, 48),
+        ))
     return out

@@ -40,6 +40,7 @@ __all__ = [
     "UNDERFLOW",
     "NU_MAX",
     "TOLERANCES",
+    "LAYER_TOLERANCES",
     "Tolerance",
     "Comparison",
     "unit_scale",
@@ -85,11 +86,27 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
-def unit_scale(dtype: str, kappa: float, read_condition: float = 0.0) -> float:
-    """ν = u_store + u_acc · κ + t_store · λ for ``dtype``, the score condition factor κ and the read condition λ."""
+#: τ per dtype for layer mode (``check(..., mode='layer')``): the larger of :data:`TOLERANCES` and 8× the largest
+#: error/ν measured for correct layers over ≥ 200 layer cases (rounded up to a power of two). See docs/oracle.md.
+LAYER_TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(norm=64.0, elem=64.0),
+    "float32": Tolerance(norm=16.0, elem=64.0),
+    "float16": Tolerance(norm=32.0, elem=32.0),
+    "bfloat16": Tolerance(norm=16.0, elem=128.0),
+}
+
+
+def unit_scale(dtype: str, kappa: float, read_condition: float = 0.0, proj_condition: float = 0.0) -> float:
+    """ν = u_store + u_acc · κ + t_store · λ (+ u_store · κ_P in layer mode) for ``dtype``.
+
+    κ is the score condition factor, λ the read condition and κ_P the projection
+    condition factor of a layer case (the routing vectors X W are formed by the
+    candidate and stored at its precision; 0 in the attention mode).
+    """
     u_store = UNIT_ROUNDOFF[dtype]
     u_acc = UNIT_ROUNDOFF["float64"] if dtype == "float64" else UNIT_ROUNDOFF["float32"]
-    return u_store + u_acc * max(float(kappa), 1.0) + UNDERFLOW[dtype] * float(read_condition)
+    return (u_store + u_acc * max(float(kappa), 1.0) + UNDERFLOW[dtype] * float(read_condition)
+            + u_store * float(proj_condition))
 
 
 @dataclass
@@ -132,20 +149,21 @@ def compare_tensor(
     read_condition: float = 0.0,
     floor: float = 0.0,
     tolerance: Tolerance | None = None,
+    proj_condition: float = 0.0,
 ) -> Comparison:
     """Compare ``actual`` with the float64 reference ``expected`` (same shape, same namespace).
 
     ``dtype`` names the dtype under test (a key of :data:`TOLERANCES`), ``kappa`` the
     case's score condition factor, ``read_condition`` its λ, ``floor`` the tensor's cancellation-free scale.
-    ``tolerance`` overrides the calibrated τ. Returns :class:`Comparison`; a shape
-    mismatch raises ``ValueError``.
+    ``tolerance`` overrides the calibrated τ; ``proj_condition`` is κ_P of a layer case. Returns
+    :class:`Comparison`; a shape mismatch raises ``ValueError``.
     """
     import numpy as np
 
     if tuple(actual.shape) != tuple(expected.shape):
         raise ValueError(f"{name}: shape {tuple(actual.shape)} does not match the reference {tuple(expected.shape)}")
     tol = tolerance if tolerance is not None else TOLERANCES[dtype]
-    nu = unit_scale(dtype, kappa, read_condition)
+    nu = unit_scale(dtype, kappa, read_condition, proj_condition)
     a, r = _to_host(actual), _to_host(expected)
     n = r.size
     if n == 0:

@@ -38,12 +38,17 @@ from ..bidirectional import write_memory
 from ..mixture import log_priors_from_logits, sigmoid, variances_from_omega
 from ..responsibilities import log_gaussian_density, responsibilities
 
-__all__ = ["INPUT_NAMES", "GRAD_NAMES", "Reference", "reference"]
+__all__ = ["INPUT_NAMES", "GRAD_NAMES", "LAYER_INPUT_NAMES", "LAYER_GRAD_NAMES", "Reference", "reference",
+           "layer_reference"]
 
 #: Argument names of the calling convention, in order.
 INPUT_NAMES: tuple[str, ...] = ("q", "k", "v", "means", "omega", "prior_logits")
 #: Gradient names returned by a VJP (``d_`` + input name).
 GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in INPUT_NAMES)
+#: Argument names of the layer calling convention, in order (``y`` is ``None`` for self-attention).
+LAYER_INPUT_NAMES: tuple[str, ...] = ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")
+#: Gradient names returned by a layer VJP (``d_y`` only for cross-attention).
+LAYER_GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in LAYER_INPUT_NAMES)
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -53,7 +58,10 @@ class Reference:
 
     ``tensors`` maps ``'out'``, ``'memory'``, ``'mass'`` and (with a cotangent)
     ``'d_q'`` … ``'d_prior_logits'`` to arrays; ``floors`` maps the same names to
-    absolute scales (floats); ``kappa`` is the score condition factor.
+    absolute scales (floats); ``kappa`` is the score condition factor. For a
+    layer (:func:`layer_reference`) the names are ``'out'``, ``'d_x'``, ``'d_y'``,
+    ``'d_w_q'`` … ``'d_prior_logits'``, and ``proj_condition`` is the projection
+    condition factor κ_P (0 for the attention mode).
     """
 
     tensors: dict[str, Array]
@@ -61,6 +69,7 @@ class Reference:
     kappa: float
     read_condition: float = 1.0
     xp: Any = field(repr=False, default=None)
+    proj_condition: float = 0.0
 
 
 def _rms(xp: Any, a: Array) -> float:
@@ -172,7 +181,15 @@ def _read_condition(xp: Any, gamma_q: Array, gamma_k: Array, causal: bool, eps: 
 def _grad_floors(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
                  gamma_q: Array, gamma_k: Array, d_out: Array, out: Array, causal: bool, denom: Array
                  ) -> dict[str, float]:
-    """RMS of each gradient's cancellation-free magnitude — see the module docstring.
+    """RMS of each gradient's cancellation-free magnitude — see the module docstring and :func:`_grad_magnitudes`."""
+    mags = _grad_magnitudes(xp, q, k, v, means, omega, variances, gamma_q, gamma_k, d_out, out, causal, denom)
+    return {name: _rms(xp, m) for name, m in mags.items()}
+
+
+def _grad_magnitudes(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
+                     gamma_q: Array, gamma_k: Array, d_out: Array, out: Array, causal: bool, denom: Array
+                     ) -> dict[str, Array]:
+    """Each gradient's cancellation-free magnitude, elementwise (same shapes as the gradients).
 
     Every sum Σ_j a_j of the backward pass is replaced by its root-sum-square
     (Σ_j a_j²)^½ of magnitudes: the size the sum has when its terms do not
@@ -209,10 +226,178 @@ def _grad_floors(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Arr
     sk = _rss_side(xp, k, means, variances, delta(gamma_k, g_k))
     d_var = xp.sqrt(sq[2] + sk[2])
     return {
-        "d_q": _rms(xp, xp.sqrt(sq[0])),
-        "d_k": _rms(xp, xp.sqrt(sk[0])),
-        "d_v": _rms(xp, rss_mm(mt(affinity), p)),
-        "d_means": _rms(xp, xp.sqrt(sq[1] + sk[1])),
-        "d_omega": _rms(xp, d_var * sigmoid(omega)),
-        "d_prior_logits": _rms(xp, xp.sqrt(sq[3] + sk[3])),
+        "d_q": xp.sqrt(sq[0]),
+        "d_k": xp.sqrt(sk[0]),
+        "d_v": rss_mm(mt(affinity), p),
+        "d_means": xp.sqrt(sq[1] + sk[1]),
+        "d_omega": d_var * sigmoid(omega),
+        "d_prior_logits": xp.sqrt(sq[3] + sk[3]),
     }
+
+
+# --------------------------------------------------------------------------- the multi-head layer
+
+
+def _proj_sensitivity(xp: Any, inp: Array, w: Array, r: Array, means: Array, variances: Array, gamma: Array
+                      ) -> Array:
+    """P_ik = (Σ_m c_ikm² x̂_im²)^½: the sensitivity of log γ_ik to the rounding of the projections, (..., H, N, K).
+
+    A kernel that forms the routing vectors r = X W with relative precision u
+    (accumulating, or storing them in a low-precision dtype) moves r_im by up to
+    u·x̂_im, x̂ = |X| |W| (the projection's magnitude). The score s_ik then moves
+    by Σ_m ∂s_ik/∂r_im δr_im, ∂s_ik/∂r_im = −(r_im − μ_km)/σ²_km, and log γ_ik
+    by the same with the gradient centred over components,
+    c_ikm = ∂s_ik/∂r_im − Σ_j γ_ij ∂s_ij/∂r_im (a saturated Γ does not move).
+    The rounding errors of different m have independent signs, so they add
+    as a root-sum-square.
+    """
+    xhat = xp.matmul(xp.expand_dims(xp.abs(inp), axis=-3), xp.abs(w))  # (..., H, N, d_r)
+    g = (xp.expand_dims(means, axis=-3) - xp.expand_dims(r, axis=-2)) / xp.expand_dims(variances, axis=-3)
+    c = g - xp.sum(xp.expand_dims(gamma, axis=-1) * g, axis=-2, keepdims=True)  # (..., H, N, K, d_r)
+    return xp.sqrt(xp.sum(c * c * xp.expand_dims(xhat * xhat, axis=-2), axis=-1))
+
+
+def _proj_kappa(xp: Any, p_q: Array, p_k: Array, gamma_q: Array, gamma_k: Array, causal: bool
+                ) -> float:
+    """κ_P = max_i Σ_j Σ_k γ^Q_ik γ^K_jk (P^Q_ik + P^K_jk) / u_i, j over the keys query i sees.
+
+    The read of query i weights key j by A_ij = Σ_k γ^Q_ik γ^K_jk, u_i = Σ_j A_ij;
+    a relative error of γ^Q_ik or γ^K_jk (:func:`_proj_sensitivity`) moves the
+    read in proportion to that term's share of u_i. Weighting by the read's own
+    mass (not by γ alone) counts the small responsibilities that carry a query's
+    whole read when it sees almost no routed key mass (u_i ≪ ε: the output is
+    ≈ 0 but its gradients are proportional to those products). O(N K) with
+    prefix sums.
+    """
+    if gamma_q.shape[-2] == 0 or gamma_k.shape[-2] == 0:
+        return 0.0
+    gp = gamma_k * p_k
+    if causal:
+        z, wz = xp.cumulative_sum(gamma_k, axis=-2), xp.cumulative_sum(gp, axis=-2)
+    else:
+        z = xp.expand_dims(xp.sum(gamma_k, axis=-2), axis=-2)
+        wz = xp.expand_dims(xp.sum(gp, axis=-2), axis=-2)
+    u = xp.sum(gamma_q * z, axis=-1)
+    kp = xp.sum(gamma_q * (p_q * z + wz), axis=-1) / xp.where(u > 0, u, xp.ones_like(u))
+    return float(xp.max(kp)) if kp.size else 0.0
+
+
+def _concat(xp: Any, heads: Array) -> Array:
+    """(..., H, N, d_v) → (..., N, H·d_v), head-major within a token."""
+    moved = xp.moveaxis(heads, -3, -2)
+    return xp.reshape(moved, tuple(moved.shape[:-2]) + (moved.shape[-2] * moved.shape[-1],))
+
+
+def layer_reference(
+    xp: Any,
+    inputs: dict[str, Array | None],
+    *,
+    causal: bool,
+    eps: float,
+    eps_sigma: float,
+    d_out: Array | None = None,
+    chunk_size: int = 64,
+    floors: bool = True,
+    underflow: float = 0.0,
+) -> Reference:
+    """Float64 reference of the multi-head GMA layer on ``inputs`` (x, y, w_q … prior_logits; y ``None`` = self).
+
+    Runs :func:`gma_ref.layer.gma_layer` and :func:`gma_ref.layer.gma_layer_backward`
+    on float64 arrays of ``xp`` (the candidate's rounded inputs, upcast). Returns
+    :class:`Reference` with ``out`` ``(B, N_q, d_model)`` and, with ``d_out``, the
+    gradients ``d_x``, ``d_y`` (cross only), ``d_w_q``, ``d_w_k``, ``d_w_v``, ``d_w_o``,
+    ``d_means``, ``d_omega``, ``d_prior_logits``. ``kappa`` and ``read_condition`` are
+    those of the per-head GMA on the float64 projections; ``proj_condition`` is κ_P
+    (:func:`_proj_kappa`, the larger of the query and the key side). The floors are
+    the RMS of the cancellation-free magnitudes of the layer's gradients: the
+    attention magnitudes (:func:`_grad_magnitudes`, driven by the magnitude of the
+    head cotangent |∂L/∂out| |W_O|ᵀ) carried through the projections as
+    root-sum-squares.
+    """
+    from ..layer import GMALayerParams, gma_layer, gma_layer_backward
+
+    x, y = inputs["x"], inputs.get("y")
+    w_q, w_k, w_v, w_o = inputs["w_q"], inputs["w_k"], inputs["w_v"], inputs["w_o"]
+    means, omega, prior_logits = inputs["means"], inputs["omega"], inputs["prior_logits"]
+    params = GMALayerParams(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, means=means, omega=omega, prior_logits=prior_logits)
+    kw = {"causal": causal, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": chunk_size}
+    out = gma_layer(params, x, y, check_finite=False, **kw)
+    ctx = x if y is None else y
+
+    def project(a: Array, w: Array) -> Array:
+        return xp.matmul(xp.expand_dims(a, axis=-3), w)
+
+    q, k, v = project(x, w_q), project(ctx, w_k), project(ctx, w_v)
+    variances = variances_from_omega(omega, eps_sigma, check_finite=False)
+    log_priors = log_priors_from_logits(prior_logits, check_finite=False)
+    gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
+    gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
+    kappa = max(_kappa(xp, q, means, variances, log_priors, gamma_q),
+                _kappa(xp, k, means, variances, log_priors, gamma_k))
+    lam = _read_condition(xp, gamma_q, gamma_k, causal, eps)
+    kappa_p = _proj_kappa(xp, _proj_sensitivity(xp, x, w_q, q, means, variances, gamma_q),
+                          _proj_sensitivity(xp, ctx, w_k, k, means, variances, gamma_k), gamma_q, gamma_k, causal)
+    heads = gma_attention(q, k, v, means, omega, prior_logits, check_finite=False, **kw)
+    tensors: dict[str, Array] = {"out": out}
+    # |out| without cancellation: the head outputs (each at least the RMS of its head's values, as for
+    # the attention mode's floor RMS(v)) times |W_O|, as a root-sum-square
+    v_rms = xp.sqrt(xp.mean(v * v, axis=(-2, -1), keepdims=True)) if v.size else xp.zeros_like(heads)
+    c_mag = _concat(xp, heads * heads + v_rms * v_rms)
+    fl: dict[str, float] = {"out": _rms(xp, xp.sqrt(xp.matmul(c_mag, w_o * w_o)))}
+    if d_out is not None:
+        g = gma_layer_backward(params, x, d_out, y, **kw)
+        tensors["d_x"] = g.d_x
+        if y is not None:
+            tensors["d_y"] = g.d_y
+        for name in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits"):
+            tensors["d_" + name] = getattr(g.d_params, name)
+        fl.update({name: 0.0 for name in tensors if name != "out"})
+        if floors:
+            fl.update(_layer_floors(xp, x, y, params, q, k, v, variances, gamma_q + underflow,
+                                    gamma_k + underflow, d_out, heads, c_mag, causal, eps))
+    return Reference(tensors=tensors, floors=fl, kappa=kappa, read_condition=lam, xp=xp, proj_condition=kappa_p)
+
+
+def _layer_floors(xp: Any, x: Array, y: Array | None, params: Any, q: Array, k: Array, v: Array, variances: Array,
+                  gamma_q: Array, gamma_k: Array, d_out: Array, heads: Array, c_mag: Array, causal: bool,
+                  eps: float) -> dict[str, float]:
+    """RMS of the cancellation-free magnitudes of every layer gradient (root-sum-squares through the projections).
+
+    ``c_mag`` is the squared magnitude of the concatenated head outputs (at least the RMS of each head's
+    values, like the output floor), so ∂W_O is compared at the scale the head outputs could have had.
+    """
+    mt = xp.matrix_transpose
+    w_o = params.w_o
+    h, d_v = params.w_v.shape[0], params.w_v.shape[-1]
+    d_model = w_o.shape[-1]
+    d_concat = xp.sqrt(xp.matmul(d_out * d_out, mt(w_o * w_o)))  # |∂L/∂concat|, (B, N, H·d_v)
+    d_heads = xp.moveaxis(xp.reshape(d_concat, tuple(d_concat.shape[:-1]) + (h, d_v)), -2, -3)
+    denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
+    mags = _grad_magnitudes(xp, q, k, v, params.means, params.omega, variances, gamma_q, gamma_k, d_heads, heads,
+                            causal, denom)
+    ctx = x if y is None else y
+
+    def w_mag(inp: Array, d_proj: Array) -> Array:  # |Σ_{b,n} inp ⊗ d_proj|, (H, d_model, d)
+        sq = xp.matmul(mt(xp.expand_dims(inp * inp, axis=-3)), d_proj * d_proj)
+        return xp.sqrt(xp.sum(xp.reshape(sq, (-1,) + tuple(sq.shape[-3:])), axis=0))
+
+    def in_sq(d_proj: Array, w: Array) -> Array:  # Σ_h |d_proj_h|² |W_h|²ᵀ, (B, N, d_model)
+        return xp.sum(xp.matmul(d_proj * d_proj, mt(w * w)), axis=-3)
+
+    flat_c = xp.reshape(c_mag, (-1, c_mag.shape[-1]))
+    flat_g = xp.reshape(d_out, (-1, d_model))
+    ctx_sq = in_sq(mags["d_k"], params.w_k) + in_sq(mags["d_v"], params.w_v)
+    x_sq = in_sq(mags["d_q"], params.w_q) + (ctx_sq if y is None else 0.0)
+    fl = {
+        "d_x": _rms(xp, xp.sqrt(x_sq)),
+        "d_w_q": _rms(xp, w_mag(x, mags["d_q"])),
+        "d_w_k": _rms(xp, w_mag(ctx, mags["d_k"])),
+        "d_w_v": _rms(xp, w_mag(ctx, mags["d_v"])),
+        "d_w_o": _rms(xp, xp.sqrt(xp.matmul(mt(flat_c), flat_g * flat_g))),
+        "d_means": _rms(xp, mags["d_means"]),
+        "d_omega": _rms(xp, mags["d_omega"]),
+        "d_prior_logits": _rms(xp, mags["d_prior_logits"]),
+    }
+    if y is not None:
+        fl["d_y"] = _rms(xp, xp.sqrt(ctx_sq))
+    return fl

@@ -10,6 +10,11 @@ evaluates the float64 reference on the candidate's rounded inputs, and records
 * accuracy checks — :func:`gma_ref.testing.compare.compare_tensor` on the
   output, the declared state and every gradient.
 
+In layer mode (``Declaration(mode='layer')`` or ``check(..., mode='layer')``)
+the implementation is the multi-head layer, the cases are layer cases
+(:func:`~gma_ref.testing.cases.default_layer_cases`) and the reference is
+:func:`~gma_ref.testing.reference.layer_reference`; the checks are the same.
+
 Whatever the implementation does not declare is skipped and listed in
 :attr:`Report.skipped`; a mismatch is always a failure.
 """
@@ -36,9 +41,18 @@ from .adapters import (
     to_reference,
     torch_autograd,
 )
-from .cases import VARIANTS, Case, case_arrays, default_cases, generate_cases
-from .compare import NU_MAX, UNDERFLOW, Tolerance, compare_tensor, unit_scale
-from .reference import GRAD_NAMES, INPUT_NAMES, reference
+from .cases import (
+    VARIANTS,
+    Case,
+    case_arrays,
+    default_cases,
+    default_layer_cases,
+    generate_cases,
+    generate_layer_cases,
+    layer_case_arrays,
+)
+from .compare import LAYER_TOLERANCES, NU_MAX, UNDERFLOW, Tolerance, compare_tensor, unit_scale
+from .reference import GRAD_NAMES, INPUT_NAMES, LAYER_INPUT_NAMES, layer_reference, reference
 
 __all__ = ["CheckResult", "Skip", "Report", "check", "assert_conforms", "run_case"]
 
@@ -103,6 +117,7 @@ class Report:
     case_ids: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     reference_backend: str = "numpy"
+    mode: str = "attention"
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -130,8 +145,8 @@ class Report:
 
     def format(self, verbose: bool = False) -> str:
         """Readable report: every failing case in full, passing cases as one line each (all lines if ``verbose``)."""
-        lines = [f"gma-ref check {self.implementation}  dtype={self.dtype} device={self.device} "
-                 f"grad={self.grad} reference={self.reference_backend}"]
+        lines = [f"gma-ref check {self.implementation}  " + ("mode=layer " if self.mode == "layer" else "")
+                 + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"]
         by_case: dict[str, list[CheckResult]] = {}
         for r in self.results:
             by_case.setdefault(r.case_id, []).append(r)
@@ -152,7 +167,8 @@ class Report:
     def to_json(self) -> str:
         """Machine-readable report."""
         return json.dumps({
-            "implementation": self.implementation, "declaration": self.declaration.as_dict(), "dtype": self.dtype,
+            "implementation": self.implementation, "declaration": self.declaration.as_dict(), "mode": self.mode,
+            "dtype": self.dtype,
             "device": self.device, "grad": self.grad, "passed": self.passed, "exit_code": self.exit_code,
             "elapsed_s": self.elapsed_s, "reference_backend": self.reference_backend,
             "failed_cases": self.failed_cases(), "cases": self.case_ids,
@@ -166,8 +182,9 @@ class Report:
             raise AssertionError(self.format())
 
 
-def _call(impl: Callable[..., Any], inputs: dict[str, Any], opts: dict[str, Any]) -> Any:
-    return impl(*(inputs[n] for n in INPUT_NAMES), **opts)
+def _call(impl: Callable[..., Any], inputs: dict[str, Any], opts: dict[str, Any],
+          names: tuple[str, ...] = INPUT_NAMES) -> Any:
+    return impl(*(inputs[n] for n in names), **opts)
 
 
 def _split_result(result: Any, returns_state: bool) -> tuple[Any, dict[str, Any]]:
@@ -204,7 +221,7 @@ def _accuracy(case_id: str, check_name: str, name: str, actual: Any, ref: Any, x
         return out
     a = to_reference(actual, xp)
     c = compare_tensor(name, a, expected, dtype=dtype, kappa=ref.kappa, read_condition=ref.read_condition,
-                       floor=ref.floors.get(name, 0.0), tolerance=tolerance)
+                       floor=ref.floors.get(name, 0.0), tolerance=tolerance, proj_condition=ref.proj_condition)
     out.append(CheckResult(case_id, "contract", name, "finite", float(c.nonfinite), 0.0, c.nonfinite == 0,
                            detail="" if c.nonfinite == 0 else f"{c.nonfinite} NaN/Inf where the reference is finite"))
     out.append(CheckResult(case_id, check_name, name, "norm", c.norm_error, c.norm_bound,
@@ -237,31 +254,39 @@ def run_case(
     xp = reference_namespace(device) if xp is None else xp
     cid, ns, dtype = case.case_id, declaration.namespace, case.dtype
     results: list[CheckResult] = []
-    arrays = case_arrays(case)
-    cand = {n: to_candidate(arrays[n], ns, dtype, device) for n in (*INPUT_NAMES, "d_out")}
-    ref_in = {n: to_reference(cand[n], xp) for n in (*INPUT_NAMES, "d_out")}
+    layer = case.is_layer
+    names = LAYER_INPUT_NAMES if layer else INPUT_NAMES
+    grad_names = tuple("d_" + n for n in names if not (layer and n == "y" and case.variant != "cross"))
+    returns_state = declaration.returns_state and not layer
+    if layer and tolerance is None:
+        tolerance = LAYER_TOLERANCES[dtype]
+    arrays = layer_case_arrays(case) if layer else case_arrays(case)
+    every = (*names, "d_out")
+    cand = {n: None if arrays[n] is None else to_candidate(arrays[n], ns, dtype, device) for n in every}
+    ref_in = {n: None if cand[n] is None else to_reference(cand[n], xp) for n in every}
     opts: dict[str, Any] = {"causal": case.causal, "eps": case.eps, "eps_sigma": case.eps_sigma}
     if declaration.accepts_chunk_size:
         opts["chunk_size"] = case.chunk_size
-    ref = reference(xp, {n: ref_in[n] for n in INPUT_NAMES}, causal=case.causal, eps=case.eps,
-                    eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
-                    chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype])
-    nu = unit_scale(dtype, ref.kappa, ref.read_condition)
+    ref_fn = layer_reference if layer else reference
+    ref = ref_fn(xp, {n: ref_in[n] for n in names}, causal=case.causal, eps=case.eps,
+                 eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
+                 chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype])
+    nu = unit_scale(dtype, ref.kappa, ref.read_condition, ref.proj_condition)
     if nu > NU_MAX:
         return [CheckResult(cid, "conditioning", "case", "nu", nu, NU_MAX, True,
                             detail=f"ill-conditioned at {dtype}: not checkable, skipped")], ref
-    before = {n: snapshot(cand[n]) for n in (*INPUT_NAMES, "d_out")}
+    present = tuple(n for n in every if cand[n] is not None)
+    before = {n: snapshot(cand[n]) for n in present}
 
     def mutation_check(stage: str) -> None:
         import numpy as np
 
-        changed = [n for n in (*INPUT_NAMES, "d_out") if not np.array_equal(snapshot(cand[n]), before[n],
-                                                                             equal_nan=True)]
+        changed = [n for n in present if not np.array_equal(snapshot(cand[n]), before[n], equal_nan=True)]
         results.append(CheckResult(cid, "contract", ",".join(changed) or "inputs", f"unmutated-{stage}", None, None,
                                    not changed, detail=f"{stage} modified {changed}" if changed else ""))
 
     try:
-        out, state = _split_result(_call(impl, cand, opts), declaration.returns_state)
+        out, state = _split_result(_call(impl, cand, opts, names), returns_state)
     except Exception as exc:
         results.append(CheckResult(cid, "call", "out", "raised", None, None, False, detail=_exc_line(exc)))
         return results, ref
@@ -271,7 +296,7 @@ def run_case(
         results += _accuracy(cid, "state", name, arr, ref, xp, dtype, dtype, device, tolerance)
     if contract:
         try:
-            out2, _ = _split_result(_call(impl, cand, opts), declaration.returns_state)
+            out2, _ = _split_result(_call(impl, cand, opts, names), returns_state)
             same = bool(_bitwise_equal(out, out2))
             results.append(CheckResult(
                 cid, "determinism", "out", "bitwise", None, None, same or not declaration.deterministic,
@@ -280,8 +305,8 @@ def run_case(
         except Exception as exc:
             results.append(CheckResult(cid, "call", "out", "raised-2nd", None, None, False, detail=_exc_line(exc)))
         try:
-            nc = {n: noncontiguous(cand[n], ns) for n in INPUT_NAMES}
-            out_nc, _ = _split_result(_call(impl, nc, opts), declaration.returns_state)
+            nc = {n: None if cand[n] is None else noncontiguous(cand[n], ns) for n in names}
+            out_nc, _ = _split_result(_call(impl, nc, opts, names), returns_state)
             for r in _accuracy(cid, "layout", "out", out_nc, ref, xp, dtype, dtype, device, tolerance):
                 if r.check == "contract":
                     r.check = "layout"
@@ -291,12 +316,12 @@ def run_case(
                                        detail="non-contiguous inputs: " + _exc_line(exc)))
     if vjp is not None:
         try:
-            grads = vjp(*(cand[n] for n in INPUT_NAMES), cand["d_out"], **opts)
+            grads = vjp(*(cand[n] for n in names), cand["d_out"], **opts)
         except Exception as exc:
             results.append(CheckResult(cid, "call", "grad", "raised", None, None, False, detail=_exc_line(exc)))
             return results, ref
         mutation_check("vjp")
-        for name in GRAD_NAMES:
+        for name in grad_names if layer else GRAD_NAMES:
             if name not in grads or grads[name] is None:
                 results.append(CheckResult(cid, "gradient", name, "missing", None, None, False,
                                            detail=f"vjp returned keys {sorted(grads)}"))
@@ -319,9 +344,9 @@ def _resolve_vjp(impl: Callable[..., Any], decl: Declaration, vjp: Callable[...,
     if user is not None:
         return user, None
     if decl.namespace == "torch":
-        return torch_autograd(impl), None
+        return torch_autograd(impl, decl.mode), None
     if decl.namespace == "jax":
-        return jax_vjp(impl), None
+        return jax_vjp(impl, decl.mode), None
     return None, (f"{decl.namespace} implementation declares grad=True but supplies no vjp "
                   "(pass vjp= or set impl.gma_vjp)")
 
@@ -341,6 +366,7 @@ def check(
     contract: bool = True,
     tolerance: Tolerance | None = None,
     name: str | None = None,
+    mode: str | None = None,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
@@ -367,17 +393,26 @@ def check(
         Also run the determinism and non-contiguous-input checks (first case of each variant).
     tolerance : Tolerance, optional
         Override the calibrated τ (for experiments; the CLI never does).
+    mode : ``'attention'`` or ``'layer'``, optional
+        Default: the declared mode. ``'layer'`` checks a multi-head layer
+        ``impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma)``
+        over :func:`~gma_ref.testing.cases.default_layer_cases` (plus ``n_cases``
+        :func:`~gma_ref.testing.cases.generate_layer_cases`), gradients
+        ``d_x``, ``d_y`` (cross), ``d_w_q`` … ``d_prior_logits``. A mode that differs from the
+        declared one is skipped (requested), so nothing is checked and the run fails.
     """
     t0 = time.perf_counter()
     decl = declaration or declaration_of(impl)
     assumed = decl is None
     decl = decl or Declaration()
     dtype_req, device_req, grad_req = dtype is not None, device is not None, grad is not None
+    mode_req = mode is not None
+    mode = mode or decl.mode
     dtype = dtype or decl.dtypes[0]
     device = device or decl.devices[0]
     grad = decl.grad if grad is None else grad
     report = Report(implementation=name or getattr(impl, "__qualname__", repr(impl)), declaration=decl, dtype=dtype,
-                    device=device, grad=grad)
+                    device=device, grad=grad, mode=mode)
     if assumed:
         report.skipped.append(Skip("declaration", f"none attached; assumed {decl}"))
     want = tuple(variants) if variants is not None else VARIANTS
@@ -387,6 +422,9 @@ def check(
             report.skipped.append(Skip(f"variant {v}", "not declared", requested=variants is not None))
     if dtype not in decl.dtypes:
         report.skipped.append(Skip(f"dtype {dtype}", f"not declared (declared {decl.dtypes})", requested=dtype_req))
+        active = ()
+    if mode != decl.mode:
+        report.skipped.append(Skip(f"mode {mode}", f"not declared (declared mode {decl.mode!r})", requested=mode_req))
         active = ()
     if device not in decl.devices:
         report.skipped.append(Skip(f"device {device}", f"not declared (declared {decl.devices})",
@@ -415,14 +453,16 @@ def check(
                 report.skipped.append(Skip("gradients", why or "no vjp", requested=True))
     elif decl.grad:
         report.skipped.append(Skip("gradients", "declared but not requested (grad=False)"))
-    if not decl.returns_state:
+    if not decl.returns_state and mode == "attention":
         report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
+    layer = mode == "layer"
     if cases is None:
-        case_list = default_cases(active, dtype=dtype, seed=seed) if active else []
+        defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
+        case_list = defaults(active, dtype=dtype, seed=seed) if active else []
         if n_cases and active:
-            case_list += generate_cases(n_cases, variants=active, dtype=dtype, seed=seed + 1)
+            case_list += generate(n_cases, variants=active, dtype=dtype, seed=seed + 1)
     else:
-        case_list = [c.with_dtype(dtype) for c in cases if c.variant in active]
+        case_list = [c.with_dtype(dtype) for c in cases if c.variant in active and c.is_layer == layer]
     seen_variant: set[str] = set()
     for case in case_list:
         first = case.variant not in seen_variant
