@@ -93,3 +93,14 @@ def test_console_script_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "gma_ref.cli", "coverage"], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout == registry.coverage_markdown()
+
+
+def test_registry_order_does_not_depend_on_import_order() -> None:
+    """Importing a check module out of order (as pytest-xdist workers do) leaves the table unchanged."""
+    code = (
+        "import gma_ref.verification.checks_sympy, gma_ref.verification.checks_analysis\n"
+        "from gma_ref.verification.registry import coverage_markdown\n"
+        "print(coverage_markdown(), end='')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout == registry.coverage_markdown()

@@ -137,14 +137,24 @@ _CHECK_MODULES = (
 
 
 def all_checks() -> list[Check]:
-    """Import every check module (once) and return the registry in paper order."""
+    """Import every check module (once) and return the registry in a fixed order.
+
+    The order is that of :data:`_CHECK_MODULES`, then definition order within a module,
+    whatever order the modules happened to be imported in.
+    """
     for name in _CHECK_MODULES:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
-    return list(REGISTRY)
+
+    def key(item: tuple[int, Check]) -> tuple[int, int]:
+        module = item[1].run.__module__
+        rank = _CHECK_MODULES.index(module) if module in _CHECK_MODULES else len(_CHECK_MODULES)
+        return rank, item[0]
+
+    return [check for _, check in sorted(enumerate(REGISTRY), key=key)]
 
 
 def coverage_markdown() -> str:
