@@ -151,7 +151,10 @@ def read_memory(gamma_q: Array, memory: Array, mass: Array, eps: float = DEFAULT
     """
     xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass)
     eps = check_nonnegative_scalar("eps", eps)
-    denom, seen = _safe_denominator(xp, query_mass(gamma_q, mass), eps)
+    u = query_mass(gamma_q, mass)
+    if eps > 0:  # u_i + ε > 0 for every row: one scaling, no masking
+        return xp.matmul(gamma_q, memory) * xp.expand_dims(1.0 / (u + eps), axis=-1)
+    denom, seen = _safe_denominator(xp, u, eps)
     out = xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1)
     return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out))
 
