@@ -14,7 +14,8 @@ vectors (``gma_ref.responsibilities``), then each form is timed on (Γ^Q, Γ^K, 
 forward, backward (the hand-written VJP for a random cotangent, given the forward's saved output
 as an autograd framework would keep it; the latent and chunked backward use it through their
 ``out=`` argument) and forward + backward. Time is
-the best of a few repeats of ``time.perf_counter``; memory is the ``tracemalloc`` peak of one call
+the best of a few repeats of ``time.perf_counter``, each started with cold caches (a 128 MiB
+buffer is rewritten first); memory is the ``tracemalloc`` peak of one call
 above what was allocated before it (NumPy reports its buffers to ``tracemalloc``), so inputs are
 not counted and outputs are.
 
@@ -103,12 +104,27 @@ def _peak(fn: Callable[[], Any]) -> tuple[int, Any]:
     return peak, out
 
 
+#: Rewritten before every timed call so that each call starts with cold caches (larger than any
+#: last-level cache we expect); otherwise a small N would find its inputs still cached from the
+#: previous repeat and a large N would not, which inflates the N-ratios with a cache effect.
+_EVICT_BYTES = 128 << 20
+_evict_buffer: np.ndarray | None = None
+
+
+def _evict_caches() -> None:
+    global _evict_buffer
+    if _evict_buffer is None:
+        _evict_buffer = np.zeros(_EVICT_BYTES // 8)
+    _evict_buffer += 1.0
+
+
 def _best_time(fn: Callable[[], Any], repeats: int = _REPEATS, budget: float = _TIME_BUDGET[False]) -> float:
     """Best of up to ``repeats`` timed calls: fewer once ``budget`` seconds are spent (at least one), unless
     the best call so far is under a tenth of the budget (then one slow outlier does not end the series)."""
     times: list[float] = []
     while len(times) < repeats and (sum(times) < budget or min(times) < 0.1 * budget):
         gc.collect()
+        _evict_caches()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

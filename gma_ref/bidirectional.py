@@ -126,7 +126,8 @@ def query_mass(gamma_q: Array, mass: Array) -> Array:
     responsibilities barely overlap) outputs shrink towards 0. Inspect u to detect it.
     """
     xp = namespace(gamma_q=gamma_q, mass=mass)
-    return xp.sum(gamma_q * xp.expand_dims(mass, axis=-2), axis=-1)
+    # A matrix–vector product: no N × K temporary (the read step is memory-bound for large N).
+    return xp.matmul(gamma_q, xp.expand_dims(mass, axis=-1))[..., 0]
 
 
 def _safe_denominator(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
@@ -197,10 +198,10 @@ def read_memory_backward(
         p = xp.where(seen_col, d_out / xp.expand_dims(denom, axis=-1), zero)
         if out is None:
             out = xp.where(seen_col, xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1), zero)
-    c = -xp.sum(p * out, axis=-1)  # −⟨G_i, O_i⟩ / D_i, shape (..., N_q)
+    c = -xp.vecdot(p, out, axis=-1)  # −⟨G_i, O_i⟩ / D_i, shape (..., N_q)
     d_gamma_q = xp.matmul(p, xp.matrix_transpose(memory)) + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
     d_memory = xp.matmul(xp.matrix_transpose(gamma_q), p)
-    d_mass = xp.sum(gamma_q * xp.expand_dims(c, axis=-1), axis=-2)
+    d_mass = xp.matmul(xp.matrix_transpose(gamma_q), xp.expand_dims(c, axis=-1))[..., 0]  # (Γ^Q)ᵀ c
     return ReadGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_memory, tuple(memory.shape)),
