@@ -145,6 +145,23 @@ def _eq37(ctx: Context) -> float:
     return abs(kl - log_ratio.mean()) / (log_ratio.std() / math.sqrt(len(log_ratio)))
 
 
+@register("Eq. 36", "§6", "gma_ref.extensions.posterior_mean_log_priors",
+          "posterior-mean priors a_k/Σa fed to Eq. 3 give π-weighted responsibilities equal to a SciPy computation",
+          tolerance=F32, tests=("tests/test_extensions.py",))
+def _eq36(ctx: Context) -> float:
+    from .. import responsibilities as resp
+
+    a = ctx.rounded(0.5 + 3 * ctx.rng.random(3))
+    x, means = ctx.normal(6, 2), ctx.normal(3, 2)
+    variances = ctx.rounded(0.5 + ctx.rng.random((3, 2)))
+    log_pi = ext.posterior_mean_log_priors(ctx.arr(a))
+    gamma = resp.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), log_pi)
+    pi = a / a.sum()
+    dens = np.stack([pi[k] * stats.multivariate_normal(means[k], np.diag(variances[k])).pdf(x) for k in range(3)],
+                    axis=1)
+    return max(_rel(ext.posterior_mean_priors(ctx.arr(a)), pi), _rel(gamma, dens / dens.sum(axis=1, keepdims=True)))
+
+
 @register("Eq. 38", "§6", "gma_ref.extensions.stick_breaking_priors",
           "stick-breaking π_k = v_k Π_{l<k}(1 − v_l): loop equality, Σπ + remainder = 1", tolerance=F32,
           tests=("tests/test_extensions.py",))

@@ -381,14 +381,17 @@ def _appe4(ctx: Context) -> float:
 
 
 @register("App. E.1", "App. E.1–E.2", "gma_ref.baselines.softmax_attention",
-          "Eq. 1 softmax attention (causal mask of E.1) equals a SciPy softmax loop", tolerance=F32,
+          "Eq. 1 softmax attention (causal mask of E.1; cross-attention of E.2) equals SciPy softmax", tolerance=F32,
           tests=("tests/test_baselines.py",))
 def _eq1(ctx: Context) -> float:
     q, k, v = ctx.normal(6, 4), ctx.normal(6, 4), ctx.normal(6, 3)
     s = q @ k.T / 2.0
     s[np.triu_indices(6, 1)] = -np.inf
     ref = special.softmax(s, axis=1) @ v
-    return _rel(baselines.softmax_attention(ctx.arr(q), ctx.arr(k), ctx.arr(v), causal=True), ref)
+    causal_err = _rel(baselines.softmax_attention(ctx.arr(q), ctx.arr(k), ctx.arr(v), causal=True), ref)
+    y_k, y_v = ctx.normal(9, 4), ctx.normal(9, 3)  # E.2: cross-attention, N_q = 6 ≠ N_k = 9
+    cross_ref = special.softmax(q @ y_k.T / 2.0, axis=1) @ y_v
+    return max(causal_err, _rel(baselines.softmax_cross_attention(ctx.arr(q), ctx.arr(y_k), ctx.arr(y_v)), cross_ref))
 
 
 @register("Eq. 4", "§3.3", "gma_ref.layer.gma_layer",

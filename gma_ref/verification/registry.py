@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .equations import DEFINITIONS, PAPER_EQUATIONS
+
 __all__ = ["Check", "Context", "REGISTRY", "register", "all_checks", "coverage_markdown", "to_numpy", "NAMESPACES"]
 
 #: Namespaces ``gma-ref verify`` knows, mapped to the module that provides them.
@@ -104,6 +106,14 @@ class Check:
     kind: str = "forward"
     tests: tuple[str, ...] = ()
 
+    @property
+    def covers(self) -> tuple[str, ...]:
+        """Every equation label this check exercises: its own plus :data:`~.equations.ALSO_COVERS`."""
+        from .equations import ALSO_COVERS
+
+        extra = ALSO_COVERS.get(self.run.__name__, ())
+        return (self.equation,) + tuple(label for label in extra if label != self.equation)
+
 
 REGISTRY: list[Check] = []
 
@@ -168,12 +178,26 @@ def coverage_markdown() -> str:
         "Every row is one check that `gma-ref verify` runs; the tests named alongside check the same",
         "property more thoroughly (hypothesis-drawn shapes, every namespace).",
         "",
-        "| equation | section | function | check | kind | tests |",
-        "|---|---|---|---|---|---|",
+        "| # | equation | section | function | check | kind | tests |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for c in checks:
+    for number, c in enumerate(checks, start=1):
         tests = ", ".join(f"`{t}`" for t in c.tests) or "—"
         what = c.what.replace("|", "\\|")
-        lines.append(f"| {c.equation} | {c.section} | `{c.function}` | {what} | {c.kind} | {tests} |")
+        lines.append(f"| {number} | {c.equation} | {c.section} | `{c.function}` | {what} | {c.kind} | {tests} |")
+    lines += [
+        "",
+        "## Every equation of the paper",
+        "",
+        "Each row of the paper's equation index and the checks above (by number) that exercise it;",
+        "a test fails when a row has no check and is not a documented definition.",
+        "",
+        "| equation | section | what | checks |",
+        "|---|---|---|---|",
+    ]
+    for label, section, what in PAPER_EQUATIONS:
+        numbers = [str(i) for i, c in enumerate(checks, start=1) if label in c.covers]
+        cell = ", ".join(numbers) if numbers else f"definition only: {DEFINITIONS.get(label, 'NOT COVERED')}"
+        lines.append(f"| {label} | {section} | {what.replace('|', chr(92) + '|')} | {cell} |")
     lines.append("")
     return "\n".join(lines)
