@@ -130,5 +130,8 @@ ALSO_COVERS: dict[str, tuple[str, ...]] = {
 
 #: Rows with nothing to compute, and why.
 DEFINITIONS: dict[str, str] = {
-    "App. G": "a conceptual comparison of compatibility functions; the template is mapped onto the code in docs/guide/08-costs.md",
+    "App. G": (
+        "a conceptual comparison of compatibility functions; the template is mapped onto the code in "
+        "docs/guide/08-costs.md"
+    ),
 }
