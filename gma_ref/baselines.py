@@ -388,15 +388,7 @@ def linear_attention(
     Raises as :func:`normalised_linear_attention` (argument names ``phi_q``/``phi_k``
     refer to ``q``/``k`` after the feature map).
     """
-    xp = namespace(q=q, k=k, v=v)
-    for name, a in (("q", q), ("k", k)):
-        check_rank(name, a, 2, f"(..., N, d_k) [{name}]")
-        check_floating(xp, name, a)
-    return normalised_linear_attention(
-        elu_feature_map(q, check_finite=check_finite),
-        elu_feature_map(k, check_finite=check_finite),
-        v, eps, check_finite=check_finite,
-    )
+    return normalised_linear_attention(*_elu_features(q, k, v, check_finite), v, eps, check_finite=check_finite)
 
 
 def causal_linear_attention(
@@ -415,15 +407,18 @@ def causal_linear_attention(
     (default 1e-6) added to the denominator. Raises as
     :func:`normalised_causal_linear_attention`.
     """
+    return normalised_causal_linear_attention(
+        *_elu_features(q, k, v, check_finite), v, eps, check_finite=check_finite
+    )
+
+
+def _elu_features(q: Array, k: Array, v: Array, check_finite: bool) -> tuple[Array, Array]:
+    """Validate q and k under their own names, then map both through φ = elu + 1."""
     xp = namespace(q=q, k=k, v=v)
     for name, a in (("q", q), ("k", k)):
         check_rank(name, a, 2, f"(..., N, d_k) [{name}]")
         check_floating(xp, name, a)
-    return normalised_causal_linear_attention(
-        elu_feature_map(q, check_finite=check_finite),
-        elu_feature_map(k, check_finite=check_finite),
-        v, eps, check_finite=check_finite,
-    )
+    return elu_feature_map(q, check_finite=check_finite), elu_feature_map(k, check_finite=check_finite)
 
 
 # --------------------------------------------------------------------------- gated linear attention
