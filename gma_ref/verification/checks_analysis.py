@@ -12,6 +12,7 @@ from .. import diagnostics as diag
 from .. import extensions as ext
 from .checks_gradients import GRAD_TOL, _np, _worst
 from .registry import Context, register, to_numpy
+from .registry import relative_error as _rel
 
 F32 = {"float64": 1e-12, "float32": 2e-5}
 MC = {"float64": 1.0, "float32": 1.0}
@@ -70,12 +71,6 @@ def _eq24_28(ctx: Context) -> float:
     return max(errs)
 
 
-def _rel(actual: object, expected: np.ndarray) -> float:
-    a = to_numpy(actual)
-    if a.shape != np.shape(expected):
-        return math.inf
-    scale = max(float(np.max(np.abs(expected))), 1e-300)
-    return float(np.max(np.abs(a - expected))) / scale
 
 
 @register("Eq. 33", "§5.4", "gma_ref.diagnostics.mutual_information",

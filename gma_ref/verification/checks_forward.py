@@ -16,19 +16,12 @@ from scipy import special, stats
 from .. import affinity as aff
 from .. import baselines, bidirectional, causal, costs, layer, mixture, responsibilities
 from .registry import Context, register, to_numpy
+from .registry import relative_error as _rel
 
 F32 = {"float64": 1e-12, "float32": 2e-5}
 LOOSE = {"float64": 1e-10, "float32": 1e-4}
 
 
-def _rel(actual: object, expected: np.ndarray) -> float:
-    a = to_numpy(actual)
-    if a.shape != expected.shape:
-        return math.inf
-    if expected.size == 0:
-        return 0.0
-    scale = max(float(np.max(np.abs(expected))), 1e-300)
-    return float(np.max(np.abs(a - expected))) / scale
 
 
 def _mixture(ctx: Context, k: int, d_r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

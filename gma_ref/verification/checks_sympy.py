@@ -18,6 +18,7 @@ from scipy import special
 from .. import bidirectional, causal, mixture
 from .. import responsibilities as resp
 from .registry import Context, register, to_numpy
+from .registry import relative_error as _rel
 
 #: The lambdified sympy gradients evaluate exponentials directly (not in log space) and the mixture
 #: gradients are small differences of larger terms, so they carry up to ~1e-11 relative rounding
@@ -29,12 +30,6 @@ def _derivation(name: str):  # noqa: ANN202 - a module
     return importlib.import_module(f"derivations.{name}")
 
 
-def _rel(actual: object, expected: np.ndarray) -> float:
-    a = to_numpy(actual)
-    if a.shape != np.shape(expected):
-        return np.inf
-    scale = max(float(np.max(np.abs(expected))), 1e-300)
-    return float(np.max(np.abs(a - expected))) / scale
 
 
 def _mixture_point(ctx: Context, n: int = 2, k: int = 3, d_r: int = 2) -> dict[str, np.ndarray]:

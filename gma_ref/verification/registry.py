@@ -19,6 +19,7 @@ under test*, and moves results between namespaces with DLPack.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,17 @@ import numpy as np
 
 from .equations import DEFINITIONS, PAPER_EQUATIONS
 
-__all__ = ["Check", "Context", "REGISTRY", "register", "all_checks", "coverage_markdown", "to_numpy", "NAMESPACES"]
+__all__ = [
+    "NAMESPACES",
+    "REGISTRY",
+    "Check",
+    "Context",
+    "all_checks",
+    "coverage_markdown",
+    "register",
+    "relative_error",
+    "to_numpy",
+]
 
 #: Namespaces ``gma-ref verify`` knows, mapped to the module that provides them.
 NAMESPACES = {
@@ -51,6 +62,17 @@ def to_numpy(a: Any) -> np.ndarray:
         out = np.from_dlpack(a)
     out = np.asarray(out)
     return out.astype(np.float64) if np.issubdtype(out.dtype, np.floating) else out
+
+
+def relative_error(actual: Any, expected: np.ndarray) -> float:
+    """max |actual − expected| / max |expected| (inf on a shape mismatch, 0 for empty arrays)."""
+    a = to_numpy(actual)
+    if a.shape != np.shape(expected):
+        return math.inf
+    if np.size(expected) == 0:
+        return 0.0
+    scale = max(float(np.max(np.abs(expected))), 1e-300)
+    return float(np.max(np.abs(a - expected))) / scale
 
 
 @dataclass
