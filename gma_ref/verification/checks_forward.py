@@ -317,7 +317,8 @@ def _causality(ctx: Context) -> float:
 
 @register("Eq. 12", "§3.4", "gma_ref.costs.routing_cost",
           "write/read/Z/denominator terms equal the multiply-adds of the products the latent forward performs "
-          "(relative difference)", tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/test_costs.py",))
+          "(relative difference)", tolerance={"float64": 0.0, "float32": 0.0},
+          tests=("tests/test_costs.py", "tests/test_costs_forward.py"))
 def _eq12(ctx: Context) -> float:
     n, k, d_v = 50, 7, 5
     gk, v, gq = np.zeros((n, k)), np.zeros((n, d_v)), np.zeros((n, k))
