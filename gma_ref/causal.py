@@ -69,11 +69,10 @@ def _check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float,
 
 def _divide(xp: Any, num: Array, u: Array, eps: float) -> tuple[Array, Array, Array]:
     """(num / (u + ε), the safe denominator, the mask of rows that see mass)."""
-    if eps > 0:  # every row sees mass: no masking
-        denom = u + eps
-        return num * xp.expand_dims(1.0 / denom, axis=-1), denom, xp.ones(denom.shape, dtype=xp.bool,
-                                                                          device=device_of(denom))
     denom = u + eps
+    if eps > 0:  # every row sees mass: one scaling, no masking
+        seen = xp.ones(denom.shape, dtype=xp.bool, device=device_of(denom))
+        return num * xp.expand_dims(1.0 / denom, axis=-1), denom, seen
     seen = denom > 0
     safe = xp.where(seen, denom, xp.ones_like(denom))
     out = num / xp.expand_dims(safe, axis=-1)
