@@ -268,6 +268,27 @@ def elu_feature_map(x: Array, *, check_finite: bool = True) -> Array:
     return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, xp.zeros_like(x))))
 
 
+def _check_features(
+    xp: Any, phi_q: Array, phi_k: Array, v: Array, eps: float, check_finite: bool, *, causal: bool
+) -> tuple[Array, Array, Array, float]:
+    """Validate the inputs of the normalised linear attentions; return them and ε as a float."""
+    n_q, n_k = ("N", "N") if causal else ("N_q", "N_k")
+    phi_q, phi_k, v = _prepare(
+        xp, {"phi_q": phi_q, "phi_k": phi_k, "v": v},
+        {"phi_q": f"(..., {n_q}, K)", "phi_k": f"(..., {n_k}, K)", "v": f"(..., {n_k}, d_v)"},
+        check_finite,
+    )
+    eps = check_nonnegative_scalar("eps", eps)
+    _check_match("phi_q", phi_q, -1, "phi_k", phi_k, -1, "the feature dimension K")
+    if causal:
+        _check_match("phi_q", phi_q, -2, "phi_k", phi_k, -2, "the sequence length N (causal)")
+    _check_match("phi_k", phi_k, -2, "v", v, -2, "the sequence length N" if causal else "the number of keys N_k")
+    _batch_shape({"phi_q": phi_q, "phi_k": phi_k, "v": v})
+    _check_nonnegative(xp, "phi_q", phi_q)
+    _check_nonnegative(xp, "phi_k", phi_k)
+    return phi_q, phi_k, v, eps
+
+
 def normalised_linear_attention(
     phi_q: Array,
     phi_k: Array,
@@ -300,17 +321,7 @@ def normalised_linear_attention(
             negative or non-finite ``eps``, NaN/Inf input, non-broadcastable batch dims.
     """
     xp = namespace(phi_q=phi_q, phi_k=phi_k, v=v)
-    phi_q, phi_k, v = _prepare(
-        xp, {"phi_q": phi_q, "phi_k": phi_k, "v": v},
-        {"phi_q": "(..., N_q, K)", "phi_k": "(..., N_k, K)", "v": "(..., N_k, d_v)"},
-        check_finite,
-    )
-    eps = check_nonnegative_scalar("eps", eps)
-    _check_match("phi_q", phi_q, -1, "phi_k", phi_k, -1, "the feature dimension K")
-    _check_match("phi_k", phi_k, -2, "v", v, -2, "the number of keys N_k")
-    _batch_shape({"phi_q": phi_q, "phi_k": phi_k, "v": v})
-    _check_nonnegative(xp, "phi_q", phi_q)
-    _check_nonnegative(xp, "phi_k", phi_k)
+    phi_q, phi_k, v, eps = _check_features(xp, phi_q, phi_k, v, eps, check_finite, causal=False)
     state = xp.matmul(xp.matrix_transpose(phi_k), v)             # (..., K, d_v)
     norm = xp.sum(phi_k, axis=-2)                                  # (..., K)
     numerator = xp.matmul(phi_q, state)                            # (..., N_q, d_v)
@@ -351,18 +362,7 @@ def normalised_causal_linear_attention(
             ``eps``, NaN/Inf input, non-broadcastable batch dims.
     """
     xp = namespace(phi_q=phi_q, phi_k=phi_k, v=v)
-    phi_q, phi_k, v = _prepare(
-        xp, {"phi_q": phi_q, "phi_k": phi_k, "v": v},
-        {"phi_q": "(..., N, K)", "phi_k": "(..., N, K)", "v": "(..., N, d_v)"},
-        check_finite,
-    )
-    eps = check_nonnegative_scalar("eps", eps)
-    _check_match("phi_q", phi_q, -1, "phi_k", phi_k, -1, "the feature dimension K")
-    _check_match("phi_q", phi_q, -2, "phi_k", phi_k, -2, "the sequence length N (causal)")
-    _check_match("phi_k", phi_k, -2, "v", v, -2, "the sequence length N")
-    _batch_shape({"phi_q": phi_q, "phi_k": phi_k, "v": v})
-    _check_nonnegative(xp, "phi_q", phi_q)
-    _check_nonnegative(xp, "phi_k", phi_k)
+    phi_q, phi_k, v, eps = _check_features(xp, phi_q, phi_k, v, eps, check_finite, causal=True)
     outer = xp.expand_dims(phi_k, axis=-1) * xp.expand_dims(v, axis=-2)  # (..., N, K, d_v)
     state = xp.cumulative_sum(outer, axis=-3)                          # S_i
     norm = xp.cumulative_sum(phi_k, axis=-2)                           # z_i, (..., N, K)
