@@ -229,6 +229,16 @@ def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", 
     return out
 
 
+def _edge_biased_size(rng: np.random.Generator, lo: int, hi: int, edge: float = 0.15) -> int:
+    """``lo`` or ``hi`` with probability ``edge`` each, otherwise log-uniform in [lo, hi]."""
+    r = rng.random()
+    if r < edge:
+        return lo
+    if r < 2 * edge:
+        return hi
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
 def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
                    max_tokens: int = 96) -> list[Case]:
     """``n`` random cases (round-robin over ``variants``), seeded, covering every regime and edge size.
@@ -243,13 +253,8 @@ def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str =
     for i in range(n):
         variant = variants[i % len(variants)]
 
-        def size(lo: int, hi: int, edge: float = 0.15) -> int:
-            r = rng.random()
-            if r < edge:
-                return lo
-            if r < 2 * edge:
-                return hi
-            return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        def size(lo: int, hi: int) -> int:
+            return _edge_biased_size(rng, lo, hi)
 
         n_q = size(1, max_tokens)
         n_k = size(1, max_tokens) if variant == "cross" else n_q
@@ -365,13 +370,8 @@ def generate_layer_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype:
     for i in range(n):
         variant = variants[i % len(variants)]
 
-        def size(lo: int, hi: int, edge: float = 0.15) -> int:
-            r = rng.random()
-            if r < edge:
-                return lo
-            if r < 2 * edge:
-                return hi
-            return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        def size(lo: int, hi: int) -> int:
+            return _edge_biased_size(rng, lo, hi)
 
         n_q = size(1, max_tokens)
         n_k = size(1, max_tokens) if variant == "cross" else n_q
