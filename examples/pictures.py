@@ -23,7 +23,7 @@ import numpy as np
 
 import gma_ref
 from gma_ref.diagnostics import marginal_usage
-from gma_ref.responsibilities import responsibilities
+from gma_ref.posterior import responsibilities
 
 
 def routed_sequence(n: int, k: int, d_r: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import gma_ref
-from gma_ref.responsibilities import responsibilities
+from gma_ref.posterior import responsibilities
 
 
 def main(n: int = 12, n_context: int = 7, k: int = 4, d_r: int = 3, d_v: int = 5, seed: int = 0,

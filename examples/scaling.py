@@ -4,7 +4,7 @@ Run ``python examples/scaling.py [--out DIR] [--sizes 256 512 1024 2048]``. For 
 the same responsibilities and values feed three forms:
 
 * ``materialized`` — O = A V with the N × N weights of Eq. 9 built explicitly
-  (``gma_ref.affinity.gma_materialized``): O(N²) time and memory;
+  (``gma_ref.induced.gma_materialized``): O(N²) time and memory;
 * ``latent`` — bidirectional GMA by latent memory, Eq. 7 (``gma_ref.bidirectional.gma_bidirectional``):
   O(N K d_v) time, O(N K + K d_v) memory;
 * ``chunked`` — causal GMA chunk by chunk, Eq. 8b (``gma_ref.causal.gma_causal_chunked``):
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 import gma_ref
-from gma_ref.responsibilities import responsibilities
+from gma_ref.posterior import responsibilities
 
 FORMS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
     "materialized": lambda gq, gk, v: gma_ref.gma_materialized(gq, gk, v),

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import gma_ref
-from gma_ref.responsibilities import responsibilities
+from gma_ref.posterior import responsibilities
 
 
 def main(n: int = 256, n_prompt: int = 100, k: int = 8, d_r: int = 6, d_v: int = 16, chunk_size: int = 32,

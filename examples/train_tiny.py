@@ -33,7 +33,7 @@ import numpy as np
 import gma_ref
 from gma_ref.diagnostics import diagnostics_report
 from gma_ref.layer import GMALayerParams, gma_layer, gma_layer_backward, init_layer_params
-from gma_ref.responsibilities import responsibilities
+from gma_ref.posterior import responsibilities
 
 #: Final training loss must fall below this fraction of the initial loss (tests/test_examples.py).
 LOSS_FRACTION = 0.1

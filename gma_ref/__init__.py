@@ -8,26 +8,18 @@ package never imports CuPy or PyTorch.
 Modules, in the order of the paper:
 
 * :mod:`gma_ref.mixture` — Eqs. 13–15, 55: σ² from ω, π from α.
-* :mod:`gma_ref.responsibilities` — Eqs. 2, 3, 16, 50, 51: scores and Γ.
+* :mod:`gma_ref.posterior` — Eqs. 2, 3, 16, 50, 51: scores and the responsibilities Γ.
 * :mod:`gma_ref.bidirectional` — Eqs. 5–8, App. E.4: write/read, cross-attention.
-* :mod:`gma_ref.affinity` — Eqs. 9–11, 23, App. C: induced weights, slots, read weights.
+* :mod:`gma_ref.induced` — Eqs. 9–11, 23, App. C: the induced affinity and weights, slots, read weights.
 * :mod:`gma_ref.causal` — Eqs. 6b, 8b, 9b, 10b: prefix, streaming and chunked causal GMA.
 * :mod:`gma_ref.attention` — the full pipeline from routing vectors, with all gradients.
 * :mod:`gma_ref.layer` — Eq. 4 and footnote 18: the multi-head layer.
 
-``gma_ref.responsibilities`` and ``gma_ref.affinity`` are modules; their main
-functions are ``gma_ref.responsibilities.responsibilities`` (Eq. 3) and
-``gma_ref.affinity.affinity`` (Eq. 11).
+Every public function is also importable from the package itself:
+``gma_ref.responsibilities`` (Eq. 3) and ``gma_ref.affinity`` (Eq. 11) are
+functions; no module shares a name with a function.
 """
 
-from . import affinity, responsibilities
-from .affinity import (
-    attention_weights,
-    gma_materialized,
-    gma_materialized_backward,
-    memory_slots,
-    read_weights,
-)
 from .attention import FORMS, AttentionGrad, gma_attention, gma_attention_backward
 from .bidirectional import (
     BidirectionalGrad,
@@ -53,6 +45,14 @@ from .causal import (
     gma_causal_streaming_backward,
     initial_causal_state,
 )
+from .induced import (
+    affinity,
+    attention_weights,
+    gma_materialized,
+    gma_materialized_backward,
+    memory_slots,
+    read_weights,
+)
 from .layer import GMALayerParams, LayerGrad, gma_layer, gma_layer_backward, init_layer_params
 from .mixture import (
     DEFAULT_EPS,
@@ -65,10 +65,11 @@ from .mixture import (
     variances_from_omega,
     variances_from_omega_backward,
 )
-from .responsibilities import (
+from .posterior import (
     ScoresGrad,
     log_gaussian_density,
     log_softmax_backward,
+    responsibilities,
     responsibilities_backward,
     scores,
     scores_backward,
@@ -78,8 +79,6 @@ from .responsibilities import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "affinity",
-    "responsibilities",
     "DEFAULT_EPS",
     "DEFAULT_EPS_SIGMA",
     "FORMS",
@@ -90,6 +89,7 @@ __all__ = [
     "LayerGrad",
     "ReadGrad",
     "ScoresGrad",
+    "affinity",
     "attention_weights",
     "causal_step",
     "gma_attention",
@@ -121,6 +121,7 @@ __all__ = [
     "read_memory",
     "read_memory_backward",
     "read_weights",
+    "responsibilities",
     "responsibilities_backward",
     "scores",
     "scores_backward",

@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 
 from ._array import Array, check_floating, check_last_dim, check_positive_int, check_rank, namespace, sum_to_shape
 from ._array import check_finite as _check_finite
-from .affinity import gma_materialized, gma_materialized_backward
 from .bidirectional import check_routing_inputs, gma_bidirectional, gma_bidirectional_backward
 from .causal import (
     gma_causal_chunked,
@@ -31,6 +30,7 @@ from .causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
+from .induced import gma_materialized, gma_materialized_backward
 from .mixture import (
     DEFAULT_EPS,
     DEFAULT_EPS_SIGMA,
@@ -39,7 +39,7 @@ from .mixture import (
     variances_from_omega,
     variances_from_omega_backward,
 )
-from .responsibilities import responsibilities, responsibilities_backward
+from .posterior import responsibilities, responsibilities_backward
 
 __all__ = ["FORMS", "gma_attention", "AttentionGrad", "gma_attention_backward"]
 

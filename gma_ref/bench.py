@@ -45,7 +45,6 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .affinity import gma_materialized, gma_materialized_backward
 from .bidirectional import gma_bidirectional, gma_bidirectional_backward
 from .causal import (
     gma_causal_chunked,
@@ -55,8 +54,9 @@ from .causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
+from .induced import gma_materialized, gma_materialized_backward
 from .mixture import DEFAULT_EPS
-from .responsibilities import responsibilities
+from .posterior import responsibilities
 
 __all__ = ["Measurement", "TARGETS", "run_benchmarks", "main"]
 

@@ -14,7 +14,7 @@ Query i reads only from the prefix memory of keys j ≤ i::
   (Γ^Q_c Γ^K_cᵀ ⊙ lower-triangular mask) V_c plus an inter-chunk read
   Γ^Q_c Ṽ_prev; only K × d_v + K numbers travel between chunks.
 
-All three equal the materialized oracle :func:`gma_ref.affinity.gma_materialized`
+All three equal the materialized oracle :func:`gma_ref.induced.gma_materialized`
 with ``causal=True``. Shapes: ``gamma_q``, ``gamma_k`` ``(..., N, K)``, ``v``
 ``(..., N, d_v)`` → ``(..., N, d_v)``. A row with u_i + ε = 0 (only possible
 with ε = 0) outputs 0, as in :mod:`gma_ref.bidirectional`.

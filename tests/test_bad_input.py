@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gma_ref import affinity as aff
 from gma_ref import attention, bidirectional, causal, layer, mixture
-from gma_ref import responsibilities as resp
-from gma_ref.affinity import attention_weights, gma_materialized, memory_slots, read_weights
+from gma_ref import induced as aff
+from gma_ref import posterior as resp
 from gma_ref.attention import gma_attention
 from gma_ref.bidirectional import gma_bidirectional, read_memory, write_memory
 from gma_ref.causal import (
@@ -31,9 +30,10 @@ from gma_ref.causal import (
     gma_causal_streaming,
     initial_causal_state,
 )
+from gma_ref.induced import attention_weights, gma_materialized, memory_slots, read_weights
 from gma_ref.layer import GMALayerParams, gma_layer, init_layer_params
 from gma_ref.mixture import log_priors_from_logits, omega_from_variances, variances_from_omega
-from gma_ref.responsibilities import responsibilities
+from gma_ref.posterior import responsibilities
 from tests._helpers import from_numpy, to_numpy
 
 N, K, D_R, D_V, D_MODEL, H = 5, 3, 2, 4, 6, 2

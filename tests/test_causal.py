@@ -1,7 +1,7 @@
 """Tests of causal GMA (§3.5: Eqs. 6b, 8b, 9b, 10b; App. C.7) in all its forms.
 
 Oracles: the masked materialized weights of §3.5's Eq. 9b written here with explicit loops,
-gma_ref.affinity.gma_materialized(causal=True), closed forms (K = 1), and exact (bitwise)
+gma_ref.induced.gma_materialized(causal=True), closed forms (K = 1), and exact (bitwise)
 comparisons for causality.
 """
 
@@ -13,7 +13,6 @@ import scipy.special
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gma_ref.affinity import attention_weights, gma_materialized
 from gma_ref.attention import gma_attention
 from gma_ref.bidirectional import gma_bidirectional
 from gma_ref.causal import (
@@ -23,7 +22,8 @@ from gma_ref.causal import (
     gma_causal_streaming,
     initial_causal_state,
 )
-from gma_ref.responsibilities import responsibilities
+from gma_ref.induced import attention_weights, gma_materialized
+from gma_ref.posterior import responsibilities
 from tests._helpers import from_numpy, rel_err, to_numpy
 
 CAUSAL_FORMS = ["prefix", "streaming", "chunked", "materialized"]

@@ -32,7 +32,7 @@ import pytest
 import scipy.special
 
 import gma_ref as g
-from gma_ref.responsibilities import responsibilities
+from gma_ref.posterior import responsibilities
 from tests._helpers import rel_err
 
 #: Required agreement between finite differences and each backward gradient.

@@ -21,7 +21,7 @@ import scipy.special
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gma_ref.responsibilities import responsibilities, scores_backward, softmax_backward
+from gma_ref.posterior import responsibilities, scores_backward, softmax_backward
 from tests._helpers import from_numpy, to_numpy
 
 # --------------------------------------------------------------------------- helpers (test-only)

@@ -66,8 +66,8 @@ def test_each_check_names_a_real_function() -> None:
 
 def test_a_failing_check_fails_verify(monkeypatch: pytest.MonkeyPatch) -> None:
     """A check whose error exceeds its tolerance, or that raises, makes verify exit 1 and print FAIL."""
-    broken = registry.Check("Eq. 0", "§0", "gma_ref.responsibilities.scores", "planted failure", lambda ctx: 1.0)
-    raising = registry.Check("Eq. 0b", "§0", "gma_ref.responsibilities.scores", "planted error",
+    broken = registry.Check("Eq. 0", "§0", "gma_ref.posterior.scores", "planted failure", lambda ctx: 1.0)
+    raising = registry.Check("Eq. 0b", "§0", "gma_ref.posterior.scores", "planted error",
                              lambda ctx: 1 / 0)
     monkeypatch.setattr(registry, "REGISTRY", [broken, raising])
     monkeypatch.setattr(registry, "_CHECK_MODULES", ())

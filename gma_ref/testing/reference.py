@@ -36,7 +36,7 @@ from .._array import Array
 from ..attention import gma_attention, gma_attention_backward
 from ..bidirectional import write_memory
 from ..mixture import log_priors_from_logits, sigmoid, variances_from_omega
-from ..responsibilities import log_gaussian_density, responsibilities
+from ..posterior import log_gaussian_density, responsibilities
 
 __all__ = ["INPUT_NAMES", "GRAD_NAMES", "LAYER_INPUT_NAMES", "LAYER_GRAD_NAMES", "Reference", "reference",
            "layer_reference"]

@@ -21,11 +21,11 @@ MC = {"float64": 1.0, "float32": 1.0}
 # ----------------------------------------------------------------------------- §4.3 Theorem 1
 
 
-@register("Thm 1", "§4.3", "gma_ref.responsibilities.scores_backward",
+@register("Thm 1", "§4.3", "gma_ref.posterior.scores_backward",
           "‖J_s(x)‖₂ ≤ √K R/ε_σ on drawn points with ‖x − μ_k‖ ≤ R (worst measured/bound ratio, must be ≤ 1)",
           tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
 def _thm1(ctx: Context) -> float:
-    from .. import responsibilities as resp
+    from .. import posterior as resp
 
     k, d_r = 4, 3
     means = ctx.normal(k, d_r)
@@ -144,7 +144,7 @@ def _eq37(ctx: Context) -> float:
           "posterior-mean priors a_k/Σa fed to Eq. 3 give π-weighted responsibilities equal to a SciPy computation",
           tolerance=F32, tests=("tests/test_extensions.py",))
 def _eq36(ctx: Context) -> float:
-    from .. import responsibilities as resp
+    from .. import posterior as resp
 
     a = ctx.rounded(0.5 + 3 * ctx.rng.random(3))
     x, means = ctx.normal(6, 2), ctx.normal(3, 2)
@@ -215,7 +215,7 @@ def _ext_grads(ctx: Context) -> float:
 def _responsibility_jacobian(ctx: Context, x: np.ndarray, means: np.ndarray, variances: np.ndarray,
                              log_priors: np.ndarray) -> np.ndarray:
     """J_γ(x) (K × d_r), row k = the VJP of γ_k, from the hand-written backward."""
-    from .. import responsibilities as resp
+    from .. import posterior as resp
 
     args = [ctx.arr(x[None, :]), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors)]
     gamma = resp.responsibilities(*args)
@@ -227,7 +227,7 @@ def _responsibility_jacobian(ctx: Context, x: np.ndarray, means: np.ndarray, var
     return np.array(rows)
 
 
-@register("Thm 1", "§4.3", "gma_ref.responsibilities.responsibilities_backward",
+@register("Thm 1", "§4.3", "gma_ref.posterior.responsibilities_backward",
           "‖J_γ(x)‖₂ ≤ R/(√2 ε_σ), independent of K (docs/lipschitz.md): worst measured/bound ratio on drawn "
           "points, must be ≤ 1", tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
 def _thm1_gamma(ctx: Context) -> float:
@@ -244,7 +244,7 @@ def _thm1_gamma(ctx: Context) -> float:
     return worst
 
 
-@register("Thm 1", "§4.3", "gma_ref.responsibilities.responsibilities_backward",
+@register("Thm 1", "§4.3", "gma_ref.posterior.responsibilities_backward",
           "the bound R/(√2 ε_σ) is attained: K = 2, μ = x ± R e₁, σ² = ε_σ (1 − measured/bound)",
           tolerance={"float64": 1e-9, "float32": 1e-4}, tests=("tests/test_lipschitz.py",))
 def _thm1_tight(ctx: Context) -> float:

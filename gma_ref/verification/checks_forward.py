@@ -13,8 +13,8 @@ import math
 import numpy as np
 from scipy import special, stats
 
-from .. import affinity as aff
-from .. import baselines, bidirectional, causal, costs, layer, mixture, responsibilities
+from .. import baselines, bidirectional, causal, costs, layer, mixture, posterior
+from .. import induced as aff
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 
@@ -53,46 +53,46 @@ def _causal_loop(gq: np.ndarray, gk: np.ndarray, v: np.ndarray, eps: float) -> n
 # ----------------------------------------------------------------------------- §3.2, §3.6
 
 
-@register("Eq. 2", "§3.2", "gma_ref.responsibilities.log_gaussian_density",
+@register("Eq. 2", "§3.2", "gma_ref.posterior.log_gaussian_density",
           "log N(x|μ_k,Σ_k) equals scipy.stats.multivariate_normal.logpdf", tolerance=F32,
-          tests=("tests/test_responsibilities.py",))
+          tests=("tests/test_posterior.py",))
 def _eq2(ctx: Context) -> float:
     means, variances, _ = _mixture(ctx, 4, 3)
     x = ctx.normal(7, 3)
-    got = responsibilities.log_gaussian_density(ctx.arr(x), ctx.arr(means), ctx.arr(variances))
+    got = posterior.log_gaussian_density(ctx.arr(x), ctx.arr(means), ctx.arr(variances))
     ref = np.stack([stats.multivariate_normal(means[k], np.diag(variances[k])).logpdf(x) for k in range(4)], axis=-1)
     return _rel(got, ref)
 
 
-@register("Eq. 3", "§3.2", "gma_ref.responsibilities.responsibilities",
+@register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
           "Γ equals π_k N_k / Σ_l π_l N_l computed with SciPy", tolerance=F32,
-          tests=("tests/test_responsibilities.py",))
+          tests=("tests/test_posterior.py",))
 def _eq3(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 5, 3)
     x = ctx.normal(2, 9, 3)
-    got = responsibilities.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors))
+    got = posterior.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors))
     return _rel(got, _gamma_oracle(x, means, variances, log_priors))
 
 
-@register("Eq. 3", "§3.2", "gma_ref.responsibilities.responsibilities",
+@register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
           "rows of Γ are non-negative and sum to 1 (max |Σ_k γ_ik − 1|)", tolerance=F32,
-          tests=("tests/test_responsibilities.py",))
+          tests=("tests/test_posterior.py",))
 def _eq3_simplex(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 6, 4)
     x = ctx.normal(33, 4, scale=3.0)
-    g = to_numpy(responsibilities.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors)))
+    g = to_numpy(posterior.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors)))
     return float(np.max(np.abs(g.sum(axis=-1) - 1.0))) + float(max(0.0, -g.min()))
 
 
-@register("Eq. 3b", "§4.1", "gma_ref.responsibilities.responsibilities",
+@register("Eq. 3b", "§4.1", "gma_ref.posterior.responsibilities",
           "stays on the simplex 1e6 std devs from every mean and for d_r = 1024 (densities underflow)",
-          tolerance=F32, tests=("tests/test_responsibilities.py",))
+          tolerance=F32, tests=("tests/test_posterior.py",))
 def _eq3b_extreme(ctx: Context) -> float:
     errs = []
     for d_r, far in ((1024, 1.0), (3, 1e6)):
         means, variances, log_priors = _mixture(ctx, 4, d_r)
         x = ctx.rounded(means[0] + far * np.sqrt(variances[0]) * (1 + ctx.rng.random((5, d_r))))
-        g = to_numpy(responsibilities.responsibilities(
+        g = to_numpy(posterior.responsibilities(
             ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors)))
         if not np.all(np.isfinite(g)):
             return math.inf
@@ -100,9 +100,9 @@ def _eq3b_extreme(ctx: Context) -> float:
     return max(errs)
 
 
-@register("Eq. 16", "§4.1", "gma_ref.responsibilities.scores",
+@register("Eq. 16", "§4.1", "gma_ref.posterior.scores",
           "s_ik = log π_k − (d_r/2)log 2π − ½log|Σ_k| − ½ Mahalanobis², by an explicit loop", tolerance=F32,
-          tests=("tests/test_responsibilities.py",))
+          tests=("tests/test_posterior.py",))
 def _eq16(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 3, 4)
     x = ctx.normal(6, 4)
@@ -113,31 +113,31 @@ def _eq16(ctx: Context) -> float:
             diff = x[i] - means[k]
             ref[i, k] = (log_priors[k] - 2 * math.log(2 * math.pi) - 0.5 * math.log(np.linalg.det(cov))
                          - 0.5 * diff @ np.linalg.inv(cov) @ diff)
-    got = responsibilities.scores(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors))
+    got = posterior.scores(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors))
     return _rel(got, ref)
 
 
-@register("Eq. 51", "App. D", "gma_ref.responsibilities.responsibilities",
+@register("Eq. 51", "App. D", "gma_ref.posterior.responsibilities",
           "γ = softmax(s) (Eq. 3b/51): exp(log Γ) = Γ and log Γ = s − logsumexp(s)", tolerance=F32,
-          tests=("tests/test_responsibilities.py",))
+          tests=("tests/test_posterior.py",))
 def _eq51(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 4, 2)
     x = ctx.normal(8, 2)
-    g, lg, s = responsibilities.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors),
+    g, lg, s = posterior.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors),
                                                  return_log=True, return_scores=True)
     s_np = to_numpy(s)
     ref = s_np - special.logsumexp(s_np, axis=-1, keepdims=True)
     return max(_rel(lg, ref), _rel(g, special.softmax(s_np, axis=-1)))
 
 
-@register("Eq. 50", "App. D", "gma_ref.responsibilities.responsibilities",
+@register("Eq. 50", "App. D", "gma_ref.posterior.responsibilities",
           "per-head mixtures (H,K,d_r) broadcast against (B,H,N,d_r) equal a per-head loop", tolerance=F32,
-          tests=("tests/test_responsibilities.py",))
+          tests=("tests/test_posterior.py",))
 def _eq50_heads(ctx: Context) -> float:
     parts = [_mixture(ctx, 3, 2) for _ in range(2)]
     means, variances, log_priors = (np.stack([p[i] for p in parts]) for i in range(3))
     x = ctx.normal(2, 2, 5, 2)
-    got = responsibilities.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors))
+    got = posterior.responsibilities(ctx.arr(x), ctx.arr(means), ctx.arr(variances), ctx.arr(log_priors))
     ref = np.stack([_gamma_oracle(x[:, h], means[h], variances[h], log_priors[h]) for h in range(2)], axis=1)
     return _rel(got, ref)
 
@@ -192,7 +192,7 @@ def _eq7(ctx: Context) -> float:
     return _rel(bidirectional.gma_bidirectional(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), eps), ref)
 
 
-@register("Eq. 9", "§3.3", "gma_ref.affinity.attention_weights",
+@register("Eq. 9", "§3.3", "gma_ref.induced.attention_weights",
           "A_ij = Σ_k γ^Q_ik γ^K_jk / (Σ_l Σ_k γ^Q_ik γ^K_lk + ε), by loops", tolerance=F32,
           tests=("tests/test_bidirectional.py",))
 def _eq9(ctx: Context) -> float:
@@ -203,7 +203,7 @@ def _eq9(ctx: Context) -> float:
     return _rel(aff.attention_weights(ctx.arr(gq), ctx.arr(gk), eps), ref)
 
 
-@register("Eq. 9b (§4.2)", "§4.2", "gma_ref.affinity.attention_weights",
+@register("Eq. 9b (§4.2)", "§4.2", "gma_ref.induced.attention_weights",
           "rows of A sum to u_i/(u_i+ε) with u = Γ^Q Z (and to 1 when ε = 0)", tolerance=F32,
           tests=("tests/test_bidirectional.py",))
 def _eq9b_rows(ctx: Context) -> float:
@@ -227,7 +227,7 @@ def _eq10(ctx: Context) -> float:
     return _rel(bidirectional.gma_bidirectional(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), eps), ref)
 
 
-@register("Eq. 11", "§3.3", "gma_ref.affinity.affinity",
+@register("Eq. 11", "§3.3", "gma_ref.induced.affinity",
           "Ã_ij = ⟨γ^Q_i, γ^K_j⟩, by loops", tolerance=F32, tests=("tests/test_bidirectional.py",))
 def _eq11(ctx: Context) -> float:
     gq, gk = ctx.simplex(4, 3), ctx.simplex(5, 3)
@@ -235,7 +235,7 @@ def _eq11(ctx: Context) -> float:
     return _rel(aff.affinity(ctx.arr(gq), ctx.arr(gk)), ref)
 
 
-@register("Eq. 23", "§4.2", "gma_ref.affinity.attention_weights",
+@register("Eq. 23", "§4.2", "gma_ref.induced.attention_weights",
           "rank(Ã) ≤ K and rank(A) ≤ K for N > K (excess rank, 0 when it holds)",
           tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/test_bidirectional.py",))
 def _eq23(ctx: Context) -> float:
@@ -275,7 +275,7 @@ def _eq8b_chunk(ctx: Context) -> float:
     return _rel(out, _causal_loop(gq, gk, v, 1e-3))
 
 
-@register("Eq. 9b (§3.5)", "§3.5", "gma_ref.affinity.attention_weights",
+@register("Eq. 9b (§3.5)", "§3.5", "gma_ref.induced.attention_weights",
           "causal weights: zero above the diagonal, rows sum to u_i/(u_i+ε) over the prefix", tolerance=F32,
           tests=("tests/test_causal.py",))
 def _eq9b_causal(ctx: Context) -> float:
@@ -286,7 +286,7 @@ def _eq9b_causal(ctx: Context) -> float:
     return float(np.max(np.abs(np.triu(a, 1)))) + float(np.max(np.abs(a.sum(axis=1) - u / (u + eps))))
 
 
-@register("Eq. 10b", "§3.5", "gma_ref.affinity.gma_materialized",
+@register("Eq. 10b", "§3.5", "gma_ref.induced.gma_materialized",
           "masked A V (materialized) equals the chunked latent form", tolerance=F32,
           tests=("tests/test_causal.py",))
 def _eq10b(ctx: Context) -> float:
@@ -349,7 +349,7 @@ def _eq46(ctx: Context) -> float:
     return _rel(to_numpy(mem), gk.T @ v) + _rel(gq @ to_numpy(mem), (gq @ gk.T) @ v)
 
 
-@register("App. C", "App. C.2–C.3", "gma_ref.affinity.read_weights",
+@register("App. C", "App. C.2–C.3", "gma_ref.induced.read_weights",
           "O_i = Σ_k α_ik M_k exactly with ε > 0, and Σ_k α_ik = 1", tolerance=F32,
           tests=("tests/test_bidirectional.py",))
 def _appc(ctx: Context) -> float:

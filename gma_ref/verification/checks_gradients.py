@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import affinity as aff
 from .. import attention, bidirectional, causal, layer, mixture
-from .. import responsibilities as resp
+from .. import induced as aff
+from .. import posterior as resp
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 
@@ -84,7 +84,7 @@ def _gamma_setup(ctx: Context, n: int = 6, k: int = 3, d_r: int = 2) -> list[np.
     return [x, means, variances, log_priors]
 
 
-@register("Eq. 18", "§4.1", "gma_ref.responsibilities.softmax_backward",
+@register("Eq. 18", "§4.1", "gma_ref.posterior.softmax_backward",
           "δ = γ ⊙ (g − Σ_j γ_j g_j) equals finite differences of Γ(s) (Eq. 17 contracted)", tolerance=GRAD_TOL,
           kind="gradient", tests=("tests/test_gradients.py",))
 def _eq18(ctx: Context) -> float:
@@ -98,7 +98,7 @@ def _eq18(ctx: Context) -> float:
     return _worst(ctx, softmax, [s], [got], cot)
 
 
-@register("Eq. 18", "§4.1", "gma_ref.responsibilities.softmax_backward",
+@register("Eq. 18", "§4.1", "gma_ref.posterior.softmax_backward",
           "Σ_k δ_ik = 0 for every token (max |row sum| / max |δ|)", tolerance=EXACT, kind="gradient",
           tests=("tests/test_gradients.py",))
 def _eq18_rows(ctx: Context) -> float:
@@ -107,7 +107,7 @@ def _eq18_rows(ctx: Context) -> float:
     return float(np.max(np.abs(d.sum(axis=-1)))) / float(np.max(np.abs(d)))
 
 
-@register("Eq. 54", "App. D.1", "gma_ref.responsibilities.responsibilities_backward",
+@register("Eq. 54", "App. D.1", "gma_ref.posterior.responsibilities_backward",
           "∂L/∂x, ∂L/∂μ (Eqs. 20–22, 52–54), ∂L/∂σ² (Eq. 57), ∂L/∂log π vs finite differences of Γ",
           tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_gradients.py",))
 def _eq54(ctx: Context) -> float:
@@ -173,7 +173,7 @@ def _chunk_grad(ctx: Context) -> float:
                        lambda a, b, c, g: causal.gma_causal_chunked_backward(a, b, c, g, 0.05, 3), 8, 8)
 
 
-@register("Eq. 10b", "§3.5", "gma_ref.affinity.gma_materialized_backward",
+@register("Eq. 10b", "§3.5", "gma_ref.induced.gma_materialized_backward",
           "gradients through the materialized N×N form equal the latent/chunked ones (bidirectional and causal)",
           tolerance=EXACT, kind="gradient", tests=("tests/test_gradients.py",))
 def _mat_vs_latent(ctx: Context) -> float:

@@ -16,7 +16,7 @@ import numpy as np
 from scipy import special
 
 from .. import bidirectional, causal, mixture
-from .. import responsibilities as resp
+from .. import posterior as resp
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 

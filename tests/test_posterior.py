@@ -15,7 +15,7 @@ import scipy.stats
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gma_ref.responsibilities import log_gaussian_density, responsibilities, scores
+from gma_ref.posterior import log_gaussian_density, responsibilities, scores
 from tests._helpers import from_numpy, rel_err, to_numpy
 
 
