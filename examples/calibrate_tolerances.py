@@ -1,4 +1,5 @@
 """Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
+===============================================================================
 
 Run from the repository root::
 

@@ -1,4 +1,5 @@
 """Check a PyTorch CUDA implementation of GMA against the CuPy reference on the same GPU.
+======================================================================================
 
 Needs a CUDA GPU, PyTorch with CUDA and CuPy (``pip install -e ".[test,cuda12]"`` plus a CUDA
 build of torch). Run from the repository root::

@@ -1,4 +1,5 @@
 """Pictures of GMA routing: responsibility heatmap, induced affinity, component usage.
+===================================================================================
 
 Run ``python examples/pictures.py [--out DIR]``. Needs matplotlib (the ``plot`` extra:
 ``pip install -e ".[plot]"``). Three PNG files are written to ``DIR`` (default: a new
@@ -111,7 +112,7 @@ def main(out_dir: str | Path | None = None, n: int = 64, k: int = 8, d_r: int = 
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--out", default=None, help="output directory (default: a new temporary directory)")
     args = parser.parse_args()
     main(args.out)

@@ -1,4 +1,5 @@
 """Quickstart: responsibilities, the three GMA variants, and the induced attention matrix.
+=======================================================================================
 
 Run ``python examples/quickstart.py``. It builds a random diagonal Gaussian mixture,
 computes query and key responsibilities (Eq. 3), the bidirectional (Eq. 7), causal
@@ -86,7 +87,7 @@ def main(n: int = 12, n_context: int = 7, k: int = 4, d_r: int = 3, d_v: int = 5
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--n", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

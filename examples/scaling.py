@@ -1,4 +1,5 @@
 """Time and peak memory against N for the materialized, latent and chunked forms of GMA.
+=====================================================================================
 
 Run ``python examples/scaling.py [--out DIR] [--sizes 256 512 1024 2048]``. For each N
 the same responsibilities and values feed three forms:
@@ -143,7 +144,7 @@ def _plot(table: list[dict[str, Any]], out_dir: str | Path | None) -> Path | Non
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
     parser.add_argument("--out", default=None, help="output directory for scaling.png (default: a temporary one)")
     args = parser.parse_args()

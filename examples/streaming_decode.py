@@ -1,4 +1,5 @@
 """Streaming decode: prefill a prompt chunkwise, then generate token by token with a constant state.
+=================================================================================================
 
 Run ``python examples/streaming_decode.py``. Causal GMA (Eq. 8b) is a recurrence over the
 state (Ṽ, Z) of K × d_v + K numbers. The prompt is processed by
@@ -76,7 +77,7 @@ def main(n: int = 256, n_prompt: int = 100, k: int = 8, d_r: int = 6, d_v: int =
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--n-prompt", type=int, default=100)
     args = parser.parse_args()

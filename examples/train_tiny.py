@@ -1,4 +1,5 @@
 """Train a tiny GMA model end to end with the hand-written backward and plain NumPy Adam.
+======================================================================================
 
 Run ``python examples/train_tiny.py``. The task is sequence classification: each
 sequence holds a marker token at position 0 followed by ``n_tokens`` content tokens,
@@ -179,7 +180,7 @@ def main(steps: int = 100, n_train: int = 512, n_test: int = 256, n_tokens: int 
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

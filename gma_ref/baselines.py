@@ -19,8 +19,7 @@ Linear attention (Katharopoulos et al. 2020)
     (Eqs. 8b, 9b). ``eps = 0`` gives the plain ratio and is safe whenever the
     denominators are positive (always true for the elu+1 map).
 
-Gated linear attention (GLA; Yang et al. 2024, see
-``shared/papers/gla-chunkwise-notes.txt``)
+Gated linear attention (GLA; Yang et al. 2024; explained in ``docs/guide/01-introduction.md``)
     Un-normalised, no feature map, channel-wise data-dependent forget gates
     ``α_t ∈ (0, 1]^{d_k}`` applied to the state *before* the current key is added::
 
@@ -28,10 +27,10 @@ Gated linear attention (GLA; Yang et al. 2024, see
 
     so ``o_t = Σ_{j≤t} ((q_t ⊙ k_j)ᵀ Λ_{j,t}) v_j`` with ``Λ_{j,t} = Π_{m=j+1..t} α_m``.
     The gate values are passed in directly (``gates``); :func:`gla_gates` builds
-    them with the notes' parametrisation ``α_t = sigmoid(x_t W_α1 W_α2 / τ)``.
+    them with GLA's low-rank parametrisation ``α_t = sigmoid(x_t W_α1 W_α2 / τ)``.
     All gates equal to 1 gives un-normalised causal linear attention with the
-    identity feature map. The chunkwise-parallel form follows the notes, with
-    one necessary precision: for channel-wise gates the intra-chunk decay
+    identity feature map. The chunkwise-parallel form splits each chunk into an
+    intra-chunk and an inter-chunk term, with one necessary precision: for channel-wise gates the intra-chunk decay
     ``D`` is a ``(C, C, d_k)`` tensor ``λ_ijc = exp(Γ_ic − Γ_jc)`` (``j ≤ i``)
     that multiplies ``q_ic k_jc`` *inside* the sum over channels; it collapses
     to a ``C × C`` mask ``(Q Kᵀ) ⊙ D`` only when the gate is the same in every
@@ -147,23 +146,34 @@ def softmax_attention_weights(
     ``causal=True`` the App. E.1 mask is applied: ``A_ij = 0`` for ``j > i`` and
     the normaliser runs over ``l ≤ i`` only.
 
-    Args:
-        q: queries, shape ``(..., N_q, d_k)``.
-        k: keys, shape ``(..., N_k, d_k)``, ``N_k >= 1``.
-        causal: apply the causal mask; needs ``N_q == N_k``.
-        scale: score scale; default ``1 / sqrt(d_k)`` as in Eq. 1.
-        check_finite: raise on NaN/Inf inputs.
+    Parameters
+    ----------
+    q
+        queries, shape ``(..., N_q, d_k)``.
+    k
+        keys, shape ``(..., N_k, d_k)``, ``N_k >= 1``.
+    causal
+        apply the causal mask; needs ``N_q == N_k``.
+    scale
+        score scale; default ``1 / sqrt(d_k)`` as in Eq. 1.
+    check_finite
+        raise on NaN/Inf inputs.
 
-    Returns:
+    Returns
+    -------
+    out : array
         ``(..., N_q, N_k)`` weights; every row sums to 1. Leading dims broadcast.
         Dtype: the common floating dtype of ``q`` and ``k``.
 
-    Raises:
-        TypeError: non-array or non-floating input, arrays from different namespaces,
-            non-real ``scale``.
-        ValueError: rank < 2, mismatched ``d_k``, ``N_k == 0``, ``causal`` with
-            ``N_q != N_k``, non-broadcastable leading dims, non-positive ``scale``,
-            NaN/Inf input (unless ``check_finite=False``).
+    Raises
+    ------
+    TypeError
+        non-array or non-floating input, arrays from different namespaces,
+        non-real ``scale``.
+    ValueError
+        rank < 2, mismatched ``d_k``, ``N_k == 0``, ``causal`` with
+        ``N_q != N_k``, non-broadcastable leading dims, non-positive ``scale``,
+        NaN/Inf input (unless ``check_finite=False``).
     """
     xp = namespace(q=q, k=k)
     q, k = _prepare(xp, {"q": q, "k": k}, {"q": "(..., N_q, d_k)", "k": "(..., N_k, d_k)"},
@@ -201,19 +211,32 @@ def softmax_attention(
 ) -> Array:
     """Standard (self- or cross-) attention ``O = softmax(q kᵀ/√d_k) v`` (Eq. 1; App. E.1).
 
-    Args:
-        q: queries ``(..., N_q, d_k)``; k: keys ``(..., N_k, d_k)``; v: values
-            ``(..., N_k, d_v)``.
-        causal: App. E.1 mask (``A_ij = 0`` for ``j > i``; needs ``N_q == N_k``).
-        scale: score scale, default ``1/√d_k``.
-        check_finite: raise on NaN/Inf inputs.
+    Parameters
+    ----------
+    q
+        queries ``(..., N_q, d_k)``
+    k
+        keys ``(..., N_k, d_k)``
+    v
+        values
+        ``(..., N_k, d_v)``.
+    causal
+        App. E.1 mask (``A_ij = 0`` for ``j > i``; needs ``N_q == N_k``).
+    scale
+        score scale, default ``1/√d_k``.
+    check_finite
+        raise on NaN/Inf inputs.
 
-    Returns:
+    Returns
+    -------
+    out : array
         ``(..., N_q, d_v)`` in the common floating dtype of the inputs. Quadratic in N:
         forms the ``(..., N_q, N_k)`` weights (this is the baseline GMA avoids).
 
-    Raises:
-        TypeError / ValueError: as :func:`softmax_attention_weights`, plus a
+    Raises
+    ------
+    TypeError, ValueError
+        as :func:`softmax_attention_weights`, plus a
         ``ValueError`` when ``v`` does not have ``N_k`` rows.
     """
     xp = namespace(q=q, k=k, v=v)
@@ -258,8 +281,12 @@ def elu_feature_map(x: Array, *, check_finite: bool = True) -> Array:
     finite x. Evaluated as ``exp(min(x, 0))`` on the negative branch so that large
     positive entries never overflow. Any shape; dtype preserved (must be floating).
 
-    Raises:
-        TypeError: non-floating ``x``. ValueError: NaN/Inf (unless ``check_finite=False``).
+    Raises
+    ------
+    TypeError
+        non-floating ``x``.
+    ValueError
+        NaN/Inf (unless ``check_finite=False``).
     """
     xp = namespace(x=x)
     check_floating(xp, "x", x)
@@ -304,21 +331,32 @@ def normalised_linear_attention(
     bidirectional GMA, Eq. 7; with ``N_q != N_k`` it is the cross form (App. E.4).
     No ``N × N`` array is formed.
 
-    Args:
-        phi_q: non-negative query features ``(..., N_q, K)``.
-        phi_k: non-negative key features ``(..., N_k, K)``.
-        v: values ``(..., N_k, d_v)``.
-        eps: stabiliser added to the denominator (>= 0; default 1e-6 as GMA's ε).
-            With ``eps = 0`` a zero denominator gives NaN/Inf (and a NumPy warning).
-        check_finite: raise on NaN/Inf inputs.
+    Parameters
+    ----------
+    phi_q
+        non-negative query features ``(..., N_q, K)``.
+    phi_k
+        non-negative key features ``(..., N_k, K)``.
+    v
+        values ``(..., N_k, d_v)``.
+    eps
+        stabiliser added to the denominator (>= 0; default 1e-6 as GMA's ε).
+        With ``eps = 0`` a zero denominator gives NaN/Inf (and a NumPy warning).
+    check_finite
+        raise on NaN/Inf inputs.
 
-    Returns:
+    Returns
+    -------
+    out : array
         ``(..., N_q, d_v)`` in the common floating dtype.
 
-    Raises:
-        TypeError: non-floating input / mixed namespaces / non-real eps.
-        ValueError: rank < 2, mismatched ``K`` or ``N_k``, negative features,
-            negative or non-finite ``eps``, NaN/Inf input, non-broadcastable batch dims.
+    Raises
+    ------
+    TypeError
+        non-floating input / mixed namespaces / non-real eps.
+    ValueError
+        rank < 2, mismatched ``K`` or ``N_k``, negative features,
+        negative or non-finite ``eps``, NaN/Inf input, non-broadcastable batch dims.
     """
     xp = namespace(phi_q=phi_q, phi_k=phi_k, v=v)
     phi_q, phi_k, v, eps = _check_features(xp, phi_q, phi_k, v, eps, check_finite, causal=False)
@@ -345,21 +383,32 @@ def normalised_causal_linear_attention(
     with feature map Γ. Uses ``xp.cumulative_sum`` over an ``(..., N, K, d_v)``
     prefix state: linear in N, no ``N × N`` array.
 
-    Args:
-        phi_q: non-negative query features ``(..., N, K)``.
-        phi_k: non-negative key features ``(..., N, K)``.
-        v: values ``(..., N, d_v)``.
-        eps: stabiliser added to the denominator (>= 0, default 1e-6 as GMA's ε).
-            With ``eps = 0`` a zero prefix denominator gives NaN/Inf.
-        check_finite: raise on NaN/Inf inputs.
+    Parameters
+    ----------
+    phi_q
+        non-negative query features ``(..., N, K)``.
+    phi_k
+        non-negative key features ``(..., N, K)``.
+    v
+        values ``(..., N, d_v)``.
+    eps
+        stabiliser added to the denominator (>= 0, default 1e-6 as GMA's ε).
+        With ``eps = 0`` a zero prefix denominator gives NaN/Inf.
+    check_finite
+        raise on NaN/Inf inputs.
 
-    Returns:
+    Returns
+    -------
+    out : array
         ``(..., N, d_v)`` in the common floating dtype.
 
-    Raises:
-        TypeError: non-floating input / mixed namespaces / non-real eps.
-        ValueError: rank < 2, mismatched ``N`` or ``K``, negative features, bad
-            ``eps``, NaN/Inf input, non-broadcastable batch dims.
+    Raises
+    ------
+    TypeError
+        non-floating input / mixed namespaces / non-real eps.
+    ValueError
+        rank < 2, mismatched ``N`` or ``K``, negative features, bad
+        ``eps``, NaN/Inf input, non-broadcastable batch dims.
     """
     xp = namespace(phi_q=phi_q, phi_k=phi_k, v=v)
     phi_q, phi_k, v, eps = _check_features(xp, phi_q, phi_k, v, eps, check_finite, causal=True)
@@ -432,23 +481,33 @@ def gla_gates(
     *,
     check_finite: bool = True,
 ) -> Array:
-    """GLA forget gates ``α_t = sigmoid(x_t W_α1 W_α2 / τ)`` (GLA notes, low-rank gate).
+    """GLA forget gates ``α_t = sigmoid(x_t W_α1 W_α2 / τ)`` (GLA's low-rank gate).
 
-    Args:
-        x: inputs ``(..., N, d_in)``.
-        w_alpha1: ``(d_in, d_gate)`` (or batched ``(..., d_in, d_gate)``).
-        w_alpha2: ``(d_gate, d_k)`` (or batched).
-        tau: temperature ``τ > 0``.
-        check_finite: raise on NaN/Inf inputs.
+    Parameters
+    ----------
+    x
+        inputs ``(..., N, d_in)``.
+    w_alpha1
+        ``(d_in, d_gate)`` (or batched ``(..., d_in, d_gate)``).
+    w_alpha2
+        ``(d_gate, d_k)`` (or batched).
+    tau
+        temperature ``τ > 0``.
+    check_finite
+        raise on NaN/Inf inputs.
 
-    Returns:
+    Returns
+    -------
+    out : array
         gates ``(..., N, d_k)`` in ``(0, 1)`` mathematically, in the common floating
         dtype; sigmoid is evaluated stably (``exp`` of non-positive numbers only).
         A logit below about ``-745`` (float64) underflows to a gate of exactly 0,
         which the GLA functions reject.
 
-    Raises:
-        TypeError / ValueError: non-floating or non-finite input, rank < 2,
+    Raises
+    ------
+    TypeError, ValueError
+        non-floating or non-finite input, rank < 2,
         mismatched inner dimensions, ``tau <= 0``.
     """
     xp = namespace(x=x, w_alpha1=w_alpha1, w_alpha2=w_alpha2)
@@ -495,27 +554,38 @@ def gated_linear_attention_recurrent(
     *,
     check_finite: bool = True,
 ) -> Array:
-    """Gated linear attention, recurrent form (GLA notes, "The Gated Recurrent Update").
+    """Gated linear attention, recurrent form (GLA, Yang et al. 2024).
 
     ``S_t = diag(α_t) S_{t-1} + k_tᵀ v_t`` (``S_0 = 0``, state ``(..., d_k, d_v)``),
     ``o_t = q_t S_t``; un-normalised, no feature map. A Python loop over the N steps
     with a constant-size state (the inference form). With every gate equal to 1 this
     is un-normalised causal linear attention ``o_t = Σ_{j≤t} (q_t · k_j) v_j``.
 
-    Args:
-        q, k: ``(..., N, d_k)``; v: ``(..., N, d_v)``.
-        gates: forget gates ``α`` ``(..., N, d_k)`` with entries in ``(0, 1]``
-            (e.g. from :func:`gla_gates`). ``α_t`` decays the state *before* ``k_t``
-            is added, so ``k_t`` itself is never decayed by ``α_t``.
-        check_finite: raise on NaN/Inf inputs.
+    Parameters
+    ----------
+    q, k
+        ``(..., N, d_k)``
+    v
+        ``(..., N, d_v)``.
+    gates
+        forget gates ``α`` ``(..., N, d_k)`` with entries in ``(0, 1]``
+        (e.g. from :func:`gla_gates`). ``α_t`` decays the state *before* ``k_t``
+        is added, so ``k_t`` itself is never decayed by ``α_t``.
+    check_finite
+        raise on NaN/Inf inputs.
 
-    Returns:
+    Returns
+    -------
+    out : array
         ``(..., N, d_v)`` in the common floating dtype; leading dims broadcast.
 
-    Raises:
-        TypeError: non-floating input / mixed namespaces.
-        ValueError: rank < 2, mismatched ``N``/``d_k``, gates outside ``(0, 1]``,
-            NaN/Inf input, non-broadcastable batch dims.
+    Raises
+    ------
+    TypeError
+        non-floating input / mixed namespaces.
+    ValueError
+        rank < 2, mismatched ``N``/``d_k``, gates outside ``(0, 1]``,
+        NaN/Inf input, non-broadcastable batch dims.
     """
     xp, (q, k, v, gates), batch = _prepare_gla(q, k, v, gates, check_finite)
     n, d_k, d_v = k.shape[-2], k.shape[-1], v.shape[-1]
@@ -542,14 +612,14 @@ def gated_linear_attention_chunkwise(
     *,
     check_finite: bool = True,
 ) -> Array:
-    """Gated linear attention, chunkwise-parallel form (GLA notes, "Chunkwise Parallel Form").
+    """Gated linear attention, chunkwise-parallel form (GLA, Yang et al. 2024).
 
     The sequence is cut into chunks of ``C = chunk_size`` tokens (the last chunk is
     shorter when ``C`` does not divide N). Inside chunk u, with ``A = log α`` and
     the within-chunk prefix ``Γ_i = Σ_{m≤i} A_m`` (``(c, d_k)``):
 
     - intra-chunk: ``M_ij = Σ_c q_ic k_jc exp(Γ_ic − Γ_jc)`` for ``j ≤ i`` (0 otherwise),
-      ``O^intra = M V``. The decay is channel-wise, so the notes' ``D`` is the
+      ``O^intra = M V``. The decay is channel-wise, so the intra-chunk decay ``D`` is the
       ``(c, c, d_k)`` tensor ``exp(Γ_i − Γ_j)``; it becomes a ``c × c`` mask
       ``(Q Kᵀ) ⊙ D`` only for channel-shared gates. Exponents are ``≤ 0``.
     - inter-chunk: ``O^inter = (Q ⊙ exp(Γ)) S_[u-1]``.
@@ -558,17 +628,30 @@ def gated_linear_attention_chunkwise(
     Equal (to rounding) to :func:`gated_linear_attention_recurrent`. Memory per chunk
     is ``O(C² d_k)``; no ``N × N`` array.
 
-    Args:
-        q, k: ``(..., N, d_k)``; v: ``(..., N, d_v)``; gates: ``(..., N, d_k)`` in ``(0, 1]``.
-        chunk_size: ``C >= 1`` (the notes use 64 or 128).
-        check_finite: raise on NaN/Inf inputs.
+    Parameters
+    ----------
+    q, k
+        ``(..., N, d_k)``
+    v
+        ``(..., N, d_v)``
+    gates
+        ``(..., N, d_k)`` in ``(0, 1]``.
+    chunk_size
+        ``C >= 1`` (64 or 128 are typical).
+    check_finite
+        raise on NaN/Inf inputs.
 
-    Returns:
+    Returns
+    -------
+    out : array
         ``(..., N, d_v)`` in the common floating dtype.
 
-    Raises:
-        TypeError: non-floating input / mixed namespaces / non-integer chunk_size.
-        ValueError: as :func:`gated_linear_attention_recurrent`, or ``chunk_size < 1``.
+    Raises
+    ------
+    TypeError
+        non-floating input / mixed namespaces / non-integer chunk_size.
+    ValueError
+        as :func:`gated_linear_attention_recurrent`, or ``chunk_size < 1``.
     """
     xp, (q, k, v, gates), batch = _prepare_gla(q, k, v, gates, check_finite)
     chunk = check_positive_int("chunk_size", chunk_size)

@@ -10,7 +10,7 @@ Query i reads only from the prefix memory of keys j ≤ i::
 * :func:`gma_causal_streaming` / :func:`causal_step` — the recurrent form: a
   state (Ṽ, Z) of K × d_v + K numbers, updated token by token (decoding).
 * :func:`gma_causal_chunked` — chunkwise-parallel, as for linear attention
-  (see the GLA notes): per chunk of C tokens, an intra-chunk term
+  (docs/guide/04-causal.md): per chunk of C tokens, an intra-chunk term
   (Γ^Q_c Γ^K_cᵀ ⊙ lower-triangular mask) V_c plus an inter-chunk read
   Γ^Q_c Ṽ_prev; only K × d_v + K numbers travel between chunks.
 

@@ -90,15 +90,23 @@ class RoutingCost:
 def routing_cost(n: int, k: int, d_r: int, d_v: int) -> RoutingCost:
     """Itemised GMA routing cost of §3.4 / Eq. 12 for ``n`` tokens, ``k`` components.
 
-    Args:
-        n: sequence length N. k: number of mixture components K.
-        d_r: routing dimension. d_v: value dimension. All integers >= 1.
+    Parameters
+    ----------
+    n, k, d_r, d_v : int
+        sequence length N, number of mixture components K, routing dimension d_r and
+        value dimension d_v; all integers >= 1.
 
-    Returns:
-        :class:`RoutingCost`; ``.total`` is Eq. 12.
+    Returns
+    -------
+    RoutingCost
+        the itemised counts; ``.total`` is Eq. 12.
 
-    Raises:
-        TypeError: a non-integer argument. ValueError: an argument < 1.
+    Raises
+    ------
+    TypeError
+        a non-integer argument.
+    ValueError
+        an argument < 1.
     """
     n, k, d_r, d_v = _positive_ints(n=n, k=k, d_r=d_r, d_v=d_v)
     return RoutingCost(
@@ -283,10 +291,13 @@ def matmul_multiply_adds(
     ``transpose_a`` / ``transpose_b`` swap the last two axes first (``Γᵀ @ V`` is
     ``matmul_multiply_adds(gamma.shape, v.shape, transpose_a=True)``).
 
-    Raises:
-        TypeError: a shape entry that is not an integer.
-        ValueError: an empty shape or negative entry, a transpose of a 1-D operand,
-            mismatched inner dimensions, non-broadcastable batch dims.
+    Raises
+    ------
+    TypeError
+        a shape entry that is not an integer.
+    ValueError
+        an empty shape or negative entry, a transpose of a 1-D operand,
+        mismatched inner dimensions, non-broadcastable batch dims.
     """
     a = _shape("a_shape", a_shape)
     b = _shape("b_shape", b_shape)

@@ -7,7 +7,7 @@ diagonal variances through a softplus with a floor ε_σ, and ``prior_logits``
     σ²_kj = softplus(ω_kj) + ε_σ            (Eq. 14 = Eq. 55)
     π_k   = exp(α_k) / Σ_l exp(α_l)         (Eq. 15)
 
-Both are computed so that |ω|, |α| up to 1e4 neither overflow nor take log(0):
+Both are computed so that ``|ω|``, ``|α|`` up to 1e4 neither overflow nor take log(0):
 softplus as ``logaddexp(0, ω)`` and log π as ``α − max α − log Σ exp(α − max α)``.
 """
 
@@ -35,7 +35,7 @@ DEFAULT_EPS_SIGMA = 1e-4
 
 
 def sigmoid(w: Array) -> Array:
-    """Logistic sigmoid σ_sig(w) = 1 / (1 + e^{−w}), stable for |w| up to 1e4 (Eq. 58).
+    """Logistic sigmoid σ_sig(w) = 1 / (1 + e^{−w}), stable for ``|w|`` up to 1e4 (Eq. 58).
 
     Computed as ``exp(−softplus(−w))`` so neither branch overflows.
     Shape and dtype of ``w`` are preserved.
@@ -117,7 +117,7 @@ def log_priors_from_logits(prior_logits: Array, *, check_finite: bool = True) ->
 
     Returns
     -------
-    log_priors : array, same shape and dtype; finite for |α| ≤ 1e4.
+    log_priors : array, same shape and dtype; finite for ``|α| ≤ 1e4``.
 
     Raises
     ------

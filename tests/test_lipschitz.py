@@ -1,10 +1,10 @@
-"""Theorem 1 (§4.3) and its sharpened, K-independent form for the responsibilities (docs/lipschitz.md).
+"""Theorem 1 (§4.3) and its sharpened, K-independent form for the responsibilities (docs/guide/08-lipschitz.md).
 
 The Jacobians are computed here, independently of gma_ref: J_s has rows −Σ_k⁻¹(x − μ_k), and
 J_γ = (diag γ − γγᵀ) J_s. They are checked against central finite differences of
 gma_ref.responsibilities and against the library's VJPs (softmax_backward, scores_backward).
 
-Bound proved in docs/lipschitz.md, with R ≥ max_k ‖x − μ_k‖ and ε_σ ≤ min variance:
+Bound proved in docs/guide/08-lipschitz.md, with R ≥ max_k ‖x − μ_k‖ and ε_σ ≤ min variance:
 
     ‖J_γ(x)‖₂ ≤ max_{k,l} ‖∇s_k − ∇s_l‖₂ / (2√2) ≤ R / (√2 ε_σ),
 
@@ -51,7 +51,7 @@ def gamma_np(x: np.ndarray, means, variances, log_priors) -> np.ndarray:
 
 
 def sharp_bound(j_s: np.ndarray) -> float:
-    """max_{k,l} ‖∇s_k − ∇s_l‖₂ / (2√2) (docs/lipschitz.md, Proposition, first inequality)."""
+    """max_{k,l} ‖∇s_k − ∇s_l‖₂ / (2√2) (docs/guide/08-lipschitz.md, Proposition, first inequality)."""
     diffs = j_s[:, None, :] - j_s[None, :, :]
     return float(np.max(np.linalg.norm(diffs, axis=-1))) / (2 * math.sqrt(2))
 
@@ -153,7 +153,7 @@ def test_score_jacobian_obeys_theorem_1(k, d_r, min_var, spread, seed):
     seed=st.integers(0, 2**32 - 1),
 )
 def test_responsibility_jacobian_obeys_sharp_k_independent_bound(k, d_r, min_var, spread, seed):
-    """‖J_γ‖₂ ≤ max_{k,l}‖∇s_k − ∇s_l‖/(2√2) ≤ R/(√2 ε_σ) ≤ ½√K R/ε_σ for K ≥ 2 (docs/lipschitz.md)."""
+    """‖J_γ‖₂ ≤ max_{k,l}‖∇s_k − ∇s_l‖/(2√2) ≤ R/(√2 ε_σ) ≤ ½√K R/ε_σ for K ≥ 2 (docs/guide/08-lipschitz.md)."""
     rng = np.random.default_rng(seed)
     x, means, variances, log_priors = _random_case(rng, k, d_r, min_var, spread)
     r = float(np.max(np.linalg.norm(x[None] - means, axis=-1)))

@@ -311,7 +311,7 @@ def layer_reference(
     (:func:`_proj_kappa`, the larger of the query and the key side). The floors are
     the RMS of the cancellation-free magnitudes of the layer's gradients: the
     attention magnitudes (:func:`_grad_magnitudes`, driven by the magnitude of the
-    head cotangent |∂L/∂out| |W_O|ᵀ) carried through the projections as
+    head cotangent ``|∂L/∂out| |W_O|ᵀ``) carried through the projections as
     root-sum-squares.
     """
     from ..layer import GMALayerParams, gma_layer, gma_layer_backward

@@ -228,7 +228,7 @@ def _responsibility_jacobian(ctx: Context, x: np.ndarray, means: np.ndarray, var
 
 
 @register("Thm 1", "§4.3", "gma_ref.posterior.responsibilities_backward",
-          "‖J_γ(x)‖₂ ≤ R/(√2 ε_σ), independent of K (docs/lipschitz.md): worst measured/bound ratio on drawn "
+          "‖J_γ(x)‖₂ ≤ R/(√2 ε_σ), independent of K (docs/guide/08-lipschitz.md): worst measured/bound ratio on drawn "
           "points, must be ≤ 1", tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
 def _thm1_gamma(ctx: Context) -> float:
     k, d_r = 6, 3

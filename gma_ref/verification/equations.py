@@ -132,6 +132,6 @@ ALSO_COVERS: dict[str, tuple[str, ...]] = {
 DEFINITIONS: dict[str, str] = {
     "App. G": (
         "a conceptual comparison of compatibility functions; the template is mapped onto the code in "
-        "docs/guide/08-costs.md"
+        "docs/guide/12-similarity.md"
     ),
 }

@@ -1,0 +1,73 @@
+"""Build helpers for the gma-ref documentation (a Sphinx extension loaded by ``docs/conf.py``).
+
+* On ``builder-inited`` the figures of the guide are drawn by ``docs/figures.py`` into
+  ``docs/_figures/`` (not committed: every build redraws them from the code).
+* The gallery runs the examples as scripts. :func:`example_argv` gives ``pictures.py`` and
+  ``scaling.py`` an output directory (and ``scaling.py`` small sizes), and
+  :func:`example_png_scraper` puts the PNG files an example writes there into its gallery page,
+  beside any matplotlib figure left open.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parent.parent
+FIGURES = DOCS / "_figures"
+
+#: Command-line arguments of the executed examples, beside ``--out``.
+EXAMPLE_ARGS: dict[str, list[str]] = {
+    "pictures": [],
+    "scaling": ["--sizes", "256", "512", "1024", "2048"],
+}
+
+
+def _out_dir(src_file: str | Path) -> Path:
+    return Path(tempfile.gettempdir()) / "gma-ref-gallery" / Path(src_file).stem
+
+
+def example_argv(gallery_conf: dict[str, Any], script_vars: dict[str, Any]) -> list[str]:
+    """``sys.argv[1:]`` for an example run by the gallery: ``--out DIR`` where the example writes PNGs."""
+    name = Path(script_vars["src_file"]).stem
+    if name not in EXAMPLE_ARGS:
+        return []
+    out = _out_dir(name)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return ["--out", str(out), *EXAMPLE_ARGS[name]]
+
+
+def example_png_scraper(block: Any, block_vars: dict[str, Any], gallery_conf: dict[str, Any]) -> str:
+    """Move the PNG files an example wrote into its gallery images and return their reST."""
+    from sphinx_gallery.scrapers import figure_rst
+
+    src_file = block_vars.get("src_file")
+    if src_file is None:
+        return ""
+    out = _out_dir(src_file)
+    if not out.is_dir():
+        return ""
+    images = []
+    iterator = block_vars["image_path_iterator"]
+    for png in sorted(out.glob("*.png")):
+        target = Path(next(iterator))
+        shutil.move(str(png), target)
+        images.append(target)
+    return figure_rst(images, gallery_conf["src_dir"]) if images else ""
+
+
+def _draw_figures(app: Any) -> None:
+    spec = importlib.util.spec_from_file_location("gma_ref_docs_figures", DOCS / "figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.draw_all(FIGURES)
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("builder-inited", _draw_figures)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
