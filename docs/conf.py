@@ -76,7 +76,7 @@ else:
     mathjax_path = "mathjax/tex-chtml.js"
 
 # -- API reference ------------------------------------------------------------------------
-autodoc_default_options = {"members": True, "member-order": "bysource"}
+autodoc_default_options = {"members": True, "undoc-members": True, "member-order": "bysource"}
 autodoc_typehints = "none"
 autosummary_generate = False
 numpydoc_show_class_members = False
@@ -107,9 +107,11 @@ sphinx_gallery_conf = {
 # -- HTML ---------------------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"
 html_title = "gma-ref"
-html_static_path = [*html_static_path_mathjax]
+html_static_path = ["_static", *html_static_path_mathjax]
+html_css_files = ["gma-ref.css"]
 html_theme_options = {
     "navigation_depth": 2,
+    "header_links_before_dropdown": 5,
     "show_toc_level": 2,
     "navbar_align": "left",
     "secondary_sidebar_items": ["page-toc"],

@@ -70,9 +70,9 @@ def fig_softmax_vs_gma(out: Path) -> str:
     a_gma = np.asarray(gma_ref.attention_weights(gq, gk))
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.3))
     for ax, a, title in (
-        (axes[0], a_soft, "softmax attention (Eq. 1)\nexp(q·k/√d) normalised, full rank"),
-        (axes[1], a_lin, "linear attention, φ = elu + 1\nφ(q)·φ(k) normalised"),
-        (axes[2], a_gma, f"GMA (Eq. 9)\n⟨γ^Q_i, γ^K_j⟩ normalised, rank ≤ K = {k}"),
+        (axes[0], a_soft, "softmax attention (Eq. 1)\n" + r"$\exp(q_i^\top k_j/\sqrt{d})$ normalised, full rank"),
+        (axes[1], a_lin, "linear attention, φ = elu + 1\n" + r"$\phi(q_i)^\top \phi(k_j)$ normalised"),
+        (axes[2], a_gma, "GMA (Eq. 9)\n" + r"$\langle\gamma^Q_i, \gamma^K_j\rangle$" + f" normalised, rank ≤ K = {k}"),
     ):
         im = ax.imshow(a, cmap="magma", interpolation="nearest")
         ax.set_title(title)
@@ -98,13 +98,14 @@ def fig_responsibilities(out: Path) -> str:
                     s=120, edgecolors="black")
     for j in range(k):
         axes[0].annotate(f"μ{j}", means[j], textcoords="offset points", xytext=(6, 4))
-    axes[0].set_title("routing vectors q_i (dots) and means μ_k (crosses)\ncoloured by argmax_k γ_ik")
+    axes[0].set_title(r"routing vectors $q_i$ (dots), means $\mu_k$ (crosses)" "\n"
+                      r"coloured by $\arg\max_k \gamma_{ik}$")
     axes[0].set_xlabel("dimension 1")
     axes[0].set_ylabel("dimension 2")
     im = axes[1].imshow(gq.T, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     axes[1].set_xlabel("token i")
     axes[1].set_ylabel("component k")
-    axes[1].set_title("responsibilities γ^Q_ik (Eq. 3): each column sums to 1")
+    axes[1].set_title(r"responsibilities $\gamma^Q_{ik}$ (Eq. 3): each column sums to 1")
     fig.colorbar(im, ax=axes[1], fraction=0.03)
     fig.tight_layout()
     return _save(fig, out, "responsibilities.png")
@@ -183,7 +184,7 @@ def fig_scaling(out: Path) -> str:
                   color="black", label="∝ N²")
         ax.set_xlabel("sequence length N")
         ax.grid(True, which="major", alpha=0.3)
-        ax.set_title(f"forward {what}, K = 64, d_r = d_v = 64 (float64)")
+        ax.set_title(f"forward {what}, K = 64, " + r"$d_r = d_v = 64$" + " (float64)")
     axes[0].set_ylabel("milliseconds")
     axes[1].set_ylabel("peak MiB (tracemalloc)")
     axes[1].legend(fontsize=7, loc="upper left")
@@ -231,19 +232,20 @@ def fig_chunked_causal(out: Path) -> str:
     for idx, x in enumerate(xs):
         colour = "#dd8452" if idx == chunk else ("#4c72b0" if idx < chunk else "#dddddd")
         ax.add_patch(plt.Rectangle((x, 6.0), 1.8, 1.2, color=colour, alpha=0.6))
-        ax.text(x + 0.9, 6.6, f"chunk {idx}", ha="center", va="center")
+        ax.text(x + 0.9, 6.6, f"chunk {idx}", ha="center", va="center", fontsize=10)
         if idx < len(xs) - 1:
             ax.annotate("", xy=(xs[idx + 1] + 0.2, 4.6), xytext=(x + 1.2, 4.6),
                         arrowprops={"arrowstyle": "->", "lw": 1.5})
             ax.text((x + xs[idx + 1]) / 2 + 1.0, 3.7, r"$\tilde V_{prev}, Z_{prev}$" "\n" r"$K d_v + K$ numbers",
-                    ha="center", va="center", fontsize=7)
+                    ha="center", va="center", fontsize=8.5)
         ax.plot([x + 0.9, x + 0.9], [6.0, 4.9], color="grey", lw=0.8)
     ax.text(5.0, 9.2, r"$O_c = (A_c V_c + \Gamma^Q_c \tilde V_{prev}) \,/\, "
-            r"(A_c \mathbf{1} + \Gamma^Q_c Z_{prev} + \epsilon)$", ha="center", fontsize=9)
+            r"(A_c \mathbf{1} + \Gamma^Q_c Z_{prev} + \epsilon)$", ha="center", fontsize=11)
     ax.text(5.0, 8.3, r"then $\tilde V_{prev} \leftarrow \tilde V_{prev} + (\Gamma^K_c)^\top V_c,\ "
-            r"Z_{prev} \leftarrow Z_{prev} + (\Gamma^K_c)^\top \mathbf{1}$", ha="center", fontsize=9)
-    ax.text(5.0, 1.6, "only the state travels between chunks;\nno N×K×d_v prefix tensor is ever formed",
-            ha="center", fontsize=9)
+            r"Z_{prev} \leftarrow Z_{prev} + (\Gamma^K_c)^\top \mathbf{1}$", ha="center", fontsize=11)
+    ax.text(5.0, 1.6, "only the state travels between chunks;\n"
+            + r"no $N \times K \times d_v$ prefix tensor is ever formed",
+            ha="center", fontsize=11)
     fig.tight_layout()
     return _save(fig, out, "chunked_causal.png")
 
@@ -258,18 +260,18 @@ def fig_reparameterisation(out: Path) -> str:
     eps_sigma = gma_ref.mixture.DEFAULT_EPS_SIGMA
     var = np.asarray(gma_ref.variances_from_omega(omega[:, None]))[:, 0]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.3))
-    axes[0].semilogy(omega, var, label="σ² = softplus(ω) + ε_σ")
-    axes[0].axhline(eps_sigma, color="grey", ls="--", label=f"floor ε_σ = {eps_sigma:g}")
+    axes[0].semilogy(omega, var, label=r"$\sigma^2 = \mathrm{softplus}(\omega) + \epsilon_\sigma$")
+    axes[0].axhline(eps_sigma, color="grey", ls="--", label=r"floor $\epsilon_\sigma$" + f" = {eps_sigma:g}")
     axes[0].semilogy(omega, np.exp(omega), ":", label="exp(ω) (no floor)")
     axes[0].set_ylim(eps_sigma / 20, 20)
     axes[0].set_xlabel("ω")
-    axes[0].set_title("Eq. 14: the variance never falls below ε_σ")
+    axes[0].set_title(r"Eq. 14: the variance never falls below $\epsilon_\sigma$")
     axes[0].legend(fontsize=8)
     alpha = np.array([1.5, 0.2, -0.4, 0.8, -2.0])
     pi = np.asarray(gma_ref.mixture.priors_from_logits(alpha))
     x = np.arange(alpha.size)
-    axes[1].bar(x - 0.2, alpha, width=0.4, label="logits α_k")
-    axes[1].bar(x + 0.2, pi, width=0.4, label="π_k = softmax(α)_k")
+    axes[1].bar(x - 0.2, alpha, width=0.4, label=r"logits $\alpha_k$")
+    axes[1].bar(x + 0.2, pi, width=0.4, label=r"$\pi_k = \mathrm{softmax}(\alpha)_k$")
     axes[1].axhline(0, color="black", lw=0.6)
     axes[1].set_xlabel("component k")
     axes[1].set_title(f"Eq. 15: priors on the simplex (Σ π = {pi.sum():.0f})")
@@ -287,9 +289,9 @@ def fig_softmax_gradient(out: Path) -> str:
     gap = np.linspace(-12, 12, 401)  # s_1 - s_2 for K = 2
     gamma = 1.0 / (1.0 + np.exp(-gap))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
-    axes[0].plot(gap, gamma, label="γ_1")
-    axes[0].plot(gap, gamma * (1 - gamma), label="∂γ_1/∂s_1 = γ_1(1 − γ_1)")
-    axes[0].set_xlabel("score gap s_1 − s_2 (K = 2)")
+    axes[0].plot(gap, gamma, label=r"$\gamma_1$")
+    axes[0].plot(gap, gamma * (1 - gamma), label=r"$\partial\gamma_1/\partial s_1 = \gamma_1(1 - \gamma_1)$")
+    axes[0].set_xlabel(r"score gap $s_1 - s_2$ (K = 2)")
     axes[0].set_title("Eq. 17b: largest at γ = 1/2, vanishing at 0 and 1")
     axes[0].legend(fontsize=8)
     rng = np.random.default_rng(0)
@@ -300,8 +302,8 @@ def fig_softmax_gradient(out: Path) -> str:
     g = rng.normal(size=(200, k))
     delta = np.asarray(gma_ref.posterior.softmax_backward(gam, g))
     axes[1].semilogy(gam.max(axis=1), np.linalg.norm(delta, axis=1) / np.linalg.norm(g, axis=1), ".", ms=4)
-    axes[1].set_xlabel("max_k γ_ik of the row")
-    axes[1].set_ylabel("‖δ_i‖ / ‖g_i‖")
+    axes[1].set_xlabel(r"$\max_k \gamma_{ik}$ of the row")
+    axes[1].set_ylabel(r"$\Vert\delta_i\Vert \,/\, \Vert g_i\Vert$")
     axes[1].set_title(f"Eq. 18 for random cotangents g, K = {k}")
     fig.tight_layout()
     return _save(fig, out, "softmax_gradient.png")
@@ -321,7 +323,7 @@ def fig_affinity_rank(out: Path) -> str:
     soft = np.asarray(baselines.softmax_attention_weights(rng.normal(size=(n, 8)), rng.normal(size=(n, 8))))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1, 1.3]})
     im = axes[0].imshow(a_tilde, cmap="magma", interpolation="nearest")
-    axes[0].set_title("Ã = Γ^Q (Γ^K)ᵀ (Eq. 11)")
+    axes[0].set_title(r"$\tilde A = \Gamma^Q (\Gamma^K)^\top$ (Eq. 11)")
     axes[0].set_xlabel("key j")
     axes[0].set_ylabel("query i")
     fig.colorbar(im, ax=axes[0], fraction=0.046)
@@ -334,7 +336,7 @@ def fig_affinity_rank(out: Path) -> str:
     axes[1].axhline(np.finfo(np.float64).eps, color="black", ls=":", lw=0.8, label="float64 rounding")
     axes[1].set_ylim(1e-18, 2)
     axes[1].set_xlabel("index of the singular value")
-    axes[1].set_ylabel("σ_r / σ_1")
+    axes[1].set_ylabel(r"$\sigma_r / \sigma_1$")
     axes[1].set_title(f"Eq. 23: A has at most K = {k} non-zero singular values (N = {n})")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
@@ -348,9 +350,9 @@ def fig_row_sums(out: Path) -> str:
     u = np.logspace(-10, 2, 300)
     fig, ax = plt.subplots(figsize=(5.5, 3.0))
     ax.semilogx(u, u / (u + eps))
-    ax.axvline(eps, color="grey", ls="--", label="u_i = ε")
-    ax.set_xlabel("routed key mass u_i = (Γ^Q Z)_i")
-    ax.set_ylabel("Σ_j A_ij")
+    ax.axvline(eps, color="grey", ls="--", label=r"$u_i = \epsilon$")
+    ax.set_xlabel(r"routed key mass $u_i = (\Gamma^Q Z)_i$")
+    ax.set_ylabel(r"$\sum_j A_{ij}$")
     ax.set_title(f"row sums of A with ε = {eps:g}")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -381,11 +383,11 @@ def fig_lipschitz(out: Path) -> str:
         ratio.append(np.linalg.norm(_jacobian(x, means, variances, log_priors), 2) / (big_r / (np.sqrt(2) * var)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     axes[0].plot(ts, ratio)
-    axes[0].axhline(1.0, color="grey", ls="--", label="bound R/(√2 ε_σ)")
+    axes[0].axhline(1.0, color="grey", ls="--", label=r"bound $R/(\sqrt{2}\,\epsilon_\sigma)$")
     axes[0].axvline(0.0, color="black", lw=0.6)
-    axes[0].set_xlabel("position x = (t, 0) between μ_2 = (−1, 0) and μ_1 = (1, 0)")
-    axes[0].set_ylabel("‖J_γ(x)‖₂ / bound")
-    axes[0].set_title("K = 2, equal priors, σ² ≡ ε_σ: equality at the midpoint")
+    axes[0].set_xlabel(r"position $x = (t, 0)$ between $\mu_2 = (-1, 0)$ and $\mu_1 = (1, 0)$")
+    axes[0].set_ylabel(r"$\Vert J_\gamma(x)\Vert_2$ / bound")
+    axes[0].set_title(r"K = 2, equal priors, $\sigma^2 \equiv \epsilon_\sigma$: equality at the midpoint")
     axes[0].legend(fontsize=8)
     rng = np.random.default_rng(0)
     ks, ratios_sharp, ratios_naive = [], [], []
@@ -402,7 +404,8 @@ def fig_lipschitz(out: Path) -> str:
         ratios_sharp.append(norm / (big_r / (np.sqrt(2) * eps_sigma)))
         ratios_naive.append(norm / (0.5 * np.sqrt(k) * big_r / eps_sigma))
     ks_arr = np.asarray(ks) + rng.uniform(-0.15, 0.15, size=len(ks))
-    axes[1].semilogy(ks_arr, ratios_sharp, ".", ms=3, label="‖J_γ‖₂ / (R/(√2 ε_σ))")
+    axes[1].semilogy(ks_arr, ratios_sharp, ".", ms=3,
+                     label=r"$\Vert J_\gamma\Vert_2 \,/\, (R/(\sqrt{2}\,\epsilon_\sigma))$")
     axes[1].axhline(1.0, color="grey", ls="--")
     axes[1].set_xlabel("K (400 random mixtures and points)")
     axes[1].set_ylabel("ratio to the bound")
@@ -426,8 +429,8 @@ def fig_extensions(out: Path) -> str:
         axes[0].plot(np.arange(1, k_max + 1), np.asarray(pi), "o-", ms=3,
                      label=f"α = {conc:g} (remainder {float(np.asarray(rest)):.2g})")
     axes[0].set_xlabel("component k")
-    axes[0].set_ylabel("π_k")
-    axes[0].set_title("Eq. 38: stick-breaking with v_k = E[Beta(1, α)]")
+    axes[0].set_ylabel(r"$\pi_k$")
+    axes[0].set_title(r"Eq. 38: stick-breaking with $v_k = E[\mathrm{Beta}(1, \alpha)]$")
     axes[0].legend(fontsize=8)
     r = np.linspace(-4, 4, 400)[:, None]
     expert_means = np.array([[-2.0], [0.0], [2.5]])
@@ -435,7 +438,7 @@ def fig_extensions(out: Path) -> str:
     for h in range(3):
         axes[1].plot(r[:, 0], gates[:, h], label=f"expert {h} (ν = {expert_means[h, 0]:g})")
     axes[1].set_xlabel("routing vector r (d = 1)")
-    axes[1].set_ylabel("γ^MoE_h(r)")
+    axes[1].set_ylabel(r"$\gamma^{MoE}_h(r)$")
     axes[1].set_title("Eq. 39: Gaussian gates of H = 3 experts")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
@@ -480,7 +483,7 @@ def fig_compatibility(out: Path) -> str:
     panels = (
         ("dot product q·k (softmax's)", qs @ qs.T),
         ("RBF exp(−(q − k)²/2)", np.exp(-0.5 * (qs - qs.T) ** 2)),
-        ("GMA: ⟨γ(q), γ(k)⟩, K = 3", g @ g.T),
+        (r"GMA: $\langle\gamma(q), \gamma(k)\rangle$, K = 3", g @ g.T),
     )
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
     for ax, (title, c) in zip(axes, panels, strict=True):

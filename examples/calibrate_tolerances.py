@@ -1,5 +1,7 @@
-"""Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
-===============================================================================
+"""Calibrating the oracle's tolerances
+===================================
+
+Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
 
 Run from the repository root::
 

@@ -1,5 +1,7 @@
-"""Check a PyTorch CUDA implementation of GMA against the CuPy reference on the same GPU.
-======================================================================================
+"""Checking a PyTorch CUDA implementation against the CuPy reference
+=================================================================
+
+Check a PyTorch CUDA implementation of GMA against the CuPy reference on the same GPU.
 
 Needs a CUDA GPU, PyTorch with CUDA and CuPy (``pip install -e ".[test,cuda12]"`` plus a CUDA
 build of torch). Run from the repository root::

@@ -1,5 +1,7 @@
-"""Pictures of GMA routing: responsibility heatmap, induced affinity, component usage.
-===================================================================================
+"""Pictures of GMA routing: responsibilities, induced weights, component usage
+===========================================================================
+
+Pictures of GMA routing: responsibility heatmap, induced affinity, component usage.
 
 Run ``python examples/pictures.py [--out DIR]``. Needs matplotlib (the ``plot`` extra:
 ``pip install -e ".[plot]"``). Three PNG files are written to ``DIR`` (default: a new
@@ -110,6 +112,9 @@ def main(out_dir: str | Path | None = None, n: int = 64, k: int = 8, d_r: int = 
     print(f"usage p_k = {np.array2string(usage, precision=3)}")
     return {"paths": paths, "out_dir": out, "usage": usage}
 
+
+# %%
+# Draw the three pictures (the gallery shows them below) and print the component usage.
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])

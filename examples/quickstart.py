@@ -1,5 +1,7 @@
-"""Quickstart: responsibilities, the three GMA variants, and the induced attention matrix.
-=======================================================================================
+"""Quickstart: responsibilities, the three GMA variants, the induced weights
+=========================================================================
+
+Quickstart: responsibilities, the three GMA variants, and the induced attention matrix.
 
 Run ``python examples/quickstart.py``. It builds a random diagonal Gaussian mixture,
 computes query and key responsibilities (Eq. 3), the bidirectional (Eq. 7), causal
@@ -85,6 +87,9 @@ def main(n: int = 12, n_context: int = 7, k: int = 4, d_r: int = 3, d_v: int = 5
         "rank": rank,
     }
 
+
+# %%
+# Run the quickstart with its defaults and print what it computes.
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])

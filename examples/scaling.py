@@ -1,5 +1,7 @@
-"""Time and peak memory against N for the materialized, latent and chunked forms of GMA.
-=====================================================================================
+"""Time and peak memory against N
+==============================
+
+Time and peak memory against N for the materialized, latent and chunked forms of GMA.
 
 Run ``python examples/scaling.py [--out DIR] [--sizes 256 512 1024 2048]``. For each N
 the same responsibilities and values feed three forms:
@@ -142,6 +144,9 @@ def _plot(table: list[dict[str, Any]], out_dir: str | Path | None) -> Path | Non
     plt.close(fig)
     return path
 
+
+# %%
+# Measure the three forms; the gallery runs N = 256 … 2048 and shows the plot.
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])

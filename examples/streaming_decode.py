@@ -1,5 +1,7 @@
-"""Streaming decode: prefill a prompt chunkwise, then generate token by token with a constant state.
-=================================================================================================
+"""Streaming decode: chunked prefill, then one token at a time
+===========================================================
+
+Streaming decode: prefill a prompt chunkwise, then generate token by token with a constant state.
 
 Run ``python examples/streaming_decode.py``. Causal GMA (Eq. 8b) is a recurrence over the
 state (Ṽ, Z) of K × d_v + K numbers. The prompt is processed by
@@ -75,6 +77,9 @@ def main(n: int = 256, n_prompt: int = 100, k: int = 8, d_r: int = 6, d_v: int =
         "prefix_numbers": n * k * d_v,
     }
 
+
+# %%
+# Prefill, decode token by token, and compare with the full causal pass.
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])

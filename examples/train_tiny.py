@@ -1,5 +1,7 @@
-"""Train a tiny GMA model end to end with the hand-written backward and plain NumPy Adam.
-======================================================================================
+"""Training a tiny GMA model with the hand-written backward
+========================================================
+
+Train a tiny GMA model end to end with the hand-written backward and plain NumPy Adam.
 
 Run ``python examples/train_tiny.py``. The task is sequence classification: each
 sequence holds a marker token at position 0 followed by ``n_tokens`` content tokens,
@@ -178,6 +180,9 @@ def main(steps: int = 100, n_train: int = 512, n_test: int = 256, n_tokens: int 
         "diagnostics": report,
     }
 
+
+# %%
+# Train for 100 steps, then print the diagnostics of the trained responsibilities.
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])

@@ -58,15 +58,21 @@ __all__ = [
 class RoutingCost:
     """Eq. 12 itemised as in §3.4 (one sequence, one head; projections excluded).
 
-    Attributes:
-        responsibilities: ``2NKd_r + 2NK`` — diagonal Gaussian log-densities for
-            ``Q_X`` and ``K_X`` (``2NKd_r``) and the row-wise normalisation over
-            components (``2NK``).
-        write: ``NKd_v`` — ``Ṽ = (Γ^K)ᵀ V_X`` (Eqs. 5, 47).
-        mass: ``NK`` — ``Z = (Γ^K)ᵀ 1_N`` (Eqs. 5, 49).
-        read: ``NKd_v`` — ``Γ^Q Ṽ`` (Eq. 7).
-        denominator: ``NK`` — ``Γ^Q Z + ε`` (Eqs. 7, 49).
-        normalisation: ``Nd_v`` — the row-wise division of the output (Eq. 7).
+    Attributes
+    ----------
+    responsibilities : int
+        ``2NKd_r + 2NK`` — diagonal Gaussian log-densities for ``Q_X`` and ``K_X``
+        (``2NKd_r``) and the row-wise normalisation over components (``2NK``).
+    write : int
+        ``NKd_v`` — ``Ṽ = (Γ^K)ᵀ V_X`` (Eqs. 5, 47).
+    mass : int
+        ``NK`` — ``Z = (Γ^K)ᵀ 1_N`` (Eqs. 5, 49).
+    read : int
+        ``NKd_v`` — ``Γ^Q Ṽ`` (Eq. 7).
+    denominator : int
+        ``NK`` — ``Γ^Q Z + ε`` (Eqs. 7, 49).
+    normalisation : int
+        ``Nd_v`` — the row-wise division of the output (Eq. 7).
     """
 
     responsibilities: int
