@@ -1,6 +1,6 @@
 """Build helpers for the gma-ref documentation (a Sphinx extension loaded by ``docs/conf.py``).
 
-* On ``builder-inited`` the figures of the guide are drawn by ``docs/figures.py`` into
+* On ``builder-inited`` every ``docs/figures*.py`` script draws its figures into
   ``docs/_figures/`` (not committed: every build redraws them from the code).
 * The gallery runs the examples as scripts. :func:`example_argv` gives ``pictures.py`` and
   ``scaling.py`` an output directory (and ``scaling.py`` small sizes), and
@@ -61,11 +61,18 @@ def example_png_scraper(block: Any, block_vars: dict[str, Any], gallery_conf: di
 
 
 def _draw_figures(app: Any) -> None:
-    spec = importlib.util.spec_from_file_location("gma_ref_docs_figures", DOCS / "figures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.draw_all(FIGURES)
+    """Run every ``docs/figures*.py`` script into ``docs/_figures`` (its ``draw_all`` or ``main``)."""
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    for script in sorted(DOCS.glob("figures*.py")):
+        spec = importlib.util.spec_from_file_location(f"gma_ref_docs_{script.stem}", script)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load the figures script {script}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        entry = getattr(module, "draw_all", None) or getattr(module, "main", None)
+        if entry is None:
+            raise AttributeError(f"{script} has neither draw_all(out_dir) nor main(out_dir)")
+        entry(FIGURES)
 
 
 def setup(app: Any) -> dict[str, Any]:
