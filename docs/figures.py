@@ -172,22 +172,24 @@ def fig_scaling(out: Path) -> str:
     """Forward time and peak memory against N, from the measured table of benchmarks.md."""
     plt = _plt()
     rows = benchmark_table()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for form, col in rows.items():
-        style = "--" if "materialized" in form else "-"
-        for ax, key in ((axes[0], "fwd_ms"), (axes[1], "fwd_mib")):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, key in ((axes[0], "fwd_ms"), (axes[1], "fwd_mib")):
+        for form, col in rows.items():
+            style = "--" if "materialized" in form else "-"
             ax.loglog(col["n"], col[key], style, marker="o", ms=3, label=form)
-    n = np.array([1024, 65536], dtype=float)
-    for ax, base, what in ((axes[0], 0.5, "time"), (axes[1], 1.0, "memory")):
-        ax.loglog(n, base * n / n[0], ":", color="grey", label="∝ N")
-        ax.loglog(n[:2] / np.array([1, 8]), base * 30 * (n[:2] / np.array([1, 8]) / n[0]) ** 2, ":",
-                  color="black", label="∝ N²")
+        # Slope guides through the first point of the latent (N) and materialized (N²) forms.
+        for form, power, label in (("latent", 1, "∝ N"), ("materialized", 2, "∝ N²")):
+            n0, y0 = rows[form]["n"][0], rows[form][key][0]
+            n = np.array([n0, rows[form]["n"][-1]])
+            ax.loglog(n, 0.5 * y0 * (n / n0) ** power, ":", color="grey" if power == 1 else "black", label=label)
         ax.set_xlabel("sequence length N")
         ax.grid(True, which="major", alpha=0.3)
-        ax.set_title(f"forward {what}, K = 64, " + r"$d_r = d_v = 64$" + " (float64)")
+    axes[0].set_title(r"forward time, K = 64, $d_r = d_v = 64$ (float64)")
+    axes[1].set_title(r"forward peak memory, K = 64, $d_r = d_v = 64$")
     axes[0].set_ylabel("milliseconds")
     axes[1].set_ylabel("peak MiB (tracemalloc)")
-    axes[1].legend(fontsize=7, loc="upper left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     return _save(fig, out, "scaling.png")
 
