@@ -102,6 +102,7 @@ sphinx_gallery_conf = {
     "within_subsection_order": "FileNameSortKey",
     "min_reported_time": 1,
     "write_computation_times": False,
+    "show_signature": False,
 }
 
 # -- HTML ---------------------------------------------------------------------------------

@@ -188,3 +188,15 @@ def test_gallery_shows_every_example_with_output_and_pictures(site: Path) -> Non
     for name in ("pictures", "scaling"):
         html = (site / "auto_examples" / f"{name}.html").read_text(encoding="utf-8")
         assert re.search(r'<img [^>]*src="[^"]*sphx_glr_' + name, html), f"{name}: no picture shown"
+
+
+@pytest.mark.slow
+def test_no_page_links_outside_the_site(site: Path) -> None:
+    """The docs are self-contained: no page links to a web address or to a file outside the site."""
+    external = re.compile(r'href="(?:https?:|ftp:)[^"]*"')
+    found = {}
+    for page in _pages(site):
+        links = external.findall(page.read_text(encoding="utf-8"))
+        if links:
+            found[page.relative_to(site).as_posix()] = sorted(set(links))
+    assert not found, f"links leaving the site: {found}"
