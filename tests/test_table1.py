@@ -7,12 +7,13 @@ measurement that the page quotes and plots is checked against the same propertie
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.test_examples import load_example
+from tests.test_examples import PNG_MAGIC, has_matplotlib, load_example
 
 ROOT = Path(__file__).resolve().parent.parent
 SAVED = ROOT / "docs" / "_static" / "table1_memory.json"
@@ -58,3 +59,17 @@ def test_saved_measurement_is_full_size_and_shows_linear_against_quadratic_growt
         assert fb[2] - fb[1] == pytest.approx(2 * (fb[1] - fb[0]), rel=0.01)  # affine in N
     assert 14.0 < data["ratios"]["softmax_N_ratio"] < 16.5
     assert data["layer_parameters"]["K=64"] == 2_458_368
+
+
+@pytest.mark.skipif(not has_matplotlib(), reason="matplotlib is not installed")
+def test_figures_script_writes_every_png(tmp_path):
+    """docs/figures_experiments.py main(outdir) writes the four figures the pages show."""
+    spec = importlib.util.spec_from_file_location("gma_ref_docs_figures", ROOT / "docs" / "figures_experiments.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    paths = module.main(tmp_path)
+    names = {p.name for p in paths}
+    assert names == {"table1_memory.png", "diagnostics_example.png", "errata_query_mass.png",
+                     "notation_shapes.png"}
+    for p in paths:
+        assert p.read_bytes()[:8] == PNG_MAGIC
