@@ -1,6 +1,7 @@
 """Figures for the experiments (§5), errata and notation pages: ``main(outdir)`` writes the PNGs.
 
-Run ``python docs/figures_experiments.py [OUTDIR]`` (default ``docs/_static/figures``). Every
+Run ``python docs/figures_experiments.py [OUTDIR]`` (default ``docs/_figures``, where the
+pages look for them; the docs build calls :func:`main` with that directory). Every
 figure is computed by gma-ref except the Table 1 panel, which plots the measurements saved by
 ``examples/table1_memory.py --json docs/_static/table1_memory.json`` (a minute of CPU) next to
 the paper's figures. Needs matplotlib; takes a few seconds.
@@ -217,7 +218,7 @@ def notation_figure(outdir: Path) -> Path:
     return path
 
 
-def main(outdir: str | Path = HERE / "_static" / "figures") -> list[Path]:
+def main(outdir: str | Path = HERE / "_figures") -> list[Path]:
     """Write every figure to ``outdir`` (created if needed) and return their paths."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

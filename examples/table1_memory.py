@@ -1,4 +1,5 @@
 """Table 1 of the paper (§5.1) on a CPU: peak memory of GMA and softmax attention against N.
+==========================================================================================
 
 Run ``python examples/table1_memory.py [--json FILE] [--quick]``.
 
@@ -27,8 +28,8 @@ projection and framework overhead, so its figures are larger; the shape of the g
 is what is compared.
 
 ``main()`` returns the measurements as a dict (also written as JSON with ``--json``), which
-``docs/figures_experiments.py`` plots. Runs in about a minute on two cores; ``--quick`` divides
-every N by 8.
+``docs/figures_experiments.py`` plots. Runs in under five minutes on two cores; ``--quick`` divides
+every N by 8 (about 20 s).
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def main(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--json", default=None, help="write the measurements to this JSON file")
     parser.add_argument("--quick", action="store_true", help="divide every N by 8")
     ns = parser.parse_args()
