@@ -50,7 +50,7 @@ EQUIVALENTS = ROOT / "tools" / "mutation-equivalents.txt"
 MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/mixture.py": [
         "tests/test_mixture.py",
-        "tests/test_parameterisation_limits.py",
+        "tests/test_parameter_contracts.py",
         "tests/test_bad_input.py",
         "tests/test_gradients.py",
     ],
@@ -58,7 +58,9 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_masks_and_denominators.py",
         "tests/test_bidirectional.py",
         "tests/test_causal.py",
+        "tests/test_bad_input.py",
         "tests/test_gradients.py",
+        "tests/test_gradient_identities.py",
     ],
     "gma_ref/posterior.py": [
         "tests/test_posterior.py",
