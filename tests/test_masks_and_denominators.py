@@ -149,3 +149,32 @@ def test_slots_and_read_weights_reassemble_the_output_at_small_masses(rng):
     for eps in (0.0, 1e-3):
         out = read_weights(gq, mass, eps) @ memory_slots(memory, mass, eps)
         np.testing.assert_allclose(out, gma_materialized(gq, gk, v, eps), rtol=1e-12)
+
+
+def test_read_weights_with_batch_axes_equal_the_per_batch_weights(rng):
+    """read_weights on (B, N_q, K) Γ^Q and (B, K) masses equals the weights of each batch alone."""
+    gq = rng.dirichlet(np.ones(3), size=(2, 4))
+    mass = rng.uniform(1e-3, 0.5, size=(2, 3))
+    got = read_weights(gq, mass, 1e-3)
+    assert got.shape == (2, 4, 3)
+    for b in range(2):
+        np.testing.assert_allclose(got[b], read_weights(gq[b], mass[b], 1e-3), rtol=1e-14)
+        np.testing.assert_allclose(got[b].sum(axis=-1), 1.0, rtol=1e-13)
+
+
+def test_an_empty_slot_is_zero_whatever_memory_it_is_given():
+    """App. C.2 as documented: a slot with Z_k + ε = 0 is defined as 0, even if Ṽ_k is not 0."""
+    memory = np.array([[1.0, -2.0], [3.0, 4.0]])
+    mass = np.array([0.0, 0.5])
+    np.testing.assert_array_equal(memory_slots(memory, mass, 0.0), [[0.0, 0.0], [6.0, 8.0]])
+
+
+def test_materialized_forms_default_to_bidirectional(rng):
+    """Without ``causal=...`` the materialized weights, output and VJP are the bidirectional ones."""
+    gq, gk = rng.dirichlet(np.ones(3), size=4), rng.dirichlet(np.ones(3), size=4)
+    v, d_out = rng.normal(size=(4, 2)), rng.normal(size=(4, 2))
+    assert np.all(attention_weights(gq, gk) > 0)  # no causal mask
+    np.testing.assert_array_equal(gma_materialized(gq, gk, v), gma_materialized(gq, gk, v, causal=False))
+    for got, want in zip(gma_materialized_backward(gq, gk, v, d_out),
+                         gma_bidirectional_backward(gq, gk, v, d_out), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
