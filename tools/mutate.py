@@ -444,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", nargs="+", help="test files to run (default: the module's list in MODULE_TESTS)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per mutant (default: 3 × baseline + 10)")
-    parser.add_argument("--match", default=None, help="only mutants whose key contains this text")
+    parser.add_argument("--match", action="append", default=None,
+                        help="only mutants whose key contains this text (repeat for several)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--show", action="store_true", help="print the diff line of each survivor")
     parser.add_argument("--verbose", action="store_true", help="show pytest output of each run")
@@ -463,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
 
     baseline, mutants = generate(module)
     if args.match:
-        mutants = [m for m in mutants if args.match in m.key]
+        mutants = [m for m in mutants if any(text in m.key for text in args.match)]
     if args.list:
         for m in mutants:
             print(f"{m.lineno:5d}  {m.key}")
