@@ -164,6 +164,10 @@ def test_non_finite_reference_entries_are_left_out_of_the_figures():
     assert c.passed and c.nonfinite == 0 and c.norm_error == 0.0 and c.elem_error == 0.0
     a2 = np.array([5.0, 2.0, 3.0])  # any value where r is inf
     assert compare_tensor("x", a2, r, dtype="float64").passed
+    # the scale of the norm error is the norm of the finite entries alone
+    r3 = np.array([np.inf, 3.0, 4.0])
+    c = compare_tensor("x", np.array([np.inf, 3.0, 4.0 + 1e-3]), r3, dtype="float64")
+    assert c.norm_error == pytest.approx(1e-3 / 5.0, rel=1e-9)
 
 
 def test_overflowing_errors_fail_without_warnings():
@@ -235,3 +239,30 @@ def test_module_exports_what_it_documents():
     """__all__ of compare lists the metric's public names."""
     assert set(compare.__all__) == {"UNIT_ROUNDOFF", "UNDERFLOW", "NU_MAX", "TOLERANCES", "LAYER_TOLERANCES",
                                     "Tolerance", "Comparison", "unit_scale", "compare_tensor"}
+
+
+def test_default_condition_figures_are_neutral():
+    """Without κ, λ, κ_P the bound is τ·(u_store + u_acc): κ defaults to 1, λ and κ_P to 0 (float16,
+    where the underflow term t = 2⁻²⁵ would show)."""
+    r = np.array([1.0, 2.0])
+    c = compare_tensor("x", r, r, dtype="float16")
+    nu = 2.0**-11 + U32
+    assert (c.norm_bound, c.elem_bound) == (8.0 * nu, 32.0 * nu)
+
+
+def test_figures_are_computed_in_float64_whatever_the_input_dtype():
+    """float32 arrays are widened before squaring: values of 1e30 (squares beyond float32) compare
+    cleanly, and a float32 relative error of 1e-7 is measured as such."""
+    r = np.array([1e30, -2e30], dtype=np.float32)
+    assert compare_tensor("x", r.copy(), r, dtype="float32").passed
+    a = np.array([1.0, 1.0 + 2.0**-23], dtype=np.float32)
+    c = compare_tensor("x", a, np.array([1.0, 1.0], dtype=np.float32), dtype="float32")
+    assert c.elem_error == pytest.approx(2.0**-23 / (1.0 + 1.0), rel=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_reference_too_large_to_square_still_fails_a_wrong_candidate():
+    """‖r‖ overflows for r ~ 1e200 and the norm error becomes inf/inf = NaN: a NaN figure never passes."""
+    r = np.array([1e200, 1e200])
+    c = compare_tensor("x", -r, r, dtype="float64", tolerance=Tolerance(1e300, 1e300))
+    assert math.isnan(c.norm_error) and not c.passed

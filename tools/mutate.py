@@ -100,7 +100,6 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/testing/compare.py": [
         "tests/test_compare_metric.py",
-        "tests/test_testing.py",
     ],
 }
 
