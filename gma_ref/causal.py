@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from ._array import (
     Array,
     broadcast_shapes,
+    check_cotangent,
     check_nonnegative_scalar,
     check_positive_int,
     check_rank,
@@ -41,7 +42,7 @@ from ._array import (
     namespace,
     sum_to_shape,
 )
-from .bidirectional import BidirectionalGrad, check_routing_inputs
+from .bidirectional import GMAGrad, check_routing_inputs, output_shape
 from .mixture import DEFAULT_EPS
 
 __all__ = [
@@ -65,6 +66,11 @@ def _check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float,
             f"and gamma_k {tuple(gamma_k.shape)}"
         )
     return eps
+
+
+def _check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, forward: str,
+                 check_finite: bool) -> None:
+    check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), f"the output of {forward}", check_finite)
 
 
 def _divide(xp: Any, num: Array, u: Array, eps: float) -> tuple[Array, Array, Array]:
@@ -123,38 +129,107 @@ def gma_causal_prefix(
 
 
 def gma_causal_prefix_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
-) -> BidirectionalGrad:
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+) -> GMAGrad:
     """VJP of :func:`gma_causal_prefix` with suffix sums (derivations/causal.py).
 
-    With G = ∂L/∂O, D_i = u_i + ε, P_i = G_i / D_i and c_i = −⟨G_i, O_i⟩ / D_i:
+    With G = ∂L/∂O, D_i = u_i + ε and P_i = G_i / D_i, every gradient is a sum of
+    terms ⟨P_i, V_j − O_i⟩ over pairs j ≤ i. The pair j = i is taken apart and
+    computed from the prefix *before* token i, where it cannot cancel:
 
-    * ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i)
-    * S^V_j = Σ_{i≥j} γ^Q_i ⊗ P_i,  S^Z_j = Σ_{i≥j} c_i γ^Q_i   (suffix sums, by flipping)
-    * ∂L/∂V_j = Σ_k γ^K_jk S^V_jk,   ∂L/∂γ^K_jk = ⟨V_j, S^V_jk⟩ + S^Z_jk
+    * δ_i = ⟨P_i, V_i − O_i⟩ with V_i − O_i = ((u^(i−1)_i + ε) V_i − Γ^Q_i Ṽ^(i−1)) / D_i,
+      u^(i−1)_i = Σ_k γ^Q_ik Z^(i−1)_k, and c_i = δ_i − ⟨P_i, V_i⟩ (= −⟨P_i, O_i⟩);
+    * ∂L/∂γ^Q_i = Ṽ^(i−1) P_i + c_i Z^(i−1) + δ_i γ^K_i;
+    * S^V_j = Σ_{i>j} γ^Q_i ⊗ P_i,  S^Z_j = Σ_{i>j} c_i γ^Q_i   (strict suffix sums, by flipping);
+    * ∂L/∂V_j = Σ_k γ^K_jk (S^V_jk + γ^Q_jk P_j),  ∂L/∂γ^K_jk = ⟨V_j, S^V_jk⟩ + S^Z_jk + δ_j γ^Q_jk.
+
+    Accuracy. A row whose own key is all it reads (the first token; ε = 0) gets
+    exactly δ_i = 0, whatever u_i: tiny routed mass no longer turns rounding
+    into 1/u_i-sized gradients. The pairs j < i are still summed through
+    S^V, S^Z, so their rounding error is bounded by a few units in the last
+    place of Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k
+    (ε = 0); it exceeds the size of the exact answer only where that answer is
+    itself a difference of such terms (values read from token j equal to O_i to
+    many digits). Scaled by γ^K_jk, as the score gradient of Eq. 18 does, the
+    bound is N |G|_max |V|_max units in the last place at worst.
 
     Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gma_causal_prefix`, and for ``d_out``: not real floating
+        (``TypeError``), not of the output's shape ``(..., N, d_v)``, NaN/Inf
+        with ``check_finite`` (``ValueError``).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite)
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)
-    memory_prefix = xp.cumulative_sum(written, axis=-3)
-    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)
-    num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
-    u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    out, safe, seen = _divide(xp, num, u, eps)
-    p = xp.where(xp.expand_dims(seen, axis=-1), d_out / xp.expand_dims(safe, axis=-1), xp.zeros_like(d_out))
-    c = -xp.sum(p * out, axis=-1)
-    d_gamma_q = xp.sum(memory_prefix * xp.expand_dims(p, axis=-2), axis=-1) + xp.expand_dims(c, axis=-1) * mass_prefix
-    s_v = _flip_cumsum(xp, xp.expand_dims(gamma_q, axis=-1) * xp.expand_dims(p, axis=-2), axis=-3)
-    s_z = _flip_cumsum(xp, xp.expand_dims(c, axis=-1) * gamma_q, axis=-2)
-    d_v = xp.sum(xp.expand_dims(gamma_k, axis=-1) * s_v, axis=-2)
-    d_gamma_k = xp.sum(s_v * xp.expand_dims(v, axis=-2), axis=-1) + s_z
-    return BidirectionalGrad(
+    memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
+    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
+    memory_before = _shift_down(xp, memory_prefix, axis=-3)  # Ṽ^(i−1), never Ṽ^(i) − γ^K_i V_i
+    mass_before = _shift_down(xp, mass_prefix, axis=-2)
+    u_before = xp.sum(gamma_q * mass_before, axis=-1)
+    u = u_before + xp.sum(gamma_q * gamma_k, axis=-1)
+    num_before = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_before, axis=-2)
+    safe, seen = _divide_scalars(xp, u, eps)
+    p, delta, c = _row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
+    d_gamma_q = (
+        xp.sum(memory_before * xp.expand_dims(p, axis=-2), axis=-1)
+        + xp.expand_dims(c, axis=-1) * mass_before
+        + xp.expand_dims(delta, axis=-1) * gamma_k
+    )
+    own_v = xp.expand_dims(gamma_q, axis=-1) * xp.expand_dims(p, axis=-2)  # γ^Q_i ⊗ P_i
+    s_v = _shift_up(xp, _flip_cumsum(xp, own_v, axis=-3), axis=-3)
+    s_z = _shift_up(xp, _flip_cumsum(xp, xp.expand_dims(c, axis=-1) * gamma_q, axis=-2), axis=-2)
+    d_v = xp.sum(xp.expand_dims(gamma_k, axis=-1) * (s_v + own_v), axis=-2)
+    d_gamma_k = (
+        xp.sum(s_v * xp.expand_dims(v, axis=-2), axis=-1) + s_z + xp.expand_dims(delta, axis=-1) * gamma_q
+    )
+    return GMAGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
         sum_to_shape(xp, d_v, tuple(v.shape)),
     )
+
+
+def _row_terms(
+    xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array, eps: float
+) -> tuple[Array, Array, Array]:
+    """(P_i = G_i / D_i, δ_i = ⟨P_i, V_i − O_i⟩, c_i = δ_i − ⟨P_i, V_i⟩), rows with D_i = 0 zeroed.
+
+    V_i − O_i = ((u^(i−1)_i + ε) V_i − Γ^Q_i Ṽ^(i−1)) / D_i comes from the prefix
+    before token i, so token i's own contribution never cancels against itself.
+    """
+    seen_col = xp.expand_dims(seen, axis=-1)
+    safe_col = xp.expand_dims(safe, axis=-1)
+    p = xp.where(seen_col, d_out / safe_col, xp.zeros_like(d_out))
+    residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
+    delta = xp.sum(p * residual, axis=-1) / safe
+    delta = xp.where(seen, delta, xp.zeros_like(delta))
+    c = delta - xp.sum(p * v, axis=-1)
+    return p, delta, c
+
+
+def _shift_down(xp: Any, a: Array, axis: int) -> Array:
+    """a shifted one step along ``axis`` (towards higher index), with zeros first: exclusive prefix."""
+    if a.shape[axis] == 0:
+        return a
+    n = a.shape[axis]
+    zero = xp.zeros_like(xp.take(a, xp.asarray([0], device=device_of(a)), axis=axis))
+    rest = xp.take(a, xp.arange(n - 1, device=device_of(a)), axis=axis)
+    return xp.concat([zero, rest], axis=axis)
+
+
+def _shift_up(xp: Any, a: Array, axis: int) -> Array:
+    """a shifted one step along ``axis`` (towards lower index), with zeros last: exclusive suffix."""
+    if a.shape[axis] == 0:
+        return a
+    n = a.shape[axis]
+    zero = xp.zeros_like(xp.take(a, xp.asarray([0], device=device_of(a)), axis=axis))
+    rest = xp.take(a, xp.arange(1, n, device=device_of(a)), axis=axis)
+    return xp.concat([rest, zero], axis=axis)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -283,8 +358,8 @@ def gma_causal_streaming(
 
 
 def gma_causal_streaming_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
-) -> BidirectionalGrad:
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+) -> GMAGrad:
     """VJP of :func:`gma_causal_streaming` (from the empty state), with O(K d_v) state.
 
     The recurrence is the chunked recurrence with one token per chunk, and so is
@@ -293,8 +368,9 @@ def gma_causal_streaming_backward(
     start, never by subtraction) and yields ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i).
     Pass 2 runs backwards carrying the suffix sums S^V (K × d_v) and S^Z (K)
     of :func:`gma_causal_prefix_backward`, updated by addition only.
+    Accuracy and raises as :func:`gma_causal_prefix_backward`.
     """
-    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size=1)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, 1, "gma_causal_streaming", check_finite)
 
 
 # --------------------------------------------------------------------------- chunked
@@ -381,52 +457,57 @@ def gma_causal_chunked_backward(
     eps: float = DEFAULT_EPS,
     chunk_size: int = 64,
     *,
-    out: Array | None = None,
-) -> BidirectionalGrad:
+    check_finite: bool = True,
+) -> GMAGrad:
     """VJP of :func:`gma_causal_chunked` (from the empty state), chunk by chunk.
 
-    Pass 1 (forward over chunks) recomputes the inter-chunk state, the outputs
-    and, for each chunk, P_c = G_c / D_c, c_c = −⟨G_c, O_c⟩ / D_c and
-    ∂L/∂Γ^Q_c = P_c Ṽ_prevᵀ + c_c Z_prevᵀ + W_c Γ^K_c with W_c = (P_c V_cᵀ + c_c 1ᵀ) ⊙ L.
+    Pass 1 (forward over chunks) recomputes the inter-chunk state and, for each
+    chunk, P_c = G_c / D_c, δ and c = −⟨P_c, O_c⟩ as in
+    :func:`gma_causal_prefix_backward` (from the state before each token, so a
+    token's own key never cancels against itself) and
+    ∂L/∂Γ^Q_c = P_c Ṽ_prevᵀ + c_c Z_prevᵀ + W_c Γ^K_c with W_c = (P_c V_cᵀ + c_c 1ᵀ) ⊙ L,
+    whose diagonal ⟨P_i, V_i⟩ + c_i is taken as δ_i.
     Pass 2 (reverse over chunks) carries the suffix sums S^V = Σ_later (Γ^Q)ᵀ P
     and S^Z = Σ_later (Γ^Q)ᵀ c, and gives ∂L/∂V_c = A_cᵀ P_c + Γ^K_c S^V and
     ∂L/∂Γ^K_c = W_cᵀ Γ^Q_c + V_c (S^V)ᵀ + 1 (S^Z)ᵀ.
 
-    ``out``, the forward's saved output, skips recomputing it (two products per
-    chunk); A_c and W_c are kept from pass 1 for pass 2 (2·N·C numbers).
+    The output itself is never needed. A_c and W_c are kept from pass 1 for
+    pass 2 (2·N·C numbers); accuracy as :func:`gma_causal_prefix_backward`.
     Peak memory O(N(C + K + d_v) + K d_v): linear in N, never N·K·d_v.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, out)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, "gma_causal_chunked", check_finite)
 
 
 def _chunked_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int, out: Array | None = None
-) -> BidirectionalGrad:
-    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, out=out)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int, forward: str,
+    check_finite: bool,
+) -> GMAGrad:
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    _check_d_out(xp, gamma_q, gamma_k, v, d_out, forward, check_finite)
     memory, mass = _empty_state(xp, gamma_k, v)
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
     lower = _lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
+    strict_lower = _lower_mask(xp, min(n, chunk_size), device_of(v), strict=True)
     a_chunks, w_chunks, p_chunks, c_chunks, dq_chunks = [], [], [], [], []
     for start, stop in bounds:  # pass 1: forward state, ∂L/∂Γ^Q
         gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
         mask = lower[: stop - start, : stop - start]
-        a = xp.matmul(gq, xp.matrix_transpose(gk))
-        a = xp.where(mask, a, xp.zeros_like(a))
-        u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
-        if out is None:
-            num = xp.matmul(a, vc) + xp.matmul(gq, memory)
-            out_c, safe, seen = _divide(xp, num, u, eps)
-        else:
-            out_c = out[..., start:stop, :]
-            safe, seen = _divide_scalars(xp, u, eps)
-        g = d_out[..., start:stop, :]
-        p = xp.where(xp.expand_dims(seen, axis=-1), g / xp.expand_dims(safe, axis=-1), xp.zeros_like(g))
-        c = -xp.sum(p * out_c, axis=-1)
-        w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)  # W = (P Vᵀ + c 1ᵀ) ⊙ L
-        w = xp.where(mask, w, xp.zeros_like(w))
+        strict = strict_lower[: stop - start, : stop - start]
+        a_full = xp.matmul(gq, xp.matrix_transpose(gk))
+        a = xp.where(mask, a_full, xp.zeros_like(a_full))
+        a_before = xp.where(strict, a_full, xp.zeros_like(a_full))  # keys j < i of the chunk
+        u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
+        u = u_before + xp.sum(gq * gk, axis=-1)
+        num_before = xp.matmul(a_before, vc) + xp.matmul(gq, memory)
+        safe, seen = _divide_scalars(xp, u, eps)
+        p, delta, c = _row_terms(xp, vc, d_out[..., start:stop, :], u_before, num_before, safe, seen, eps)
+        # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
+        w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
+        w = xp.where(strict, w, xp.zeros_like(w))
+        w = w + xp.where(mask & ~strict, xp.expand_dims(delta, axis=-1), xp.zeros_like(w))
         dq = (
             xp.matmul(p, xp.matrix_transpose(memory))
             + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
@@ -466,18 +547,18 @@ def _chunked_backward(
     d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1])
     d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1])
     d_v = cat(dv_chunks, v, v.shape[-1])
-    return BidirectionalGrad(
+    return GMAGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
         sum_to_shape(xp, d_v, tuple(v.shape)),
     )
 
 
-def _lower_mask(xp: Any, size: int, device: Any) -> Array:
-    """Boolean C × C mask L with L_ij = (j ≤ i)."""
+def _lower_mask(xp: Any, size: int, device: Any, strict: bool = False) -> Array:
+    """Boolean C × C mask L with L_ij = (j ≤ i), or (j < i) with ``strict``."""
     i = xp.reshape(xp.arange(size, device=device), (size, 1))
     j = xp.reshape(xp.arange(size, device=device), (1, size))
-    return j <= i
+    return j < i if strict else j <= i
 
 
 def _divide_scalars(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
