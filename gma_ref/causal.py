@@ -145,13 +145,19 @@ def gma_causal_prefix_backward(
 
     Accuracy. A row whose own key is all it reads (the first token; ε = 0) gets
     exactly δ_i = 0, whatever u_i: tiny routed mass no longer turns rounding
-    into 1/u_i-sized gradients. The pairs j < i are still summed through
-    S^V, S^Z, so their rounding error is bounded by a few units in the last
-    place of Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k
-    (ε = 0); it exceeds the size of the exact answer only where that answer is
-    itself a difference of such terms (values read from token j equal to O_i to
-    many digits). Scaled by γ^K_jk, as the score gradient of Eq. 18 does, the
-    bound is N |G|_max |V|_max units in the last place at worst.
+    into 1/u_i-sized gradients. The other pairs are still summed as products
+    with P_i, so the error guaranteed is a few units in the last place of
+
+    * Σ_{j≤i} γ^K_jk |G_i| (|V_j| + |O_i|) / D_i for ∂L/∂γ^Q_ik,
+    * Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k (ε = 0) for ∂L/∂γ^K_jk,
+
+    which exceeds the size of the exact answer only where that answer is a
+    small difference of such terms (e.g. a query that reads slot k with
+    γ^Q_ik ≈ 1e-11 and a slot k' with Z_k' ≈ 1e-28: ∂L/∂γ^Q_ik ≈ 1e-7 from
+    terms of size 1e10). Scaled by γ, as the score gradient of Eq. 18 does,
+    the bounds become N |G|_max |V|_max units in the last place at worst.
+    For K = 1, Γ^Q cancels from O and ∂L/∂Γ^Q is exactly 0; it is returned
+    as rounding of that size.
 
     Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V.
 
