@@ -507,7 +507,7 @@ def test_gma_layer_backward_matches_fd(rng, causal, form, cross):
     ref = g.gma_layer(params, x, y, causal=causal, form="materialized")
     assert rel_err(out, ref) <= FWD_TOL
     cot = rng.normal(size=out.shape)
-    bw = g.gma_layer_backward(params, x, cot, y, **kw)
+    bw = g.gma_layer_backward(params, x, y, d_out=cot, **kw)
     args = {name: getattr(params, name) for name in _PARAM_NAMES} | {"x": x}
     if cross:
         args["y"] = y

@@ -240,6 +240,6 @@ def _eq13(ctx: Context) -> float:
                                         causal=True, eps=0.05, chunk_size=3))
 
     params = layer.GMALayerParams(*[ctx.arr(h) for h in host])
-    g = layer.gma_layer_backward(params, ctx.arr(x), ctx.arr(cot), causal=True, eps=0.05, chunk_size=3)
+    g = layer.gma_layer_backward(params, ctx.arr(x), d_out=ctx.arr(cot), causal=True, eps=0.05, chunk_size=3)
     grads = [g.d_x] + [getattr(g.d_params, f) for f in layer.GMALayerParams.__dataclass_fields__]
     return _worst(ctx, fwd, [x] + host, grads, cot)
