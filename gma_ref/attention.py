@@ -78,7 +78,7 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
     if form == "prefix":
         return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
     if form == "streaming":
-        return lambda gq, gk, v, eps: gma_causal_streaming(gq, gk, v, eps, check_finite=False)[0]
+        return lambda gq, gk, v, eps: gma_causal_streaming(gq, gk, v, eps, check_finite=False)
     return lambda gq, gk, v, eps: gma_causal_chunked(gq, gk, v, eps, chunk_size, check_finite=False)
 
 

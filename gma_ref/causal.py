@@ -32,9 +32,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._array import (
+    DEFAULT_MAX_BYTES,
     Array,
     broadcast_shapes,
     check_cotangent,
+    check_floating,
+    check_memory_budget,
+    check_nonnegative_array,
     check_nonnegative_scalar,
     check_positive_int,
     check_rank,
@@ -42,6 +46,7 @@ from ._array import (
     namespace,
     sum_to_shape,
 )
+from ._array import check_finite as _check_finite
 from .bidirectional import GMAGrad, check_routing_inputs, output_shape
 from .mixture import DEFAULT_EPS
 
@@ -94,8 +99,16 @@ def _flip_cumsum(xp: Any, a: Array, axis: int) -> Array:
 
 
 def gma_causal_prefix(
-    gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
-) -> Array:
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    state: CausalState | None = None,
+    return_state: bool = False,
+    check_finite: bool = True,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> Array | tuple[Array, CausalState]:
     """Causal GMA by prefix sums (Eqs. 6b and 8b), as the paper describes (§3.5, App. C.7).
 
     Materializes the prefix memory Ṽ^(i) for every i: N × K × d_v numbers, so
@@ -106,30 +119,64 @@ def gma_causal_prefix(
     gamma_q, gamma_k : arrays ``(..., N, K)``; v : array ``(..., N, d_v)``
     eps : float ≥ 0
         Read stabiliser ε.
+    state : CausalState, optional
+        State after an earlier prefix (default: empty), as every causal form takes it.
+    return_state : bool
+        Also return the final state (default ``False``), as every causal form does.
     check_finite : bool
-        Raise on NaN/Inf inputs.
+        Raise on NaN/Inf inputs (and state).
+    max_bytes : int or None
+        Refuse to build the N × K × d_v prefix memory if it needs more bytes
+        (default :data:`gma_ref.DEFAULT_MAX_BYTES`, 4 GiB; ``None``: no limit).
 
     Returns
     -------
-    out : array ``(..., N, d_v)``, promoted floating dtype. Output i depends only on tokens j ≤ i.
+    out : array ``(..., N, d_v)``, promoted floating dtype, or ``(out, state)``
+    with ``return_state``. Output i depends only on tokens j ≤ i.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`gma_ref.bidirectional.gma_bidirectional`, and ``ValueError`` if N_q ≠ N_k.
+        As :func:`gma_ref.bidirectional.gma_bidirectional`, ``ValueError`` if N_q ≠ N_k,
+        for a ``state`` that does not fit the inputs (see :func:`causal_step`), and for
+        a prefix memory larger than ``max_bytes`` (the message names its size and
+        :func:`gma_causal_chunked`, the linear-memory form).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix")
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)  # γ^K_jk V_j: (..., N, K, d_v)
-    memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
-    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
+    memory_prefix = xp.cumulative_sum(written, axis=-3) + xp.expand_dims(state.memory, axis=-3)  # Ṽ^(i)
+    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
     num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
     u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    return _divide(xp, num, u, eps)[0]
+    out = _divide(xp, num, u, eps)[0]
+    if not return_state:
+        return out
+    if gamma_k.shape[-2] == 0:
+        return out, state
+    last = CausalState(memory_prefix[..., -1, :, :], mass_prefix[..., -1, :])
+    return out, last
+
+
+def _check_prefix_budget(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, max_bytes: int | None,
+                         forward: str) -> None:
+    batch = output_shape(gamma_q, gamma_k, v)[:-2]
+    shape = batch + (gamma_k.shape[-2], gamma_k.shape[-1], v.shape[-1])
+    check_memory_budget(xp, forward, "the prefix memory (..., N, K, d_v)", shape, xp.result_type(gamma_k, v),
+                        max_bytes, "gma_causal_chunked")
 
 
 def gma_causal_prefix_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    d_out: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    check_finite: bool = True,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> GMAGrad:
     """VJP of :func:`gma_causal_prefix` with suffix sums (derivations/causal.py).
 
@@ -166,11 +213,12 @@ def gma_causal_prefix_backward(
     TypeError, ValueError
         As :func:`gma_causal_prefix`, and for ``d_out``: not real floating
         (``TypeError``), not of the output's shape ``(..., N, d_v)``, NaN/Inf
-        with ``check_finite`` (``ValueError``).
+        with ``check_finite`` (``ValueError``); a prefix memory above ``max_bytes``.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite)
+    _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix_backward")
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)
     memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
@@ -275,7 +323,13 @@ def initial_causal_state(
 
 
 def causal_step(
-    state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: Array, eps: float = DEFAULT_EPS
+    state: CausalState,
+    gamma_q_t: Array,
+    gamma_k_t: Array,
+    v_t: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    check_finite: bool = True,
 ) -> tuple[Array, CausalState]:
     """One decoding step of causal GMA: write token t, then read it (Eqs. 6b, 8b at i = t).
 
@@ -284,8 +338,11 @@ def causal_step(
     state : CausalState
         Ṽ^(t−1) ``(..., K, d_v)`` and Z^(t−1) ``(..., K)`` (see :func:`initial_causal_state`).
     gamma_q_t, gamma_k_t : arrays ``(..., K)``; v_t : array ``(..., d_v)``
-        Responsibilities and value of token t.
+        Responsibilities and value of one token t, with exactly the state's
+        batch axes ``...`` (a block of tokens goes to :func:`gma_causal_streaming`).
     eps : float ≥ 0
+    check_finite : bool
+        Raise on NaN/Inf in the token or the state.
 
     Returns
     -------
@@ -293,25 +350,96 @@ def causal_step(
 
     Raises
     ------
+    TypeError
+        ``state`` not a :class:`CausalState` (e.g. a plain tuple), non-floating arrays.
     ValueError
-        Mismatched K or d_v between the token and the state, ε < 0.
+        A state whose memory and mass do not fit together (swapped, or a mass of
+        the wrong shape), with NaN/Inf or a negative mass; token shapes that do not
+        match the state's K, d_v or batch axes; ε < 0.
     """
+    _check_state_type(state)
     xp = namespace(memory=state.memory, mass=state.mass, gamma_q_t=gamma_q_t, gamma_k_t=gamma_k_t, v_t=v_t)
-    for name, a, layout in (("gamma_q_t", gamma_q_t, "(..., K)"), ("gamma_k_t", gamma_k_t, "(..., K)"),
-                            ("v_t", v_t, "(..., d_v)")):
+    eps = check_nonnegative_scalar("eps", eps)
+    k, d_v, batch = _check_state(xp, state, check_finite)
+    for name, a, size, what in (("gamma_q_t", gamma_q_t, k, "K"), ("gamma_k_t", gamma_k_t, k, "K"),
+                                ("v_t", v_t, d_v, "d_v")):
+        check_floating(xp, name, a)
+        layout = "(..., K)" if what == "K" else "(..., d_v)"
         check_rank(name, a, 1, layout)
-    k, d_v = state.memory.shape[-2], state.memory.shape[-1]
-    if gamma_q_t.shape[-1] != k or gamma_k_t.shape[-1] != k or v_t.shape[-1] != d_v:
-        raise ValueError(
-            f"token shapes gamma_q_t {tuple(gamma_q_t.shape)}, gamma_k_t {tuple(gamma_k_t.shape)}, "
-            f"v_t {tuple(v_t.shape)} do not match the state's K = {k}, d_v = {d_v}"
-        )
+        if tuple(a.shape) != batch + (size,):
+            raise ValueError(
+                f"{name} must be one token of shape {batch + (size,)} (the state's batch axes {batch} and "
+                f"{what} = {size}), got shape {tuple(a.shape)}; a block of tokens goes to "
+                "gma_causal_streaming(..., state=state)"
+            )
+        if check_finite:
+            _check_finite(xp, name, a)
+    if check_finite:
+        check_nonnegative_array(xp, "gamma_q_t", gamma_q_t, "responsibilities lie on the simplex")
+        check_nonnegative_array(xp, "gamma_k_t", gamma_k_t, "responsibilities lie on the simplex")
+    return _step(xp, state, gamma_q_t, gamma_k_t, v_t, eps)
+
+
+def _step(xp: Any, state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: Array,
+          eps: float) -> tuple[Array, CausalState]:
     memory = state.memory + xp.expand_dims(gamma_k_t, axis=-1) * xp.expand_dims(v_t, axis=-2)
     mass = state.mass + gamma_k_t
     num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
     u = xp.sum(gamma_q_t * mass, axis=-1)
-    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), check_nonnegative_scalar("eps", eps))[0]
+    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)[0]
     return out[..., 0, :], CausalState(memory, mass)
+
+
+def _check_state_type(state: Any) -> None:
+    if not isinstance(state, CausalState):
+        raise TypeError(
+            "state must be a CausalState(memory, mass) (from initial_causal_state or a causal form's "
+            f"returned state), got {type(state).__module__}.{type(state).__qualname__}"
+        )
+
+
+def _check_state(xp: Any, state: CausalState, check_finite: bool) -> tuple[int, int, tuple[int, ...]]:
+    """Validate a CausalState on its own; return (K, d_v, batch shape)."""
+    memory, mass = state.memory, state.mass
+    check_floating(xp, "state.memory", memory)
+    check_floating(xp, "state.mass", mass)
+    if memory.ndim < 2 or mass.ndim < 1 or tuple(memory.shape[:-1]) != tuple(mass.shape):
+        raise ValueError(
+            "state must hold memory Ṽ of shape (..., K, d_v) and mass Z of shape (..., K) with the same "
+            f"leading axes and K, got state.memory {tuple(memory.shape)} and state.mass {tuple(mass.shape)}"
+            + (" (swapped?)" if tuple(mass.shape[:-1]) == tuple(memory.shape) else "")
+        )
+    if mass.shape[-1] < 1:
+        raise ValueError(f"state must have K >= 1 components, got state.mass {tuple(mass.shape)}")
+    if check_finite:
+        _check_finite(xp, "state.memory", memory)
+        _check_finite(xp, "state.mass", mass)
+        check_nonnegative_array(xp, "state.mass", mass, "Z is a sum of responsibilities")
+    return int(mass.shape[-1]), int(memory.shape[-1]), tuple(mass.shape[:-1])
+
+
+def _initial(xp: Any, state: CausalState | None, gamma_q: Array, gamma_k: Array, v: Array,
+             check_finite: bool) -> CausalState:
+    """The state a sequence form starts from: empty, or ``state`` checked against the inputs."""
+    if state is None:
+        return _empty_state(xp, gamma_k, v)
+    _check_state_type(state)
+    namespace(gamma_k=gamma_k, memory=state.memory, mass=state.mass)
+    k, d_v, batch = _check_state(xp, state, check_finite)
+    if gamma_k.shape[-1] != k or v.shape[-1] != d_v:
+        raise ValueError(
+            f"state has K = {k}, d_v = {d_v} (state.memory {tuple(state.memory.shape)}), but the inputs have "
+            f"K = {gamma_k.shape[-1]} (gamma_k {tuple(gamma_k.shape)}) and d_v = {v.shape[-1]} (v {tuple(v.shape)})"
+        )
+    inputs = output_shape(gamma_q, gamma_k, v)[:-2]
+    try:
+        broadcast_shapes(batch, inputs)
+    except ValueError:
+        raise ValueError(
+            f"state has batch axes {batch} (state.mass {tuple(state.mass.shape)}), which do not broadcast "
+            f"with the inputs' batch axes {inputs}"
+        ) from None
+    return state
 
 
 def _empty_state(xp: Any, gamma_k: Array, v: Array) -> CausalState:
@@ -331,12 +459,13 @@ def gma_causal_streaming(
     eps: float = DEFAULT_EPS,
     *,
     state: CausalState | None = None,
+    return_state: bool = False,
     check_finite: bool = True,
-) -> tuple[Array, CausalState]:
+) -> Array | tuple[Array, CausalState]:
     """Causal GMA token by token with a constant-size state (the recurrent form of Eq. 8b).
 
-    Feeds the sequence through :func:`causal_step`; passing the returned state to
-    a later call continues the sequence (prefill, then decode).
+    Feeds the sequence through the step of :func:`causal_step`; passing the
+    returned state to a later call continues the sequence (prefill, then decode).
 
     Parameters
     ----------
@@ -344,23 +473,29 @@ def gma_causal_streaming(
     eps : float ≥ 0
     state : CausalState, optional
         State after an earlier prefix (default: empty).
+    return_state : bool
+        Also return the final state (default ``False``), as every causal form does.
+    check_finite : bool
+        Raise on NaN/Inf inputs (and state).
 
     Returns
     -------
-    (out ``(..., N, d_v)``, final state). Raises as :func:`gma_causal_prefix`.
+    out ``(..., N, d_v)``, or ``(out, state)`` with ``return_state``. Raises as
+    :func:`gma_causal_prefix`.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
-    if state is None:
-        state = _empty_state(xp, gamma_k, v)
+    state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
     outs = []
     for t in range(gamma_q.shape[-2]):
-        out_t, state = causal_step(state, gamma_q[..., t, :], gamma_k[..., t, :], v[..., t, :], eps)
+        out_t, state = _step(xp, state, gamma_q[..., t, :], gamma_k[..., t, :], v[..., t, :], eps)
         outs.append(out_t)
-    if not outs:
+    if outs:
+        out = xp.stack(outs, axis=-2)
+    else:
         shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(state.memory.shape[:-2])) + (0, v.shape[-1])
-        return xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v)), state
-    return xp.stack(outs, axis=-2), state
+        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v))
+    return (out, state) if return_state else out
 
 
 def gma_causal_streaming_backward(
@@ -415,7 +550,7 @@ def gma_causal_chunked(
     state : CausalState, optional
         State after an earlier prefix (default: empty).
     return_state : bool
-        Also return the final state.
+        Also return the final state (default ``False``), as every causal form does.
 
     Returns
     -------
@@ -423,13 +558,13 @@ def gma_causal_chunked(
 
     Raises
     ------
-    ValueError
-        ``chunk_size`` < 1, and as :func:`gma_causal_prefix`.
+    TypeError, ValueError
+        ``chunk_size`` < 1, and as :func:`gma_causal_prefix` (inputs and ``state``).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
-    memory, mass = _empty_state(xp, gamma_k, v) if state is None else state
+    memory, mass = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
     n = gamma_q.shape[-2]
     outs = []
     for start in range(0, n, chunk_size):

@@ -42,7 +42,7 @@ Form = tuple[Callable[..., np.ndarray], Callable[..., tuple[np.ndarray, ...]]]
 
 CAUSAL_FORMS: dict[str, Form] = {
     "prefix": (gma_causal_prefix, gma_causal_prefix_backward),
-    "streaming": (lambda *a: gma_causal_streaming(*a)[0], gma_causal_streaming_backward),
+    "streaming": (lambda *a: gma_causal_streaming(*a), gma_causal_streaming_backward),
     "chunked C=1": (lambda *a: gma_causal_chunked(*a, 1), lambda *a: gma_causal_chunked_backward(*a, 1)),
     "chunked C=2": (lambda *a: gma_causal_chunked(*a, 2), lambda *a: gma_causal_chunked_backward(*a, 2)),
     "chunked C=3": (lambda *a: gma_causal_chunked(*a, 3), lambda *a: gma_causal_chunked_backward(*a, 3)),

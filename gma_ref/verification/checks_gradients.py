@@ -161,7 +161,7 @@ def _prefix_grad(ctx: Context) -> float:
           "streaming causal VJP (two passes, constant state) vs finite differences", tolerance=GRAD_TOL,
           kind="gradient", tests=("tests/test_gradients.py",))
 def _stream_grad(ctx: Context) -> float:
-    return _core_check(ctx, lambda a, b, c: causal.gma_causal_streaming(a, b, c, 0.05)[0],
+    return _core_check(ctx, lambda a, b, c: causal.gma_causal_streaming(a, b, c, 0.05),
                        lambda a, b, c, g: causal.gma_causal_streaming_backward(a, b, c, g, 0.05), 7, 7)
 
 
