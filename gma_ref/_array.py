@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "check_memory_budget",
     "check_nonnegative_array",
+    "value_scale",
 ]
 
 #: Default memory budget (bytes) of the forms that build an N × N or N × K × d_v array.
@@ -242,3 +243,23 @@ def check_nonnegative_array(xp: Any, name: str, a: Array, what: str) -> None:
     """Raise ``ValueError`` if ``a`` has a negative entry (NaN entries are left to the finiteness check)."""
     if a.size != 0 and bool(xp.any(a < 0)):
         raise ValueError(f"{name} must be non-negative ({what}), got minimum {float(xp.min(a))!r}")
+
+
+def value_scale(xp: Any, v: Array, n_terms: int) -> float:
+    """A power of two s such that sums of ``n_terms`` entries of ``v / s`` cannot overflow; 1.0 if none is needed.
+
+    ``n_terms`` is the length of the sums (N_k).
+
+    GMA outputs are weighted means of the rows of V, but the latent memory
+    Ṽ = Σ_j γ^K_jk V_j is a sum: with |V| near the float maximum it overflows
+    although the output would not. Dividing V by a power of two (exact, no
+    rounding) and multiplying the output back keeps every intermediate finite;
+    below the threshold (max |V| · (n_terms + 1) < max float / 4) nothing is
+    scaled and results are bit-for-bit those of the unscaled computation.
+    """
+    if v.size == 0:
+        return 1.0
+    top = float(xp.max(xp.abs(v)))
+    if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(v.dtype).max) / 4:
+        return 1.0
+    return math.ldexp(1.0, math.frexp(top)[1] - 512)  # |v / s| < 2**512: sums of any length stay finite

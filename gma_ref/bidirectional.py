@@ -34,6 +34,7 @@ from ._array import (
     check_rank,
     namespace,
     sum_to_shape,
+    value_scale,
 )
 from ._array import check_finite as _check_finite
 from .mixture import DEFAULT_EPS
@@ -295,7 +296,8 @@ def gma_bidirectional(
     Returns
     -------
     out : array ``(..., N_q, d_v)``, equal to A V with A of Eq. 9 (exactly, ε included).
-    Promoted floating dtype of the inputs.
+    Promoted floating dtype of the inputs. Finite for every finite V, even near
+    the float maximum (V is then divided by a power of two before the sums).
 
     Raises
     ------
@@ -306,8 +308,10 @@ def gma_bidirectional(
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
-    memory, mass = write_memory(gamma_k, v)
-    return read_memory(gamma_q, memory, mass, eps)
+    scale = value_scale(xp, v, v.shape[-2])  # |V| near the float maximum: Ṽ would overflow
+    memory, mass = write_memory(gamma_k, v if scale == 1.0 else v / scale)
+    out = read_memory(gamma_q, memory, mass, eps)
+    return out if scale == 1.0 else out * scale
 
 
 class GMAGrad(NamedTuple):
@@ -342,7 +346,8 @@ def gma_bidirectional_backward(
     ε-part is carried exactly). They are computed with values centred on their
     mean R over the keys, so rounding scales with the spread of V, not its
     size: with one key (N_k = 1) and ε = 0 they are exactly 0 however small
-    the routed mass u_i, instead of rounding divided by u_i. What remains is a
+    the routed mass u_i, instead of rounding divided by u_i. Values near the
+    float maximum are divided by a power of two first (as in the forward). What remains is a
     few units in the last place of Σ_i γ^Q_ik |G_i| (|V_j − R| + |O_i − R|) / D_i.
 
     ``out``, the forward's saved output, skips one product of size N K d_v; it
@@ -358,9 +363,23 @@ def gma_bidirectional_backward(
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
     shape = output_shape(gamma_q, gamma_k, v)
     check_cotangent(xp, "d_out", d_out, shape, "the output of gma_bidirectional", check_finite)
+    scale = value_scale(xp, v, v.shape[-2])  # gradients of Γ scale with V: computed for V / scale
+    if scale != 1.0:
+        v = v / scale
+        out = None if out is None else out / scale
     memory, mass = write_memory(gamma_k, v)
     if out is not None:
         check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "gma_bidirectional")
+    grad = _bidirectional_backward(xp, gamma_q, gamma_k, v, d_out, eps, out, memory, mass)
+    if scale == 1.0:
+        return grad
+    return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
+
+
+def _bidirectional_backward(
+    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array | None,
+    memory: Array, mass: Array,
+) -> GMAGrad:
     n_k = v.shape[-2]
     if n_k == 0:
         read = _read_backward(xp, gamma_q, memory, mass, d_out, eps, out)

@@ -45,6 +45,7 @@ from ._array import (
     device_of,
     namespace,
     sum_to_shape,
+    value_scale,
 )
 from ._array import check_finite as _check_finite
 from .bidirectional import GMAGrad, check_routing_inputs, output_shape
@@ -146,6 +147,12 @@ def gma_causal_prefix(
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
     _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix")
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
+        out, last = gma_causal_prefix(gamma_q, gamma_k, v / scale, eps, state=_scaled(state, 1.0 / scale),
+                                      return_state=True, check_finite=False, max_bytes=None)
+        out = out * scale
+        return (out, _scaled(last, scale)) if return_state else out
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)  # γ^K_jk V_j: (..., N, K, d_v)
     memory_prefix = xp.cumulative_sum(written, axis=-3) + xp.expand_dims(state.memory, axis=-3)  # Ṽ^(i)
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
@@ -158,6 +165,11 @@ def gma_causal_prefix(
         return out, state
     last = CausalState(memory_prefix[..., -1, :, :], mass_prefix[..., -1, :])
     return out, last
+
+
+def _scaled(state: CausalState | None, factor: float) -> CausalState | None:
+    """The state with Ṽ multiplied by ``factor`` (a power of two: exact); Z is unchanged."""
+    return None if state is None else CausalState(state.memory * factor, state.mass)
 
 
 def _check_prefix_budget(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, max_bytes: int | None,
@@ -219,6 +231,11 @@ def gma_causal_prefix_backward(
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite)
     _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix_backward")
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # gradients of Γ scale with V
+        grad = gma_causal_prefix_backward(gamma_q, gamma_k, v / scale, d_out, eps, check_finite=False,
+                                          max_bytes=None)
+        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)
     memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
@@ -486,6 +503,11 @@ def gma_causal_streaming(
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
+        out, last = gma_causal_streaming(gamma_q, gamma_k, v / scale, eps, state=_scaled(state, 1.0 / scale),
+                                         return_state=True, check_finite=False)
+        return (out * scale, _scaled(last, scale)) if return_state else out * scale
     outs = []
     for t in range(gamma_q.shape[-2]):
         out_t, state = _step(xp, state, gamma_q[..., t, :], gamma_k[..., t, :], v[..., t, :], eps)
@@ -565,6 +587,12 @@ def gma_causal_chunked(
     chunk_size = check_positive_int("chunk_size", chunk_size)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     memory, mass = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
+        out, last = gma_causal_chunked(gamma_q, gamma_k, v / scale, eps, chunk_size,
+                                       state=_scaled(CausalState(memory, mass), 1.0 / scale), return_state=True,
+                                       check_finite=False)
+        return (out * scale, _scaled(last, scale)) if return_state else out * scale
     n = gamma_q.shape[-2]
     outs = []
     for start in range(0, n, chunk_size):
@@ -627,6 +655,10 @@ def _chunked_backward(
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     _check_d_out(xp, gamma_q, gamma_k, v, d_out, forward, check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # gradients of Γ scale with V
+        grad = _chunked_backward(gamma_q, gamma_k, v / scale, d_out, eps, chunk_size, forward, False)
+        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
     memory, mass = _empty_state(xp, gamma_k, v)
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]

@@ -14,6 +14,8 @@ A = diag(Ã 1 + ε)⁻¹ Ã, which is Eq. 9 restated, and the causal weights of
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._array import (
     DEFAULT_MAX_BYTES,
     Array,
@@ -21,6 +23,7 @@ from ._array import (
     check_memory_budget,
     check_nonnegative_scalar,
     namespace,
+    value_scale,
 )
 from .bidirectional import GMAGrad, check_routing_inputs, output_shape
 from .mixture import DEFAULT_EPS
@@ -76,7 +79,7 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
 
 
 def _check_materialized(
-    xp: object, gamma_q: Array, gamma_k: Array, v: Array, eps: float, causal: bool, check_finite: bool,
+    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, causal: bool, check_finite: bool,
     max_bytes: int | None, forward: str,
 ) -> float:
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
@@ -121,7 +124,9 @@ def gma_materialized(
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_materialized(xp, gamma_q, gamma_k, v, eps, causal, check_finite, max_bytes, "gma_materialized")
-    return xp.matmul(attention_weights(gamma_q, gamma_k, eps, causal=causal), v)
+    scale = value_scale(xp, v, v.shape[-2])
+    out = xp.matmul(attention_weights(gamma_q, gamma_k, eps, causal=causal), v if scale == 1.0 else v / scale)
+    return out if scale == 1.0 else out * scale
 
 
 def memory_slots(memory: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
@@ -182,6 +187,15 @@ def gma_materialized_backward(
                               "gma_materialized_backward")
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_materialized",
                     check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:
+        grad = _materialized_backward(xp, gamma_q, gamma_k, v / scale, d_out, eps, causal)
+        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
+    return _materialized_backward(xp, gamma_q, gamma_k, v, d_out, eps, causal)
+
+
+def _materialized_backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
+                           causal: bool) -> GMAGrad:
     weights = attention_weights(gamma_q, gamma_k, eps, causal=causal)
     a_tilde = affinity(gamma_q, gamma_k)
     if causal:
