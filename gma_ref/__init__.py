@@ -22,7 +22,7 @@ functions; no module shares a name with a function.
 
 from .attention import FORMS, AttentionGrad, gma_attention, gma_attention_backward
 from .bidirectional import (
-    BidirectionalGrad,
+    GMAGrad,
     ReadGrad,
     gma_bidirectional,
     gma_bidirectional_backward,
@@ -83,7 +83,7 @@ __all__ = [
     "DEFAULT_EPS_SIGMA",
     "FORMS",
     "AttentionGrad",
-    "BidirectionalGrad",
+    "GMAGrad",
     "CausalState",
     "GMALayerParams",
     "LayerGrad",

@@ -187,10 +187,10 @@ def _forms(chunk_size: int) -> dict[str, tuple[_Fwd, _Bwd]]:
         ),
         "causal chunked": (
             lambda a: gma_causal_chunked(a.gamma_q, a.gamma_k, a.v, eps, chunk_size, check_finite=False),
-            lambda a, out: gma_causal_chunked_backward(a.gamma_q, a.gamma_k, a.v, a.d_out, eps, chunk_size, out=out),
+            lambda a, out: gma_causal_chunked_backward(a.gamma_q, a.gamma_k, a.v, a.d_out, eps, chunk_size),
         ),
         "causal streaming": (
-            lambda a: gma_causal_streaming(a.gamma_q, a.gamma_k, a.v, eps, check_finite=False)[0],
+            lambda a: gma_causal_streaming(a.gamma_q, a.gamma_k, a.v, eps, check_finite=False),
             lambda a, out: gma_causal_streaming_backward(a.gamma_q, a.gamma_k, a.v, a.d_out, eps),
         ),
         "causal materialized": (
