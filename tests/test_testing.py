@@ -268,10 +268,10 @@ def test_floor_protects_cancelled_reference():
 # --------------------------------------------------------------------------- CLI
 
 
-def test_cli_exit_codes(capsys):
+def test_cli_exit_codes(capsys, tmp_path):
     """gma-ref check exits 0 on a correct kernel, 1 on a planted bug, 3 when the target cannot be loaded."""
     assert cli_main(["gma_ref.testing.emulated:NumpyKernel", "--grad"]) == 0
-    assert cli_main(["tests.planted_impls:StrictCausalMask", "--variant", "causal"]) == 1
+    assert cli_main(["tests.planted_impls:StrictCausalMask", "--variant", "causal", "--repro", str(tmp_path)]) == 1
     assert cli_main(["no_such_module:f"]) == 3
     assert cli_main(["tests.planted_impls:StrictCausalMask", "--variant", "cross", "--json"]) == 0
     out = capsys.readouterr().out
@@ -281,7 +281,7 @@ def test_cli_exit_codes(capsys):
 def test_cli_module_entry_point():
     """python -m gma_ref.check_cli works standalone."""
     proc = subprocess.run([sys.executable, "-m", "gma_ref.check_cli", "tests.planted_impls:MissingLogDet",
-                           "--variant", "bidirectional"], capture_output=True, text=True, timeout=120)
+                           "--variant", "bidirectional", "--no-repro"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "FAIL" in proc.stdout
 
 
@@ -438,7 +438,7 @@ def test_constrained_kernel_passes_through_its_declaration_alone():
 def test_cli_constraint_flags(capsys):
     """--eps, --n-multiple, --k-multiple, --d-multiple, --d-max declare the constraints from the shell."""
     target = "tests.planted_impls:ConstrainedKernel"
-    assert cli_main([target, "--grad", "--variant", "causal"]) == 1
+    assert cli_main([target, "--grad", "--variant", "causal", "--no-repro"]) == 1
     capsys.readouterr()
     assert cli_main([target, "--grad", "--variant", "causal", "--eps", "1e-10", "--n-multiple", "16",
                      "--k-multiple", "4", "--d-multiple", "8", "--d-max", "64", "--json"]) == 0
