@@ -53,7 +53,7 @@ from .cases import (
     generate_layer_cases,
     layer_case_arrays,
 )
-from .compare import LAYER_TOLERANCES, NU_MAX, UNDERFLOW, Tolerance, compare_tensor, unit_scale
+from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, UNDERFLOW, Tolerance, compare_tensor, unit_scale
 from .reference import GRAD_NAMES, INPUT_NAMES, LAYER_INPUT_NAMES, layer_reference, reference
 
 __all__ = ["CheckResult", "Skip", "Report", "check", "assert_conforms", "run_case"]
@@ -370,7 +370,8 @@ def run_case(
     ref_fn = layer_reference if layer else reference
     ref = ref_fn(xp, {n: ref_in[n] for n in names}, causal=case.causal, eps=case.eps,
                  eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
-                 chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype])
+                 chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype],
+                 **({} if layer else {"tiny": TINY_ACC[dtype]}))
     nu = unit_scale(dtype, ref.kappa, ref.read_condition, ref.proj_condition)
     if nu > NU_MAX:
         return [CheckResult(cid, "conditioning", "case", "nu", nu, NU_MAX, True,
