@@ -42,7 +42,7 @@ def test_causal_forms_on_empty_batched_sequences_return_empty_batched_outputs(xp
     gq, gk, v = _empty(xp, 1, 4, batch_k=(2, 1))
     outs = {
         "prefix": gma_causal_prefix(gq, gk, v, eps),
-        "streaming": gma_causal_streaming(gq, gk, v, eps)[0],
+        "streaming": gma_causal_streaming(gq, gk, v, eps),
         "chunked": gma_causal_chunked(gq, gk, v, eps, 2),
     }
     for form, out in outs.items():
@@ -51,9 +51,11 @@ def test_causal_forms_on_empty_batched_sequences_return_empty_batched_outputs(xp
 
 
 def test_empty_prefill_returns_the_empty_state_of_the_batch(xp):
-    """With no tokens and no state, streaming and chunked return Ṽ = 0 (B, K, d_v) and Z = 0 (B, K)."""
+    """With no tokens and no state, every causal form returns Ṽ = 0 (B, K, d_v) and Z = 0 (B, K)."""
     gq, gk, v = _empty(xp, 3)
-    for state in (gma_causal_streaming(gq, gk, v)[1], gma_causal_chunked(gq, gk, v, return_state=True)[1]):
+    for state in (gma_causal_streaming(gq, gk, v, return_state=True)[1],
+                  gma_causal_chunked(gq, gk, v, return_state=True)[1],
+                  gma_causal_prefix(gq, gk, v, return_state=True)[1]):
         assert isinstance(state, CausalState)
         assert tuple(state.memory.shape) == (3, K, D_V) and tuple(state.mass.shape) == (3, K)
         assert not np.any(to_numpy(state.memory)) and not np.any(to_numpy(state.mass))
@@ -65,9 +67,8 @@ def test_empty_continuation_returns_the_given_state_and_its_batch_shape(xp, rng)
     memory = from_numpy(xp, rng.normal(size=(2, K, D_V)))
     mass = from_numpy(xp, rng.uniform(0.5, 2.0, size=(2, K)))
     state = CausalState(memory, mass)
-    out_s, state_s = gma_causal_streaming(gq, gk, v, state=state)
-    out_c, state_c = gma_causal_chunked(gq, gk, v, state=state, return_state=True)
-    for out, new in ((out_s, state_s), (out_c, state_c)):
+    for form in (gma_causal_streaming, gma_causal_chunked, gma_causal_prefix):
+        out, new = form(gq, gk, v, state=state, return_state=True)
         assert tuple(out.shape) == (2, 0, D_V)
         np.testing.assert_array_equal(to_numpy(new.memory), to_numpy(memory))
         np.testing.assert_array_equal(to_numpy(new.mass), to_numpy(mass))
