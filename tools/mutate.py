@@ -17,8 +17,11 @@ Usage (from the repository root, with the test dependencies installed)::
 
 The working tree is never modified: the mutant is served to the test process by an
 import hook (``sys.meta_path``) in a forked child, so the source file on disk stays as it
-is. Each child runs ``pytest -x -q -p no:cacheprovider`` with the ``ci`` hypothesis profile
-under a per-mutant timeout (a mutant that hangs counts as killed). Heavy imports (NumPy,
+is. First one traced run of the unmutated module records which lines each test executes;
+each mutant then runs only the tests that execute its line(s) (all the files when the line
+runs at import time, e.g. a default argument; none when no test runs it — a survivor), with
+``pytest -x -q -p no:cacheprovider`` and the ``ci`` hypothesis profile, under a per-mutant
+timeout (a mutant that hangs counts as killed). ``--all-tests`` runs every file instead. Heavy imports (NumPy,
 SciPy, SymPy, hypothesis, pytest) happen once in the parent before forking, so a mutant
 costs only the time of its tests. POSIX only (``os.fork``).
 
@@ -51,6 +54,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/mixture.py": [
         "tests/test_mixture.py",
         "tests/test_parameter_contracts.py",
+        "tests/test_parameter_backward_checks.py",
         "tests/test_bad_input.py",
         "tests/test_gradients.py",
     ],
@@ -126,6 +130,7 @@ class Mutant:
     lineno: int
     description: str
     source: str
+    end_lineno: int = 0
 
 
 _BINOP_SWAPS: dict[type, type] = {
@@ -345,7 +350,8 @@ def generate(module: str) -> tuple[str, list[Mutant]]:
         n = seen[(func, line, site.description)]
         seen[(func, line, site.description)] += 1
         key = f"{module} | {func or '<module>'} | {site.description} #{n} | {line}"
-        mutants.append(Mutant(key, lineno, site.description, source))
+        end = getattr(site.node, "end_lineno", None) or lineno
+        mutants.append(Mutant(key, lineno, site.description, source, end))
     return baseline, mutants
 
 
@@ -376,7 +382,7 @@ def _dotted(module: str) -> str:
 
 
 def run_one(module: str, source: str, tests: list[str], timeout: float, verbose: bool = False) -> tuple[str, float]:
-    """Run ``tests`` with ``module`` replaced by ``source`` in a forked child.
+    """Run ``tests`` (files or pytest node ids) with ``module`` replaced by ``source`` in a forked child.
 
     Returns (outcome, seconds) with outcome ``"survived"`` (tests pass), ``"killed"`` (a test
     fails or errors), ``"timeout"``.
@@ -414,6 +420,88 @@ def run_one(module: str, source: str, tests: list[str], timeout: float, verbose:
             os.waitpid(pid, 0)
             return "timeout", time.monotonic() - start
         time.sleep(0.02)
+
+
+def coverage_map(module: str, tests: list[str], timeout: float) -> tuple[dict[str, set[int]], list[str]] | None:
+    """Which lines of ``module`` each test executes (unmutated module, as on disk).
+
+    Returns ({node id or ``"<import>"``: lines}, node ids in run order), or ``None`` if the
+    tests fail. Recorded with a trace function that follows only the module's own frames.
+    """
+    import json
+    import tempfile
+
+    path = str(ROOT / module)
+    out = Path(tempfile.mkstemp(suffix=".json")[1])
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.setpgid(0, 0)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            import threading
+
+            import pytest
+
+            hits: dict[str, set[int]] = {}
+            order: list[str] = []
+            current = ["<import>"]
+
+            def local(frame, event, arg):
+                if event == "line":
+                    hits.setdefault(current[0], set()).add(frame.f_lineno)
+                return local
+
+            def tracer(frame, event, arg):
+                if frame.f_code.co_filename == path:
+                    hits.setdefault(current[0], set()).add(frame.f_lineno)
+                    return local
+                return None
+
+            class Recorder:
+                @pytest.hookimpl(hookwrapper=True)
+                def pytest_runtest_protocol(self, item, nextitem):
+                    current[0] = item.nodeid
+                    order.append(item.nodeid)
+                    yield
+                    current[0] = "<between tests>"
+
+            sys.settrace(tracer)
+            threading.settrace(tracer)
+            args = ["-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci", "-c", str(ROOT / "pyproject.toml"),
+                    "--rootdir", str(ROOT), *[str(ROOT / t) for t in tests]]
+            code = pytest.main(args, plugins=[Recorder()])
+            sys.settrace(None)
+            out.write_text(json.dumps({"hits": {k: sorted(v) for k, v in hits.items()}, "order": order}))
+            os._exit(0 if code == 0 else 1)
+        except BaseException:
+            os._exit(2)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.05)
+    try:
+        if os.waitstatus_to_exitcode(status) != 0:
+            return None
+        data = json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+    return {k: set(v) for k, v in data["hits"].items()}, data["order"]
+
+
+def select_tests(m: Mutant, hits: dict[str, set[int]], order: list[str], files: list[str]) -> list[str]:
+    """The tests that execute a line of the mutant (all files if the line runs at import time)."""
+    lines = set(range(m.lineno, max(m.lineno, m.end_lineno) + 1))
+    if hits.get("<import>", set()) & lines:
+        return files
+    return [t for t in order if hits.get(t, set()) & lines]
 
 
 def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, str]:
@@ -458,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--show", action="store_true", help="print the diff line of each survivor")
     parser.add_argument("--verbose", action="store_true", help="show pytest output of each run")
+    parser.add_argument("--all-tests", action="store_true",
+                        help="run every test file for every mutant (default: only the tests that execute the "
+                             "mutated line, from a traced run of the unmutated module)")
     args = parser.parse_args(argv)
 
     module = args.module
@@ -482,26 +573,40 @@ def main(argv: list[str] | None = None) -> int:
 
     equivalents = load_equivalents()
     _preimport()
-    outcome, seconds = run_one(module, baseline, tests, timeout=600, verbose=args.verbose)
-    if outcome != "survived":
-        print(f"baseline fails ({outcome}) with {tests}: fix the tests first")
+    start = time.monotonic()
+    coverage = None
+    if args.all_tests:  # unmutated run, to check the tests pass and time them
+        outcome, _ = run_one(module, baseline, tests, timeout=1200, verbose=args.verbose)
+        ok = outcome == "survived"
+    else:  # the traced run of the unmutated module doubles as that check
+        coverage = coverage_map(module, tests, timeout=1200)
+        ok = coverage is not None
+    seconds = time.monotonic() - start
+    if not ok:
+        print(f"the tests fail on the unmutated module ({' '.join(tests)}): fix them first")
         return 2
     timeout = args.timeout or 3 * seconds + 10
-    print(f"{module}: {len(mutants)} mutants; tests {' '.join(tests)}; baseline {seconds:.1f} s, "
-          f"timeout {timeout:.0f} s")
-
+    print(f"{module}: {len(mutants)} mutants; tests {' '.join(tests)}; unmutated run {seconds:.1f} s, "
+          f"timeout {timeout:.0f} s per mutant")
     counts: Counter[str] = Counter()
     survivors, wrongly_equivalent = [], []
+    uncovered = 0
     t0 = time.monotonic()
     for i, m in enumerate(mutants, 1):
-        outcome, _ = run_one(module, m.source, tests, timeout, verbose=args.verbose)
+        selected = tests if coverage is None else select_tests(m, *coverage, tests)
+        if selected:
+            outcome, _ = run_one(module, m.source, selected, timeout, verbose=args.verbose)
+        else:  # no test executes this line: nothing can fail
+            outcome = "survived"
+            uncovered += 1
         key = " ".join(m.key.split())
         is_equivalent = key in equivalents
         if outcome == "survived":
             counts["equivalent" if is_equivalent else "survived"] += 1
             if not is_equivalent:
                 survivors.append(m)
-                print(f"SURVIVED  line {m.lineno}: {m.key}", flush=True)
+                note = "" if selected else "  (no test runs this line)"
+                print(f"SURVIVED  line {m.lineno}: {m.key}{note}", flush=True)
         else:
             counts["killed"] += 1
             if is_equivalent:
@@ -513,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     non_equivalent = total - counts["equivalent"]
     score = counts["killed"] / non_equivalent if non_equivalent else 1.0
     print()
+    if uncovered:
+        print(f"{uncovered} mutants on lines no test runs (counted as survivors)")
     print(f"{module}: {total} mutants, {counts['killed']} killed, {counts['survived']} survived, "
           f"{counts['equivalent']} equivalent (listed); score {counts['killed']}/{non_equivalent} = "
           f"{100 * score:.1f} % of non-equivalent mutants; {time.monotonic() - t0:.0f} s")
