@@ -260,3 +260,33 @@ def test_a_reference_with_an_infinite_norm_still_fails_a_wrong_candidate():
     r = np.array([1.5e308, 1.5e308])
     c = compare_tensor("x", -r, r, dtype="float64", tolerance=Tolerance(1e300, 1e300))
     assert math.isnan(c.norm_error) and not c.passed
+
+
+def test_accumulation_tiny_is_the_smallest_normal_of_the_compute_precision():
+    """TINY_ACC: float64's smallest normal for float64 inputs, float32's for every other dtype."""
+    from gma_ref.testing.compare import TINY_ACC
+
+    assert TINY_ACC["float64"] == float(np.finfo(np.float64).tiny)
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert TINY_ACC[dtype] == float(np.finfo(np.float32).tiny)
+
+
+def test_no_tensor_is_compared_below_the_smallest_normal_of_its_dtype():
+    """The scale is at least t_store / u_store (float16: 2⁻¹⁴, its smallest normal), even with floor=0."""
+    r = np.array([1e-7, 0.0], dtype=np.float64)
+    a = np.array([2e-7, 0.0])
+    c = compare_tensor("x", a, r, dtype="float16")
+    assert c.elem_error == pytest.approx(1e-7 / (1e-7 + 2.0**-14), rel=1e-12)
+    assert c.norm_error == pytest.approx(1e-7 / (math.sqrt(2) * 2.0**-14), rel=1e-12)
+    # float64's underflow term is 0, so its scale is the reference itself
+    c64 = compare_tensor("x", a, r, dtype="float64")
+    assert c64.norm_error == pytest.approx(1.0, rel=1e-12)
+
+
+def test_norms_of_tiny_tensors_do_not_underflow():
+    """‖r‖ for entries of 1e-200 (squares underflow to 0) is computed scaled: a relative error of 1e-10
+    is measured as 1e-10, not as an error over a zero reference."""
+    r = np.array([1e-200, -3e-200, 2e-200])
+    a = r * (1.0 + 1e-10)
+    c = compare_tensor("x", a, r, dtype="float64")
+    assert c.norm_error == pytest.approx(1e-10, rel=1e-5)

@@ -60,6 +60,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/induced.py": [
         "tests/test_masks_and_denominators.py",
+        "tests/test_materialized_guards.py",
         "tests/test_bidirectional.py",
         "tests/test_causal.py",
         "tests/test_bad_input.py",
