@@ -76,3 +76,20 @@ def test_materialized_forms_check_finiteness_by_default(rng):
     d_out[1, 2, 1] = np.inf
     with pytest.raises(ValueError, match="^d_out"):
         gma_materialized_backward(gq, gk, v_ok, d_out)
+
+
+def test_values_near_the_float_maximum_give_the_exact_weighted_mean(rng):
+    """With |V| = 2e307 (sums of V could overflow) the materialized output and VJP equal those of
+    V / 2⁶⁰⁰ scaled back by 2⁶⁰⁰ (exact: a power of two), finite; ∂L/∂V does not scale."""
+    gq, gk, v = _case(rng)
+    v = np.sign(v) * 2e307
+    d_out = 1e-3 * rng.normal(size=(2, 5, 2))  # keeps the true ∂L/∂Γ (~ V G) below the float maximum
+    s = 2.0**600
+    out = gma_materialized(gq, gk, v, 0.0)
+    np.testing.assert_allclose(out, gma_materialized(gq, gk, v / s, 0.0) * s, rtol=1e-14)
+    assert np.all(np.isfinite(out))
+    got = gma_materialized_backward(gq, gk, v, d_out, 0.0)
+    small = gma_materialized_backward(gq, gk, v / s, d_out, 0.0)
+    np.testing.assert_allclose(got.d_gamma_q, small.d_gamma_q * s, rtol=1e-12)
+    np.testing.assert_allclose(got.d_gamma_k, small.d_gamma_k * s, rtol=1e-12)
+    np.testing.assert_allclose(got.d_v, small.d_v, rtol=1e-12)
