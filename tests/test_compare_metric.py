@@ -290,3 +290,21 @@ def test_norms_of_tiny_tensors_do_not_underflow():
     a = r * (1.0 + 1e-10)
     c = compare_tensor("x", a, r, dtype="float64")
     assert c.norm_error == pytest.approx(1e-10, rel=1e-5)
+
+
+def test_float32_inputs_are_measured_in_float64():
+    """A float32 candidate and reference are widened to float64 before any arithmetic: the figures
+    equal the float64 formulas to 1e-14 (float32 arithmetic would err by ~1e-8)."""
+    r = np.array([1.0, 3.0], dtype=np.float32)
+    a = np.array([1.0, 3.0 + 2.0**-22], dtype=np.float32)
+    c = compare_tensor("x", a, r, dtype="float32")
+    assert c.norm_error == pytest.approx(2.0**-22 / math.sqrt(10.0), rel=1e-14)
+    assert c.elem_error == pytest.approx(2.0**-22 / (3.0 + math.sqrt(5.0)), rel=1e-14)
+
+
+def test_an_error_beyond_the_float_range_of_the_scale_is_infinite_and_quiet():
+    """|a − r| / (|r| + s) overflows for r ~ 1e-300 and a ~ 1e10: the element error is +inf, the comparison
+    fails and no RuntimeWarning is raised."""
+    r = np.array([1e-300, 0.0])
+    c = compare_tensor("x", np.array([1e10, 0.0]), r, dtype="float64")
+    assert math.isinf(c.elem_error) and not c.passed and c.nonfinite == 0
