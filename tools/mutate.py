@@ -80,6 +80,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/bidirectional.py": [
         "tests/test_bidirectional.py",
         "tests/test_routing_input_checks.py",
+        "tests/test_read_write_broadcasting.py",
         "tests/test_empty_and_batched.py",
         "tests/test_values_near_float_max.py",
         "tests/test_masks_and_denominators.py",
@@ -93,6 +94,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_causal.py",
         "tests/test_causal_state_contract.py",
         "tests/test_routing_input_checks.py",
+        "tests/test_read_write_broadcasting.py",
         "tests/test_empty_and_batched.py",
         "tests/test_values_near_float_max.py",
         "tests/test_bad_input.py",
