@@ -109,6 +109,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/attention.py": [
         "tests/test_attention_entry.py",
+        "tests/test_attention_unchecked_inputs.py",
         "tests/test_empty_and_batched.py",
         "tests/test_bad_input.py",
         "tests/test_gradients.py",

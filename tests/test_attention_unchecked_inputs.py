@@ -1,0 +1,87 @@
+"""gma_attention validates once and tells the cores not to validate again — which must not
+change what ``check_finite=False`` means.
+
+With ``check_finite=False`` nothing is checked for NaN/Inf anywhere in the pipeline: no form of
+the forward or the VJP may raise on a non-finite input or cotangent then. ``causal`` must be a
+bool, and an unknown form is reported with the variant it was asked for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gma_ref.attention import FORMS, gma_attention, gma_attention_backward
+
+N, K, D_R, D_V = 5, 3, 2, 2
+CASES = [(causal, form) for causal in (False, True) for form in FORMS[causal]]
+
+
+def _inputs(rng):
+    return (rng.normal(size=(N, D_R)), rng.normal(size=(N, D_R)), rng.normal(size=(N, D_V)),
+            rng.normal(size=(K, D_R)), rng.normal(size=(K, D_R)), rng.normal(size=K))
+
+
+@pytest.mark.parametrize("causal, form", CASES)
+def test_unchecked_forward_lets_non_finite_values_through_every_form(rng, causal, form):
+    """check_finite=False with a NaN value: every form returns (NaN where it belongs), none raises."""
+    q, k, v, means, omega, alpha = _inputs(rng)
+    v[1, 0] = np.nan
+    with np.errstate(all="ignore"):
+        out = gma_attention(q, k, v, means, omega, alpha, causal=causal, form=form, chunk_size=2,
+                            check_finite=False)
+    assert np.isnan(out).any()
+    with pytest.raises(ValueError, match="^v"):
+        gma_attention(q, k, v, means, omega, alpha, causal=causal, form=form)
+
+
+@pytest.mark.xfail(strict=True, reason="gma_attention_backward calls variances_from_omega_backward without "
+                                       "check_finite=False, which raises on the NaN ∂L/∂σ² it is given")
+@pytest.mark.parametrize("causal, form", CASES)
+def test_unchecked_backward_lets_a_non_finite_cotangent_through_every_form(rng, causal, form):
+    """check_finite=False with a NaN in d_out: every form's VJP returns, none raises; by default it raises."""
+    args = _inputs(rng)
+    d_out = rng.normal(size=(N, D_V))
+    d_out[2, 1] = np.nan
+    with np.errstate(all="ignore"):
+        g = gma_attention_backward(*args, d_out, causal=causal, form=form, chunk_size=2, check_finite=False)
+    assert np.isnan(g.d_v).any()
+
+
+def test_unchecked_mixture_parameters_are_not_looked_at(rng):
+    """check_finite=False with ω = +inf in one entry (σ² = inf there) raises nothing; the default raises
+    naming omega."""
+    q, k, v, means, omega, alpha = _inputs(rng)
+    omega[0, 0] = np.inf
+    with np.errstate(all="ignore"):
+        gma_attention(q, k, v, means, omega, alpha, check_finite=False)
+    with pytest.raises(ValueError, match="omega"):
+        gma_attention(q, k, v, means, omega, alpha)
+
+
+@pytest.mark.parametrize("causal", ["yes", 1, None])
+def test_causal_must_be_a_bool(rng, causal):
+    """causal='yes' (or 1, None) raises a TypeError naming causal, forward and backward."""
+    args = _inputs(rng)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        gma_attention(*args, causal=causal)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        gma_attention_backward(*args, np.zeros((N, D_V)), causal=causal)
+
+
+@pytest.mark.parametrize("causal, kind", [(False, "bidirectional/cross"), (True, "causal")])
+def test_unknown_form_message_names_the_variant(rng, causal, kind):
+    """The error for a form the variant lacks says which variant was asked for."""
+    with pytest.raises(ValueError, match=rf"form must be one of {FORMS[causal]!r} for {kind} GMA".replace("(", r"\(")
+                       .replace(")", r"\)")):
+        gma_attention(*_inputs(rng), causal=causal, form="nope")
+
+
+@pytest.mark.parametrize("causal, form", CASES)
+def test_backward_checks_the_cotangent_by_default_in_every_form(rng, causal, form):
+    """By default a NaN in d_out raises a ValueError naming d_out, whatever the form."""
+    args = _inputs(rng)
+    d_out = rng.normal(size=(N, D_V))
+    d_out[2, 1] = np.nan
+    with pytest.raises(ValueError, match="^d_out"):
+        gma_attention_backward(*args, d_out, causal=causal, form=form, chunk_size=2)
