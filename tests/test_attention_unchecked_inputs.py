@@ -85,3 +85,35 @@ def test_backward_checks_the_cotangent_by_default_in_every_form(rng, causal, for
     d_out[2, 1] = np.nan
     with pytest.raises(ValueError, match="^d_out"):
         gma_attention_backward(*args, d_out, causal=causal, form=form, chunk_size=2)
+
+
+@pytest.mark.parametrize("name", ["q", "k"])
+def test_overflowing_scores_raise_naming_the_routing_vectors(rng, name):
+    """Routing vectors 1e200 from the means overflow (x − μ)²/σ²: a ValueError names q or k and gives
+    max |x| (not NaN responsibilities); with check_finite=False nothing is checked."""
+    args = list(_inputs(rng))
+    i = 0 if name == "q" else 1
+    args[i] = args[i] * 1e200
+    with np.errstate(over="ignore", invalid="ignore"):  # the score computation itself may warn first
+        with pytest.raises(ValueError, match=rf"the scores of {name} overflow.*max \|{name}\| = [\d.]+e\+200"):
+            gma_attention(*args)
+        with pytest.raises(ValueError, match=rf"the scores of {name} overflow"):
+            gma_attention_backward(*args, np.zeros((N, D_V)))
+    with np.errstate(all="ignore"):
+        gma_attention(*args, check_finite=False)
+
+
+def test_default_chunk_size_is_64(rng, monkeypatch):
+    """Without chunk_size the causal chunked core runs with C = 64 (the documented default)."""
+    import gma_ref.attention as attention
+
+    seen = []
+    real = attention.gma_causal_chunked
+
+    def spy(*a, **kw):
+        seen.append(a[4] if len(a) > 4 else kw.get("chunk_size"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attention, "gma_causal_chunked", spy)
+    gma_attention(*_inputs(rng), causal=True)
+    assert seen == [64]
