@@ -158,3 +158,10 @@ def test_layer_backward_passes_each_option(params, rng, option):
     fd = np.sum(d_out * (gma_layer(params, x + h * dx, **option) - gma_layer(params, x - h * dx, **option))) / (2 * h)
     assert g.d_y is None
     assert abs(np.sum(g.d_x * dx) - fd) < 1e-6 * max(1.0, abs(fd))
+
+
+def test_a_single_component_per_head_is_valid(rng):
+    """K = 1 is the smallest valid mixture: validate accepts it and the layer runs (Γ ≡ 1)."""
+    p = init_layer_params(6, 2, 1, 3, 2, seed=1)
+    p.validate()
+    assert gma_layer(p, rng.normal(size=(4, 6))).shape == (4, 6)
