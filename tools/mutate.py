@@ -119,6 +119,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/layer.py": [
         "tests/test_layer.py",
         "tests/test_layer_contract.py",
+        "tests/test_layer_backward_checks.py",
         "tests/test_bad_input.py",
         "tests/test_gradients.py",
         "tests/test_saved_output.py",
