@@ -95,6 +95,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/causal.py": [
         "tests/test_causal.py",
         "tests/test_causal_state_contract.py",
+        "tests/test_causal_guards.py",
         "tests/test_routing_input_checks.py",
         "tests/test_read_write_broadcasting.py",
         "tests/test_saved_output_scale.py",
