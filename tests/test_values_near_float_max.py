@@ -20,6 +20,7 @@ from gma_ref.causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
+from gma_ref.induced import gma_materialized_backward
 
 S = 2.0**600
 FORWARDS = {
@@ -69,3 +70,25 @@ def test_backward_near_the_float_maximum_is_the_scaled_exact_gradient(rng, form,
         assert np.all(np.isfinite(g)), name
         np.testing.assert_allclose(g, w * factor, rtol=1e-10, atol=1e-12 * np.max(np.abs(w * factor)),
                                    err_msg=name)
+
+
+BACKWARDS_WITH_MATERIALIZED = {
+    **BACKWARDS,
+    "materialized": lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps),
+    "materialized causal": lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps, causal=True),
+}
+
+
+@pytest.mark.parametrize("form", sorted(BACKWARDS_WITH_MATERIALIZED))
+def test_backward_with_equal_values_at_the_float_maximum_stays_finite(rng, form):
+    """Every key holds V = (1.5e308, −1.5e308) and ε = 0: O = V whatever Γ, so ∂L/∂Γ is 0 in exact
+    arithmetic; the intermediate products G Vᵀ (|G| ~ 1, d_v = 2) would overflow. The VJP must
+    return finite gradients of Γ at the level of rounding of |G||V| and ∂L/∂V = the column sums."""
+    gq, gk, _ = _case(rng)
+    v = np.broadcast_to(np.array([1.5e308, -1.5e308]), (2, 5, 2)).copy()
+    d_out = rng.uniform(0.5, 1.0, size=(2, 5, 2))
+    g = BACKWARDS_WITH_MATERIALIZED[form](gq, gk, v, d_out, 0.0)
+    for name, grad in (("d_gamma_q", g.d_gamma_q), ("d_gamma_k", g.d_gamma_k)):
+        assert np.all(np.isfinite(grad)), name
+        assert np.max(np.abs(grad)) <= 1e-12 * 1.5e308 * 5, name
+    assert np.all(np.isfinite(g.d_v))
