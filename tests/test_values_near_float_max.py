@@ -81,11 +81,11 @@ BACKWARDS_WITH_MATERIALIZED = {
 
 @pytest.mark.parametrize("form", sorted(BACKWARDS_WITH_MATERIALIZED))
 def test_backward_with_equal_values_at_the_float_maximum_stays_finite(rng, form):
-    """Every key holds V = (1.5e308, −1.5e308) and ε = 0: O = V whatever Γ, so ∂L/∂Γ is 0 in exact
-    arithmetic; the intermediate products G Vᵀ (|G| ~ 1, d_v = 2) would overflow. The VJP must
+    """Every key holds V = (1.5e308, 1.5e308) and ε = 0: O = V whatever Γ, so ∂L/∂Γ is 0 in exact
+    arithmetic; the intermediate products G Vᵀ (G ≥ 0.5, d_v = 2) would overflow. The VJP must
     return finite gradients of Γ at the level of rounding of |G||V| and ∂L/∂V = the column sums."""
     gq, gk, _ = _case(rng)
-    v = np.broadcast_to(np.array([1.5e308, -1.5e308]), (2, 5, 2)).copy()
+    v = np.full((2, 5, 2), 1.5e308)
     d_out = rng.uniform(0.5, 1.0, size=(2, 5, 2))
     g = BACKWARDS_WITH_MATERIALIZED[form](gq, gk, v, d_out, 0.0)
     for name, grad in (("d_gamma_q", g.d_gamma_q), ("d_gamma_k", g.d_gamma_k)):
