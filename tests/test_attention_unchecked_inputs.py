@@ -117,3 +117,19 @@ def test_default_chunk_size_is_64(rng, monkeypatch):
     monkeypatch.setattr(attention, "gma_causal_chunked", spy)
     gma_attention(*_inputs(rng), causal=True)
     assert seen == [64]
+
+
+def test_default_chunk_size_of_the_backward_is_64(rng, monkeypatch):
+    """Without chunk_size the causal chunked VJP runs with C = 64, like the forward."""
+    import gma_ref.attention as attention
+
+    seen = []
+    real = attention.gma_causal_chunked_backward
+
+    def spy(*a, **kw):
+        seen.append(a[5] if len(a) > 5 else kw.get("chunk_size"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attention, "gma_causal_chunked_backward", spy)
+    gma_attention_backward(*_inputs(rng), np.ones((N, D_V)), causal=True)
+    assert seen == [64]
