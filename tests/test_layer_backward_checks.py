@@ -82,3 +82,11 @@ def test_options_reach_the_attention_unchanged(params, rng, monkeypatch, backwar
         "causal": True, "form": "prefix", "eps": 0.25, "eps_sigma": 0.5, "chunk_size": 3}
     run(causal=True)
     assert seen[-1]["chunk_size"] == 64 and seen[-1]["form"] is None
+
+
+def test_self_attention_backward_with_two_batch_axes(params, rng):
+    """x of shape (3, 2, N, d) (two batch axes of different sizes): d_out of the same shape is accepted and
+    ∂L/∂x has x's shape."""
+    x = rng.normal(size=(3, 2, 4, D_MODEL))
+    g = gma_layer_backward(params, x, d_out=rng.normal(size=x.shape))
+    assert g.d_x.shape == x.shape and g.d_y is None
