@@ -106,10 +106,10 @@ def test_norm_and_element_errors_follow_their_definitions():
     c = compare_tensor("t", a, r, dtype="float64", kappa=2.0)
     diff = a - r
     ref_norm = 13.0
-    assert c.norm_error == pytest.approx(math.sqrt((diff**2).sum()) / ref_norm, rel=1e-12)
+    assert c.norm_error == pytest.approx(math.sqrt((diff**2).sum()) / ref_norm, rel=1e-12, abs=0)
     s = ref_norm / 2.0  # RMS of r
     elem = np.abs(diff) / (np.abs(r) + s)
-    assert c.elem_error == pytest.approx(elem.max(), rel=1e-12)
+    assert c.elem_error == pytest.approx(elem.max(), rel=1e-12, abs=0)
     assert c.worst_index == (1, 0) and c.worst_expected == 0.0 and c.worst_actual == a[1, 0]
     nu = U64 + U64 * 2.0
     assert (c.norm_bound, c.elem_bound) == (64.0 * nu, 64.0 * nu)
@@ -121,8 +121,8 @@ def test_floor_sets_the_scale_of_near_zero_references():
     r = np.array([1e-12, -1e-12, 0.0, 0.0])
     a = r + 1e-10
     c = compare_tensor("d", a, r, dtype="float32", floor=0.5)
-    assert c.norm_error == pytest.approx(math.sqrt(4 * 1e-20) / (2.0 * 0.5), rel=1e-9)
-    assert c.elem_error == pytest.approx(1e-10 / (1e-12 + 0.5), rel=1e-9)
+    assert c.norm_error == pytest.approx(math.sqrt(4 * 1e-20) / (2.0 * 0.5), rel=1e-9, abs=0)
+    assert c.elem_error == pytest.approx(1e-10 / (1e-12 + 0.5), rel=1e-9, abs=0)
     assert c.passed
     assert not compare_tensor("d", a, r, dtype="float32").passed  # without the floor: a relative error of 100
 
@@ -166,7 +166,7 @@ def test_non_finite_reference_entries_are_left_out_of_the_figures():
     # the scale of the norm error is the norm of the finite entries alone
     r3 = np.array([np.inf, 3.0, 4.0])
     c = compare_tensor("x", np.array([np.inf, 3.0, 4.0 + 1e-3]), r3, dtype="float64")
-    assert c.norm_error == pytest.approx(1e-3 / 5.0, rel=1e-9)
+    assert c.norm_error == pytest.approx(1e-3 / 5.0, rel=1e-9, abs=0)
 
 
 def test_overflowing_errors_fail_without_warnings():
@@ -250,7 +250,7 @@ def test_figures_are_computed_in_float64_whatever_the_input_dtype():
     assert compare_tensor("x", r.copy(), r, dtype="float32").passed
     a = np.array([1.0, 1.0 + 2.0**-23], dtype=np.float32)
     c = compare_tensor("x", a, np.array([1.0, 1.0], dtype=np.float32), dtype="float32")
-    assert c.elem_error == pytest.approx(2.0**-23 / (1.0 + 1.0), rel=1e-12)
+    assert c.elem_error == pytest.approx(2.0**-23 / (1.0 + 1.0), rel=1e-12, abs=0)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -276,11 +276,11 @@ def test_no_tensor_is_compared_below_the_smallest_normal_of_its_dtype():
     r = np.array([1e-7, 0.0], dtype=np.float64)
     a = np.array([2e-7, 0.0])
     c = compare_tensor("x", a, r, dtype="float16")
-    assert c.elem_error == pytest.approx(1e-7 / (1e-7 + 2.0**-14), rel=1e-12)
-    assert c.norm_error == pytest.approx(1e-7 / (math.sqrt(2) * 2.0**-14), rel=1e-12)
+    assert c.elem_error == pytest.approx(1e-7 / (1e-7 + 2.0**-14), rel=1e-12, abs=0)
+    assert c.norm_error == pytest.approx(1e-7 / (math.sqrt(2) * 2.0**-14), rel=1e-12, abs=0)
     # float64's underflow term is 0, so its scale is the reference itself
     c64 = compare_tensor("x", a, r, dtype="float64")
-    assert c64.norm_error == pytest.approx(1.0, rel=1e-12)
+    assert c64.norm_error == pytest.approx(1.0, rel=1e-12, abs=0)
 
 
 def test_norms_of_tiny_tensors_do_not_underflow():
@@ -289,7 +289,7 @@ def test_norms_of_tiny_tensors_do_not_underflow():
     r = np.array([1e-200, -3e-200, 2e-200])
     a = r * (1.0 + 1e-10)
     c = compare_tensor("x", a, r, dtype="float64")
-    assert c.norm_error == pytest.approx(1e-10, rel=1e-5)
+    assert c.norm_error == pytest.approx(1e-10, rel=1e-5, abs=0)
 
 
 def test_float32_inputs_are_measured_in_float64():
@@ -298,8 +298,8 @@ def test_float32_inputs_are_measured_in_float64():
     r = np.array([1.0, 3.0], dtype=np.float32)
     a = np.array([1.0, 3.0 + 2.0**-22], dtype=np.float32)
     c = compare_tensor("x", a, r, dtype="float32")
-    assert c.norm_error == pytest.approx(2.0**-22 / math.sqrt(10.0), rel=1e-14)
-    assert c.elem_error == pytest.approx(2.0**-22 / (3.0 + math.sqrt(5.0)), rel=1e-14)
+    assert c.norm_error == pytest.approx(2.0**-22 / math.sqrt(10.0), rel=1e-14, abs=0)
+    assert c.elem_error == pytest.approx(2.0**-22 / (3.0 + math.sqrt(5.0)), rel=1e-14, abs=0)
 
 
 def test_an_error_beyond_the_float_range_of_the_scale_is_infinite_and_quiet():
