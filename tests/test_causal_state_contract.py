@@ -78,7 +78,17 @@ def test_step_rejects_a_scalar_token(which, rng):
     """A 0-d Γ or value has no K / d_v axis: ValueError naming the argument."""
     args = {"gamma_q_t": rng.dirichlet(np.ones(3)), "gamma_k_t": rng.dirichlet(np.ones(3)), "v_t": rng.normal(size=2)}
     args[which] = np.asarray(0.5)
-    with pytest.raises(ValueError, match=which):
+    layout = r"\(\.\.\., d_v\)" if which == "v_t" else r"\(\.\.\., K\)"
+    with pytest.raises(ValueError, match=rf"^{which} must have shape {layout}, got shape \(\)"):
+        causal_step(initial_causal_state(3, 2), **args)
+
+
+@pytest.mark.parametrize("which", ["gamma_q_t", "gamma_k_t", "v_t"])
+def test_step_rejects_an_integer_token(which, rng):
+    """An integer Γ or value raises a TypeError naming the argument."""
+    args = {"gamma_q_t": rng.dirichlet(np.ones(3)), "gamma_k_t": rng.dirichlet(np.ones(3)), "v_t": rng.normal(size=2)}
+    args[which] = np.ones(args[which].shape, dtype=np.int64)
+    with pytest.raises(TypeError, match=rf"^{which} must have a real floating dtype"):
         causal_step(initial_causal_state(3, 2), **args)
 
 
