@@ -97,6 +97,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_causal.py",
         "tests/test_causal_state_contract.py",
         "tests/test_causal_guards.py",
+        "tests/test_causal_state_checks.py",
         "tests/test_routing_input_checks.py",
         "tests/test_empty_and_batched.py",
         "tests/test_values_near_float_max.py",
