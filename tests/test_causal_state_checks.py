@@ -92,3 +92,13 @@ def test_token_responsibilities_must_be_non_negative(rng, which):
     with pytest.raises(ValueError, match=rf"^{which} must be non-negative"):
         causal_step(initial_causal_state(3, 2), **args)
     causal_step(initial_causal_state(3, 2), **args, check_finite=False)
+
+
+def test_one_component_states_are_valid_and_empty_ones_are_not_even_with_batch_axes(rng):
+    """K = 1 is accepted (the step reads back the value exactly at ε = 0); K = 0 is refused also when the
+    state has a batch axis (mass of shape (2, 0))."""
+    out, _ = causal_step(initial_causal_state(1, 2), np.ones(1), np.ones(1), np.array([3.0, -1.0]), 0.0)
+    np.testing.assert_array_equal(out, [3.0, -1.0])
+    with pytest.raises(ValueError, match="K >= 1"):
+        causal_step(CausalState(np.zeros((2, 0, 2)), np.zeros((2, 0))), np.zeros((2, 0)), np.zeros((2, 0)),
+                    np.zeros((2, 2)))
