@@ -102,3 +102,32 @@ def test_one_component_states_are_valid_and_empty_ones_are_not_even_with_batch_a
     with pytest.raises(ValueError, match="K >= 1"):
         causal_step(CausalState(np.zeros((2, 0, 2)), np.zeros((2, 0))), np.zeros((2, 0)), np.zeros((2, 0)),
                     np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("form", ["prefix", "streaming", "chunked"])
+def test_a_state_must_fit_the_sequence(rng, form):
+    """A state given to a sequence form must be a CausalState from the same namespace with the inputs'
+    K and d_v and batch axes that broadcast with theirs; each mismatch raises naming the state."""
+    import array_api_strict as xps
+
+    from gma_ref.causal import gma_causal_prefix, gma_causal_streaming
+
+    run = {"prefix": gma_causal_prefix, "streaming": gma_causal_streaming, "chunked": gma_causal_chunked}[form]
+    gq = rng.dirichlet(np.ones(3), size=(2, 4))
+    v = rng.normal(size=(2, 4, 2))
+    good = CausalState(rng.normal(size=(2, 3, 2)), rng.uniform(0.1, 1.0, size=(2, 3)))
+    run(gq, gq, v, state=good)
+    s = _state(rng)
+    with pytest.raises(TypeError, match="state must be a CausalState"):
+        run(gq, gq, v, state=(s.memory, s.mass))
+    with pytest.raises(TypeError, match="one array namespace"):
+        run(gq, gq, v, state=CausalState(xps.asarray(good.memory), xps.asarray(good.mass)))
+    for bad in (CausalState(rng.normal(size=(2, 4, 2)), np.ones((2, 4))),      # K = 4
+                CausalState(rng.normal(size=(2, 3, 5)), np.ones((2, 3)))):     # d_v = 5
+        with pytest.raises(ValueError, match=r"^state has K = \d, d_v = \d"):
+            run(gq, gq, v, state=bad)
+    with pytest.raises(ValueError, match=r"^state has batch axes \(3,\)"):
+        run(gq, gq, v, state=CausalState(rng.normal(size=(3, 3, 2)), np.ones((3, 3))))
+    # a state with more batch axes than the inputs broadcasts (here (5, 2) against (2,))
+    out = run(gq, gq, v, state=CausalState(rng.normal(size=(5, 2, 3, 2)), np.ones((5, 2, 3))))
+    assert out.shape == (5, 2, 4, 2)
