@@ -119,3 +119,10 @@ def test_streaming_continues_from_a_state_with_the_state_batch_shape(rng):
     np.testing.assert_allclose(tail, full[:, 4:], rtol=1e-13)
     np.testing.assert_allclose(end.memory, final.memory, rtol=1e-13)
     np.testing.assert_allclose(end.mass, final.mass, rtol=1e-13)
+
+
+def test_initial_state_is_created_on_the_requested_device():
+    """device= is honoured: array_api_strict's second device holds both arrays of the state."""
+    device = array_api_strict.Device("device1")
+    state = initial_causal_state(3, 2, (2,), xp=array_api_strict, device=device)
+    assert state.memory.device == device and state.mass.device == device
