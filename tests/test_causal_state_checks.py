@@ -131,3 +131,10 @@ def test_a_state_must_fit_the_sequence(rng, form):
     # a state with more batch axes than the inputs broadcasts (here (5, 2) against (2,))
     out = run(gq, gq, v, state=CausalState(rng.normal(size=(5, 2, 3, 2)), np.ones((5, 2, 3))))
     assert out.shape == (5, 2, 4, 2)
+
+
+def test_swapped_batched_state_is_named_as_swapped(rng):
+    """(mass, memory) swapped in a state with a batch axis still gets the "(swapped?)" hint."""
+    memory, mass = rng.normal(size=(2, 3, 2)), np.ones((2, 3))
+    with pytest.raises(ValueError, match=r"swapped\?"):
+        causal_step(CausalState(mass, memory), np.ones((2, 3)) / 3, np.ones((2, 3)) / 3, np.ones((2, 2)))
