@@ -339,7 +339,8 @@ def test_causal_step_rejects_a_block_of_tokens(core) -> None:
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_causal_must_be_a_bool(pipe, core, bad: object) -> None:
-    """causal='yes' (or 1, None) is rejected by gma_attention, its backward, gma_layer and gma_materialized."""
+    """causal='yes' (or 1, None) is rejected by gma_attention, its backward, gma_layer, gma_materialized and
+    attention_weights."""
     q, k, v, means, omega, logits = pipe
     with pytest.raises(TypeError, match="causal must be True or False"):
         gma_attention(q, k, v, means, omega, logits, causal=bad)
@@ -350,6 +351,8 @@ def test_causal_must_be_a_bool(pipe, core, bad: object) -> None:
     gq, gk, v2, _ = core
     with pytest.raises(TypeError, match="causal must be True or False"):
         gma_materialized(gq, gk, v2, causal=bad)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        gma_ref.attention_weights(gq, gk, causal=bad)
 
 
 def test_memory_budget_refuses_the_quadratic_and_prefix_forms() -> None:
