@@ -16,6 +16,7 @@ written over one side only would be wrong).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -169,18 +170,37 @@ def _routing(
     variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal GMA needs N_q == N_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
-    gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
-    for name, x, gamma in (("q", q, gamma_q), ("k", k, gamma_k)):
-        if check_finite and gamma.size and not bool(xp.all(xp.isfinite(gamma))):
-            scale = float(xp.max(xp.abs(x))) if x.size else 0.0
-            raise ValueError(
-                f"the scores of {name} overflow: (x − μ)²/σ² exceeds the range of {x.dtype} "
-                f"(max |{name}| = {scale:.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
-                "responsibilities would be NaN; rescale the routing vectors or raise eps_sigma"
-            )
+    gamma_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
+    gamma_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
     check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
     return gamma_q, gamma_k, variances, log_priors
+
+
+def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_priors: Array,
+           check_finite: bool) -> Array:
+    """Γ for routing vectors ``x``; with ``check_finite``, a ValueError where the scores overflow.
+
+    A cheap bound decides first: if d_r (max|x| + max|μ|)² / min σ² is finite, no
+    score can overflow. Otherwise Γ is computed with the library's overflow
+    warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
+    """
+    if not check_finite or x.size == 0:
+        return responsibilities(x, means, variances, log_priors, check_finite=False)
+    x_max, mu_max = float(xp.max(xp.abs(x))), float(xp.max(xp.abs(means)))
+    reach = x_max + mu_max
+    bound = x.shape[-1] * (reach * reach) / float(xp.min(variances))  # float products overflow to inf, not raise
+    if bound < float(xp.finfo(x.dtype).max) / 8:
+        return responsibilities(x, means, variances, log_priors, check_finite=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gamma = responsibilities(x, means, variances, log_priors, check_finite=False)
+    if not bool(xp.all(xp.isfinite(gamma))):
+        raise ValueError(
+            f"the scores of {name} overflow: (x − μ)²/σ² exceeds the range of {x.dtype} "
+            f"(max |{name}| = {x_max:.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
+            "responsibilities would be NaN; rescale the routing vectors or raise eps_sigma"
+        )
+    return gamma
 
 
 def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool) -> None:

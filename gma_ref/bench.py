@@ -12,8 +12,8 @@ vectors (``gma_ref.responsibilities``), then each form is timed on (Γ^Q, Γ^K, 
   ``streaming`` (token by token) and ``materialized`` (Eq. 10b);
 
 forward, backward (the hand-written VJP for a random cotangent, given the forward's saved output
-as an autograd framework would keep it; the latent and chunked backward use it through their
-``out=`` argument) and forward + backward. Time is
+as an autograd framework would keep it; the latent backward uses it through its ``out=``
+argument, the chunked backward never needs it) and forward + backward. Time is
 the best of a few repeats of ``time.perf_counter``, each started with cold caches (a 128 MiB
 buffer is rewritten first); memory is the ``tracemalloc`` peak of one call
 above what was allocated before it (NumPy reports its buffers to ``tracemalloc``), so inputs are

@@ -61,10 +61,13 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
     Row i sums to u_i / (u_i + ε) with u_i the (prefix) routed key mass: exactly
     1 when ε = 0, less than 1 otherwise, and far below 1 when u_i is not ≫ ε.
     Shapes ``(..., N_q, K)``, ``(..., N_k, K)`` → ``(..., N_q, N_k)``; causal needs
-    N_q = N_k (``ValueError`` otherwise). Rows with zero denominator are 0.
+    N_q = N_k (``ValueError`` otherwise; ``TypeError`` unless ``causal`` is a bool).
+    Rows with zero denominator are 0.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k)
     eps = check_nonnegative_scalar("eps", eps)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
     a_tilde = affinity(gamma_q, gamma_k)
     if causal:
         n_q, n_k = gamma_q.shape[-2], gamma_k.shape[-2]
