@@ -33,13 +33,72 @@ from .planted_impls import make_torch_impl
 def test_default_cases_cover_the_edge_cases():
     """The default set has N=1, K=1, d_r=1, large d_r, N_q != N_k, chunks not dividing N, every regime."""
     cases = default_cases()
-    assert len(cases) == 25
+    assert len(cases) == 29
     assert {c.variant for c in cases} == {"bidirectional", "causal", "cross"}
     assert any(c.n_q == 1 for c in cases) and any(c.n_components == 1 for c in cases)
     assert any(c.d_r == 1 for c in cases) and any(c.d_r >= 64 for c in cases)
     assert any(c.n_q != c.n_k for c in cases)
     assert any(c.causal and c.n_q % c.chunk_size != 0 and c.n_q > c.chunk_size for c in cases)
-    assert {c.regime for c in cases} == {"normal", "far", "floor", "tiny_eps"}
+    assert {c.regime for c in cases} == {"normal", "far", "floor", "tiny_eps", "tiny_grad"}
+
+
+def _routed_mass(case):
+    """u_i = Σ_j A_ij of every query, float64 on the host."""
+    from gma_ref.mixture import log_priors_from_logits, variances_from_omega
+    from gma_ref.posterior import responsibilities
+
+    a = case_arrays(case)
+    var = variances_from_omega(a["omega"], case.eps_sigma)
+    lp = log_priors_from_logits(a["prior_logits"])
+    gq, gk = (responsibilities(a[n], a["means"], var, lp) for n in ("q", "k"))
+    aff = gq @ np.swapaxes(gk, -1, -2)
+    if case.causal:
+        aff = aff * np.tril(np.ones((case.n_q, case.n_k)))
+    return aff.sum(-1)
+
+
+@pytest.mark.parametrize("eps", [1e-12, 1e-10])
+def test_tiny_eps_regime_drives_the_routed_mass_near_eps(eps):
+    """tiny_eps puts one query per (batch, head) at u_i between 0.1 eps and 3 eps, some of them below eps."""
+    for case in default_cases():
+        if case.regime != "tiny_eps":
+            continue
+        from dataclasses import replace
+
+        case = replace(case, eps=eps)
+        u = _routed_mass(case)[:, :, case.n_q // 2]
+        assert np.all((u > 0.05 * eps) & (u < 5 * eps)), (case.case_id, u / eps)
+        assert np.any(u < eps) and np.any(u > eps)
+
+
+def test_default_cases_reach_float64_exp_underflow_and_tiny_mass():
+    """Far cases have queries whose every score is below -745 (float64 exp underflows); a causal N = 1 case reads
+    u ~ 1e-184."""
+    from gma_ref.mixture import log_priors_from_logits, variances_from_omega
+    from gma_ref.posterior import log_gaussian_density
+
+    cases = default_cases()
+    for case in (c for c in cases if c.regime == "far"):
+        a = case_arrays(case)
+        var = variances_from_omega(a["omega"], case.eps_sigma)
+        s = log_gaussian_density(a["q"], a["means"], var) + log_priors_from_logits(a["prior_logits"])[:, None, :]
+        assert bool(np.any(s.max(axis=-1) < -745.0)), case.case_id
+    edge = [c for c in cases if c.causal and c.n_q == 1 and c.d_r == 128]
+    assert len(edge) == 1 and float(_routed_mass(edge[0]).max()) < 1e-150
+
+
+def test_generated_cross_cases_always_have_different_lengths():
+    """Every generated cross case has N_q != N_k (the N_q = N_k draw is moved by one)."""
+    for seed in range(20):
+        for case in generate_cases(60, variants=("cross",), seed=seed, max_tokens=8):
+            assert case.n_q != case.n_k, case.case_id
+
+
+def test_tiny_grad_cotangent_is_at_the_subnormal_edge():
+    """tiny_grad scales the cotangent to 4x the dtype's smallest normal number."""
+    for dtype, tiny in (("float32", 2.0**-126), ("float16", 2.0**-14), ("float64", 2.0**-1022)):
+        case = next(c for c in default_cases(dtype=dtype) if c.regime == "tiny_grad")
+        assert 0 < np.abs(case_arrays(case)["d_out"]).max() < 40 * tiny
 
 
 def test_case_ids_are_readable_and_unique():
@@ -47,7 +106,7 @@ def test_case_ids_are_readable_and_unique():
     cases = default_cases() + generate_cases(300, seed=3)
     ids = [c.case_id for c in cases]
     assert len(set(ids)) == len(ids)
-    assert ids[8].startswith("causal-B2-H3-N63-K7-dr5-dv60-f32")
+    assert ids[9].startswith("causal-B2-H3-N63-K7-dr5-dv60-f32")
 
 
 def test_case_arrays_are_deterministic_and_shaped():
