@@ -618,7 +618,7 @@ def check(
         try:
             res, _ = _with_timeout(lambda c=case, o=opts: run_case(impl, c, decl, **o), timeout)
         except _Timeout:
-            report.results.append(CheckResult(case.case_id, "call", "case", "timeout", timeout, timeout, False,
+            report.results.append(CheckResult(case.case_id, "call", "case", "timeout", None, timeout, False,
                                               detail=f"no result after {timeout:g} s (the call was abandoned)"))
             report.case_ids.append(case.case_id)
             for rest in case_list[i + 1:]:
