@@ -71,7 +71,7 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--grad", action="store_true", default=None, help="check all gradients (needs a VJP)")
     p.add_argument("--no-grad", dest="grad", action="store_false", help="forward only")
     p.add_argument("--cases", type=_nonnegative_int, default=0, metavar="N",
-                   help="add N seeded random cases to the default set (25 cases in either mode)")
+                   help="add N seeded random cases to the default set (29 attention cases, 25 layer cases)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the case generator")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")

@@ -371,7 +371,7 @@ def run_case(
     ref = ref_fn(xp, {n: ref_in[n] for n in names}, causal=case.causal, eps=case.eps,
                  eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
                  chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype],
-                 **({} if layer else {"tiny": TINY_ACC[dtype]}))
+                 **({"tiny": TINY_ACC[dtype]} if ref_fn is reference else {}))
     nu = unit_scale(dtype, ref.kappa, ref.read_condition, ref.proj_condition)
     if nu > NU_MAX:
         return [CheckResult(cid, "conditioning", "case", "nu", nu, NU_MAX, True,
@@ -618,7 +618,7 @@ def check(
         try:
             res, _ = _with_timeout(lambda c=case, o=opts: run_case(impl, c, decl, **o), timeout)
         except _Timeout:
-            report.results.append(CheckResult(case.case_id, "call", "case", "timeout", timeout, timeout, False,
+            report.results.append(CheckResult(case.case_id, "call", "case", "timeout", None, timeout, False,
                                               detail=f"no result after {timeout:g} s (the call was abandoned)"))
             report.case_ids.append(case.case_id)
             for rest in case_list[i + 1:]:
