@@ -18,11 +18,20 @@ Modules, in the order of the paper:
 Every public function is also importable from the package itself:
 ``gma_ref.responsibilities`` (Eq. 3) and ``gma_ref.affinity`` (Eq. 11) are
 functions; no module shares a name with a function.
+
+One convention throughout: every backward pass takes the forward's arguments
+then the cotangent (``d_out``; keyword-only in :func:`gma_layer_backward`),
+validates both as the forward does, and returns one named result per kind of
+operation (:class:`GMAGrad` for every form of the read/write core,
+:class:`AttentionGrad`, :class:`LayerGrad`, :class:`ScoresGrad`, :class:`ReadGrad`).
+Every causal form takes ``state=`` and returns ``(out, state)`` only with
+``return_state=True``.
 """
 
+from ._array import DEFAULT_MAX_BYTES
 from .attention import FORMS, AttentionGrad, gma_attention, gma_attention_backward
 from .bidirectional import (
-    BidirectionalGrad,
+    GMAGrad,
     ReadGrad,
     gma_bidirectional,
     gma_bidirectional_backward,
@@ -80,11 +89,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_EPS",
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_EPS_SIGMA",
     "FORMS",
     "AttentionGrad",
-    "BidirectionalGrad",
     "CausalState",
+    "GMAGrad",
     "GMALayerParams",
     "LayerGrad",
     "ReadGrad",

@@ -24,6 +24,7 @@ __all__ = [
     "namespace",
     "check_floating",
     "check_finite",
+    "check_cotangent",
     "check_rank",
     "check_last_dim",
     "check_nonnegative_scalar",
@@ -33,7 +34,14 @@ __all__ = [
     "sum_to_shape",
     "device_of",
     "broadcast_shapes",
+    "DEFAULT_MAX_BYTES",
+    "check_memory_budget",
+    "check_nonnegative_array",
+    "value_scale",
 ]
+
+#: Default memory budget (bytes) of the forms that build an N × N or N × K × d_v array.
+DEFAULT_MAX_BYTES = 4 * 2**30
 
 #: Any array of a namespace that follows the array API standard.
 Array = Any
@@ -71,7 +79,7 @@ def _is_scalar(a: Any) -> bool:
 def check_floating(xp: Any, name: str, a: Array) -> None:
     """Raise ``TypeError`` unless ``a`` has a real floating-point dtype."""
     if not xp.isdtype(a.dtype, "real floating"):
-        raise TypeError(f"{name} must have a real floating dtype (float32 or float64), got {a.dtype}")
+        raise TypeError(f"{name} must have a real floating dtype (float16, float32, float64, ...), got {a.dtype}")
 
 
 def check_finite(xp: Any, name: str, a: Array) -> None:
@@ -82,6 +90,29 @@ def check_finite(xp: Any, name: str, a: Array) -> None:
             f"{name} must be finite, got {n_bad} NaN/Inf entries of {a.size}; "
             "pass check_finite=False to skip this check"
         )
+
+
+def check_cotangent(
+    xp: Any, name: str, a: Array, shape: tuple[int, ...], what: str, check_finite_: bool = True
+) -> None:
+    """Check the cotangent ``a`` (e.g. ``d_out``) a backward pass receives.
+
+    Raises ``TypeError`` unless it has a real floating dtype, ``ValueError``
+    unless its shape is exactly ``shape`` (that of ``what``, the forward's
+    result), and, with ``check_finite_``, ``ValueError`` if it holds NaN/Inf.
+    Backward passes that take another cotangent (e.g. ``d_gamma``) call this
+    with that name.
+    """
+    if not array_api_compat.is_array_api_obj(a):
+        raise TypeError(f"{name} must be an array, got {type(a).__module__}.{type(a).__qualname__}")
+    if not xp.isdtype(a.dtype, "real floating"):
+        raise TypeError(f"{name} must have a real floating dtype (float16, float32, float64, ...), got {a.dtype}")
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(
+            f"{name} must have the shape of {what}, {tuple(shape)}, got shape {tuple(a.shape)}"
+        )
+    if check_finite_:
+        check_finite(xp, name, a)
 
 
 def check_rank(name: str, a: Array, min_ndim: int, layout: str) -> None:
@@ -181,3 +212,54 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
             raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast together")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
+
+
+def check_memory_budget(
+    xp: Any, forward: str, what: str, shape: tuple[int, ...], dtype: Any, max_bytes: int | None, instead: str
+) -> None:
+    """Raise ``ValueError`` if one array of ``shape`` and ``dtype`` needs more than ``max_bytes``.
+
+    ``what`` names the array (e.g. ``'the N_q × N_k weights'``) and ``instead``
+    the linear-memory form to use. ``max_bytes=None`` disables the check;
+    otherwise it must be an integer ≥ 1.
+    """
+    if max_bytes is None:
+        return
+    max_bytes = check_positive_int("max_bytes", max_bytes)
+    needed = math.prod(shape) * (xp.finfo(dtype).bits // 8)
+    if needed > max_bytes:
+        raise ValueError(
+            f"{forward} would build {what} of shape {tuple(shape)}: {_gib(needed)} for that array alone, "
+            f"more than max_bytes = {_gib(max_bytes)}; use {instead} (linear memory in N), "
+            "or pass a larger max_bytes (None: no limit)"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB ({n} bytes)"
+
+
+def check_nonnegative_array(xp: Any, name: str, a: Array, what: str) -> None:
+    """Raise ``ValueError`` if ``a`` has a negative entry (NaN entries are left to the finiteness check)."""
+    if a.size != 0 and bool(xp.any(a < 0)):
+        raise ValueError(f"{name} must be non-negative ({what}), got minimum {float(xp.min(a))!r}")
+
+
+def value_scale(xp: Any, v: Array, n_terms: int) -> float:
+    """A power of two s such that sums of ``n_terms`` entries of ``v / s`` cannot overflow; 1.0 if none is needed.
+
+    ``n_terms`` is the length of the sums (N_k).
+
+    GMA outputs are weighted means of the rows of V, but the latent memory
+    Ṽ = Σ_j γ^K_jk V_j is a sum: with |V| near the float maximum it overflows
+    although the output would not. Dividing V by a power of two (exact, no
+    rounding) and multiplying the output back keeps every intermediate finite;
+    below the threshold (max |V| · (n_terms + 1) < max float / 4) nothing is
+    scaled and results are bit-for-bit those of the unscaled computation.
+    """
+    if v.size == 0:
+        return 1.0
+    top = float(xp.max(xp.abs(v)))
+    if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(v.dtype).max) / 4:
+        return 1.0
+    return math.ldexp(1.0, math.frexp(top)[1] - 512)  # |v / s| < 2**512: sums of any length stay finite

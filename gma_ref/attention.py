@@ -16,12 +16,22 @@ written over one side only would be wrong).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._array import Array, check_floating, check_last_dim, check_positive_int, check_rank, namespace, sum_to_shape
+from ._array import (
+    Array,
+    check_cotangent,
+    check_floating,
+    check_last_dim,
+    check_positive_int,
+    check_rank,
+    namespace,
+    sum_to_shape,
+)
 from ._array import check_finite as _check_finite
-from .bidirectional import check_routing_inputs, gma_bidirectional, gma_bidirectional_backward
+from .bidirectional import check_routing_inputs, gma_bidirectional, gma_bidirectional_backward, output_shape
 from .causal import (
     gma_causal_chunked,
     gma_causal_chunked_backward,
@@ -51,6 +61,8 @@ FORMS: dict[bool, tuple[str, ...]] = {
 
 
 def _check_form(causal: bool, form: str | None) -> str:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
     if form is None:
         return "chunked" if causal else "latent"
     if form not in FORMS[causal]:
@@ -61,26 +73,28 @@ def _check_form(causal: bool, form: str | None) -> str:
 
 def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Array]:
     if form == "materialized":
-        return lambda gq, gk, v, eps: gma_materialized(gq, gk, v, eps, causal=causal)
+        return lambda gq, gk, v, eps: gma_materialized(gq, gk, v, eps, causal=causal, check_finite=False)
     if not causal:
         return lambda gq, gk, v, eps: gma_bidirectional(gq, gk, v, eps, check_finite=False)
     if form == "prefix":
         return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
     if form == "streaming":
-        return lambda gq, gk, v, eps: gma_causal_streaming(gq, gk, v, eps, check_finite=False)[0]
+        return lambda gq, gk, v, eps: gma_causal_streaming(gq, gk, v, eps, check_finite=False)
     return lambda gq, gk, v, eps: gma_causal_chunked(gq, gk, v, eps, chunk_size, check_finite=False)
 
 
 def _core_backward(causal: bool, form: str, chunk_size: int) -> Callable[..., tuple[Array, Array, Array]]:
+    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass)."""
     if form == "materialized":
-        return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps, causal=causal)
+        return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps, causal=causal,
+                                                                   check_finite=False)
     if not causal:
-        return gma_bidirectional_backward
+        return lambda gq, gk, v, g, eps: gma_bidirectional_backward(gq, gk, v, g, eps, check_finite=False)
     if form == "prefix":
-        return gma_causal_prefix_backward
+        return lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps, check_finite=False)
     if form == "streaming":
-        return gma_causal_streaming_backward
-    return lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps, chunk_size)
+        return lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps, check_finite=False)
+    return lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps, chunk_size, check_finite=False)
 
 
 def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: bool) -> tuple[Array, Array]:
@@ -135,19 +149,58 @@ def gma_attention(
     Raises
     ------
     TypeError, ValueError
-        As the functions it composes; ``ValueError`` for an unknown ``form``.
+        As the functions it composes; ``TypeError`` unless ``causal`` is a bool;
+        ``ValueError`` for an unknown ``form``, and where the scores overflow
+        (routing vectors so far from the means, in units of σ, that
+        (x − μ)²/σ² is not finite): the responsibilities would be NaN.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
+    gamma_q, gamma_k, _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite)
+    return _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
+
+
+def _routing(
+    xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
+    eps: float, eps_sigma: float, check_finite: bool,
+) -> tuple[Array, Array, Array, Array]:
+    """Validate the inputs as the forward does; return (Γ^Q, Γ^K, σ², log π)."""
     _check_routing_vectors(xp, q, k, v, means, check_finite)
     variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
-    gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
-    gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
-    check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal GMA needs N_q == N_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    return _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
+    gamma_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
+    gamma_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
+    check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
+    return gamma_q, gamma_k, variances, log_priors
+
+
+def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_priors: Array,
+           check_finite: bool) -> Array:
+    """Γ for routing vectors ``x``; with ``check_finite``, a ValueError where the scores overflow.
+
+    A cheap bound decides first: if d_r (max|x| + max|μ|)² / min σ² is finite, no
+    score can overflow. Otherwise Γ is computed with the library's overflow
+    warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
+    """
+    if not check_finite or x.size == 0:
+        return responsibilities(x, means, variances, log_priors, check_finite=False)
+    x_max, mu_max = float(xp.max(xp.abs(x))), float(xp.max(xp.abs(means)))
+    reach = x_max + mu_max
+    bound = x.shape[-1] * (reach * reach) / float(xp.min(variances))  # float products overflow to inf, not raise
+    if bound < float(xp.finfo(x.dtype).max) / 8:
+        return responsibilities(x, means, variances, log_priors, check_finite=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gamma = responsibilities(x, means, variances, log_priors, check_finite=False)
+    if not bool(xp.all(xp.isfinite(gamma))):
+        raise ValueError(
+            f"the scores of {name} overflow: (x − μ)²/σ² exceeds the range of {x.dtype} "
+            f"(max |{name}| = {x_max:.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
+            "responsibilities would be NaN; rescale the routing vectors or raise eps_sigma"
+        )
+    return gamma
 
 
 def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool) -> None:
@@ -162,6 +215,24 @@ def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, 
             check_last_dim(name, a, d_r, layout, f"d_r of means {tuple(means.shape)}")
         if check_finite:
             _check_finite(xp, name, a)
+
+
+def _shift_to_dominant(xp: Any, gamma: Array, d_gamma: Array) -> Array:
+    """∂L/∂Γ minus, in each row, its value at the row's largest responsibility.
+
+    Eq. 18, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij), does not change when a constant
+    is added to a row of g (rows of Γ sum to 1). With the dominant component m
+    at g_im = 0, δ_im = −γ_im Σ_{j≠m} γ_ij g_ij is formed from the small
+    responsibilities alone, instead of as g_im − Σ_j γ_ij g_ij, where γ_im
+    rounded to 1 cancels g_im and loses all of a difference of size 1 − γ_im
+    (e.g. 1e-30 when Γ is one-hot to that level, variances at the floor).
+    """
+    if gamma.shape[-2] == 0:
+        return d_gamma
+    top = gamma == xp.max(gamma, axis=-1, keepdims=True)
+    n_top = xp.sum(xp.astype(top, gamma.dtype), axis=-1, keepdims=True)
+    ref = xp.sum(xp.where(top, d_gamma, xp.zeros_like(d_gamma)), axis=-1, keepdims=True) / n_top
+    return d_gamma - ref
 
 
 class AttentionGrad(NamedTuple):
@@ -189,24 +260,35 @@ def gma_attention_backward(
     eps: float = DEFAULT_EPS,
     eps_sigma: float = DEFAULT_EPS_SIGMA,
     chunk_size: int = 64,
+    check_finite: bool = True,
 ) -> AttentionGrad:
     """All gradients of :func:`gma_attention` for the cotangent ``d_out`` = ∂L/∂O.
 
     Steps (each a hand-written VJP): core form → (∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V);
     Eq. 18 and the score VJPs on the query side and on the key side; the two
     sides' ∂L/∂μ, ∂L/∂σ², ∂L/∂log π are *added*; then Eq. 58 (ω) and Eqs. 61–64 (α).
-    Returns :class:`AttentionGrad`. Same arguments as :func:`gma_attention`.
+    Returns :class:`AttentionGrad`. Same arguments as :func:`gma_attention`,
+    validated as it validates them.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gma_attention`; for ``d_out``: not real floating (``TypeError``),
+        not of the output's shape ``(..., N_q, d_v)``, NaN/Inf with ``check_finite``.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     xp: Any = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits, d_out=d_out)
-    variances, log_priors = _mixture(omega, prior_logits, eps_sigma, False)
-    gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
-    gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
+    gamma_q, gamma_k, variances, log_priors = _routing(
+        xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite
+    )
+    check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
     d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size)(gamma_q, gamma_k, v, d_out, eps)
     lp_shape = tuple(prior_logits.shape)
-    side_q = responsibilities_backward(q, means, variances, gamma_q, d_gamma_q, lp_shape)
-    side_k = responsibilities_backward(k, means, variances, gamma_k, d_gamma_k, lp_shape)
+    side_q = responsibilities_backward(q, means, variances, gamma_q, _shift_to_dominant(xp, gamma_q, d_gamma_q),
+                                       lp_shape)
+    side_k = responsibilities_backward(k, means, variances, gamma_k, _shift_to_dominant(xp, gamma_k, d_gamma_k),
+                                       lp_shape)
     d_variances = side_q.d_variances + side_k.d_variances
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors
     return AttentionGrad(

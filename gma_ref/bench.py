@@ -12,8 +12,8 @@ vectors (``gma_ref.responsibilities``), then each form is timed on (Γ^Q, Γ^K, 
   ``streaming`` (token by token) and ``materialized`` (Eq. 10b);
 
 forward, backward (the hand-written VJP for a random cotangent, given the forward's saved output
-as an autograd framework would keep it; the latent and chunked backward use it through their
-``out=`` argument) and forward + backward. Time is
+as an autograd framework would keep it; the latent backward uses it through its ``out=``
+argument, the chunked backward never needs it) and forward + backward. Time is
 the best of a few repeats of ``time.perf_counter``, each started with cold caches (a 128 MiB
 buffer is rewritten first); memory is the ``tracemalloc`` peak of one call
 above what was allocated before it (NumPy reports its buffers to ``tracemalloc``), so inputs are
@@ -187,10 +187,10 @@ def _forms(chunk_size: int) -> dict[str, tuple[_Fwd, _Bwd]]:
         ),
         "causal chunked": (
             lambda a: gma_causal_chunked(a.gamma_q, a.gamma_k, a.v, eps, chunk_size, check_finite=False),
-            lambda a, out: gma_causal_chunked_backward(a.gamma_q, a.gamma_k, a.v, a.d_out, eps, chunk_size, out=out),
+            lambda a, out: gma_causal_chunked_backward(a.gamma_q, a.gamma_k, a.v, a.d_out, eps, chunk_size),
         ),
         "causal streaming": (
-            lambda a: gma_causal_streaming(a.gamma_q, a.gamma_k, a.v, eps, check_finite=False)[0],
+            lambda a: gma_causal_streaming(a.gamma_q, a.gamma_k, a.v, eps, check_finite=False),
             lambda a, out: gma_causal_streaming_backward(a.gamma_q, a.gamma_k, a.v, a.d_out, eps),
         ),
         "causal materialized": (

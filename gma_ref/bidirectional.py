@@ -21,15 +21,20 @@ in ``derivations/write_read.py`` and docs/derivations.md.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from ._array import (
     Array,
+    broadcast_shapes,
+    check_cotangent,
     check_floating,
+    check_nonnegative_array,
     check_nonnegative_scalar,
     check_rank,
     namespace,
     sum_to_shape,
+    value_scale,
 )
 from ._array import check_finite as _check_finite
 from .mixture import DEFAULT_EPS
@@ -42,7 +47,7 @@ __all__ = [
     "ReadGrad",
     "read_memory_backward",
     "gma_bidirectional",
-    "BidirectionalGrad",
+    "GMAGrad",
     "gma_bidirectional_backward",
     "gma_cross",
     "gma_cross_backward",
@@ -55,7 +60,7 @@ def check_routing_inputs(
     """Validate (Γ^Q, Γ^K, V, ε) of any GMA form; return ε as a float.
 
     Raises ``TypeError`` for non-floating dtypes and ``ValueError`` for ranks,
-    a K or N mismatch, ε < 0 or NaN/Inf (when ``check_finite``).
+    a K or N mismatch, negative responsibilities, ε < 0 or NaN/Inf (when ``check_finite``).
     """
     for name, a, layout in (
         ("gamma_q", gamma_q, "(..., N_q, K)"),
@@ -66,6 +71,8 @@ def check_routing_inputs(
         check_rank(name, a, 2, layout)
         if check_finite:
             _check_finite(xp, name, a)
+        if name != "v":
+            check_nonnegative_array(xp, name, a, "responsibilities lie on the simplex")
     if gamma_q.shape[-1] != gamma_k.shape[-1]:
         raise ValueError(
             f"gamma_q and gamma_k must share K (last axis), got shapes {tuple(gamma_q.shape)} "
@@ -169,7 +176,14 @@ class ReadGrad(NamedTuple):
 
 
 def read_memory_backward(
-    gamma_q: Array, memory: Array, mass: Array, d_out: Array, eps: float = DEFAULT_EPS, *, out: Array | None = None
+    gamma_q: Array,
+    memory: Array,
+    mass: Array,
+    d_out: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    out: Array | None = None,
+    check_finite: bool = True,
 ) -> ReadGrad:
     """VJP of the read step (derivations/write_read.py).
 
@@ -180,11 +194,36 @@ def read_memory_backward(
     * ∂L/∂Z   = (Γ^Q)ᵀ c         ``(..., K)``
 
     ``out`` is the forward's output O, if saved (as an autograd framework would);
-    without it O is recomputed. Rows that see no mass (u_i + ε = 0) pass no
-    gradient. Cost O(N K d_v): three products of that size, two with ``out``.
+    without it O is recomputed. A saved ``out`` must be exactly what
+    :func:`read_memory` returned for these inputs: its shape and dtype are
+    checked, and so is the identity Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ (O(N (K + d_v))
+    operations, to √(unit roundoff) relative), which any stale output fails.
+    Rows that see no mass (u_i + ε = 0) pass no gradient. Cost O(N K d_v):
+    three products of that size, two with ``out``.
+
+    Raises
+    ------
+    TypeError
+        ``d_out`` or ``out`` not of a real floating dtype.
+    ValueError
+        ``d_out`` or ``out`` not of the output's shape ``(..., N_q, d_v)``, NaN/Inf in
+        ``d_out`` (with ``check_finite``), ε < 0, ``out`` inconsistent with the inputs.
     """
     xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass, d_out=d_out, out=out)
     eps = check_nonnegative_scalar("eps", eps)
+    shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(memory.shape[:-2]), tuple(mass.shape[:-1])) + (
+        gamma_q.shape[-2],
+        memory.shape[-1],
+    )
+    check_cotangent(xp, "d_out", d_out, shape, "the output of read_memory", check_finite)
+    if out is not None:
+        check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "read_memory")
+    return _read_backward(xp, gamma_q, memory, mass, d_out, eps, out)
+
+
+def _read_backward(
+    xp: Any, gamma_q: Array, memory: Array, mass: Array, d_out: Array, eps: float, out: Array | None
+) -> ReadGrad:
     u = query_mass(gamma_q, mass)
     if eps > 0:  # every row sees mass: no masking needed
         inv = xp.expand_dims(1.0 / (u + eps), axis=-1)
@@ -209,6 +248,33 @@ def read_memory_backward(
     )
 
 
+def check_saved_output(
+    xp: Any, out: Array, shape: tuple[int, ...], gamma_q: Array, memory: Array, mass: Array, eps: float, forward: str
+) -> None:
+    """Check a saved forward output ``out`` against Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ, in O(N (K + d_v)).
+
+    Raises ``TypeError``/``ValueError`` naming ``out`` for a wrong dtype or shape,
+    or when the identity fails by more than √(unit roundoff) of its scale (a
+    stale output, one from other inputs, or one modified after the forward).
+    """
+    if not xp.isdtype(out.dtype, "real floating"):
+        raise TypeError(f"out must have a real floating dtype, got {out.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must be the output of {forward}, of shape {tuple(shape)}, got shape {tuple(out.shape)}")
+    denom = xp.expand_dims(query_mass(gamma_q, mass) + eps, axis=-1)
+    lhs = xp.sum(denom * out, axis=-2)  # Σ_i D_i O_i
+    weights = xp.sum(gamma_q, axis=-2, keepdims=True)  # 1ᵀ Γ^Q
+    rhs = xp.matmul(weights, memory)[..., 0, :]
+    scale = xp.sum(xp.abs(denom * out), axis=-2) + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :]
+    tol = math.sqrt(float(xp.finfo(out.dtype).eps))
+    bad = xp.abs(lhs - rhs) > tol * scale
+    if bool(xp.any(bad)) or not bool(xp.all(xp.isfinite(lhs))):
+        raise ValueError(
+            f"out is not the output of {forward} for these inputs (Σ_i (u_i + ε) O_i differs from "
+            "(1ᵀ Γ^Q) Ṽ): pass the output the forward returned, unmodified, or out=None to recompute it"
+        )
+
+
 def gma_bidirectional(
     gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
 ) -> Array:
@@ -230,7 +296,8 @@ def gma_bidirectional(
     Returns
     -------
     out : array ``(..., N_q, d_v)``, equal to A V with A of Eq. 9 (exactly, ε included).
-    Promoted floating dtype of the inputs.
+    Promoted floating dtype of the inputs. Finite for every finite V, even near
+    the float maximum (V is then divided by a power of two before the sums).
 
     Raises
     ------
@@ -241,12 +308,18 @@ def gma_bidirectional(
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
-    memory, mass = write_memory(gamma_k, v)
-    return read_memory(gamma_q, memory, mass, eps)
+    scale = value_scale(xp, v, v.shape[-2])  # |V| near the float maximum: Ṽ would overflow
+    memory, mass = write_memory(gamma_k, v if scale == 1.0 else v / scale)
+    out = read_memory(gamma_q, memory, mass, eps)
+    return out if scale == 1.0 else out * scale
 
 
-class BidirectionalGrad(NamedTuple):
-    """Cotangents of the inputs of :func:`gma_bidirectional` / :func:`gma_cross`."""
+class GMAGrad(NamedTuple):
+    """Cotangents of (Γ^Q, Γ^K, V), the inputs of GMA in every form.
+
+    Returned by the backward passes of :func:`gma_bidirectional`, :func:`gma_cross`,
+    the causal forms (:mod:`gma_ref.causal`) and :func:`gma_ref.induced.gma_materialized`.
+    """
 
     d_gamma_q: Array
     d_gamma_k: Array
@@ -261,22 +334,83 @@ def gma_bidirectional_backward(
     eps: float = DEFAULT_EPS,
     *,
     out: Array | None = None,
-    memory: Array | None = None,
-    mass: Array | None = None,
-) -> BidirectionalGrad:
+    check_finite: bool = True,
+) -> GMAGrad:
     """VJP of :func:`gma_bidirectional`: read backward then write backward, O(N K d_v).
 
     ``d_out`` = ∂L/∂O ``(..., N_q, d_v)``. Returns ∂L/∂Γ^Q ``(..., N_q, K)``,
     ∂L/∂Γ^K ``(..., N_k, K)`` and ∂L/∂V ``(..., N_k, d_v)``; no N×N array is formed.
-    The forward's saved values may be passed to skip recomputing them: ``out``
-    (O), and ``memory``, ``mass`` (Ṽ, Z from :func:`write_memory`). With all three
-    the backward performs four products of size N K d_v, against two in the forward.
+
+    The gradients of Γ are sums of ⟨G_i, V_j − O_i⟩ / D_i, which do not change
+    when a constant R is added to every value (O moves by R·u_i/D_i, and the
+    ε-part is carried exactly). They are computed with values centred on their
+    mean R over the keys, so rounding scales with the spread of V, not its
+    size: with one key (N_k = 1) and ε = 0 they are exactly 0 however small
+    the routed mass u_i, instead of rounding divided by u_i. Values near the
+    float maximum are divided by a power of two first (as in the forward). What remains is a
+    few units in the last place of Σ_i γ^Q_ik |G_i| (|V_j − R| + |O_i − R|) / D_i.
+
+    ``out``, the forward's saved output, skips one product of size N K d_v; it
+    is checked as in :func:`read_memory_backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gma_bidirectional`, and for ``d_out`` (real floating, the
+        output's shape, finite with ``check_finite``) and ``out``.
     """
-    if memory is None or mass is None:
-        memory, mass = write_memory(gamma_k, v)
-    read = read_memory_backward(gamma_q, memory, mass, d_out, eps, out=out)
-    d_gamma_k, d_v = write_memory_backward(gamma_k, v, read.d_memory, read.d_mass)
-    return BidirectionalGrad(read.d_gamma_q, d_gamma_k, d_v)
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, out=out)
+    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+    shape = output_shape(gamma_q, gamma_k, v)
+    check_cotangent(xp, "d_out", d_out, shape, "the output of gma_bidirectional", check_finite)
+    scale = value_scale(xp, v, v.shape[-2])  # gradients of Γ scale with V: computed for V / scale
+    if scale != 1.0:
+        v = v / scale
+        out = None if out is None else out / scale
+    memory, mass = write_memory(gamma_k, v)
+    if out is not None:
+        check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "gma_bidirectional")
+    grad = _bidirectional_backward(xp, gamma_q, gamma_k, v, d_out, eps, out, memory, mass)
+    if scale == 1.0:
+        return grad
+    return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
+
+
+def _bidirectional_backward(
+    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array | None,
+    memory: Array, mass: Array,
+) -> GMAGrad:
+    n_k = v.shape[-2]
+    if n_k == 0:
+        read = _read_backward(xp, gamma_q, memory, mass, d_out, eps, out)
+        d_gamma_k, d_v = write_memory_backward(gamma_k, v, read.d_memory, read.d_mass)
+        return GMAGrad(read.d_gamma_q, d_gamma_k, d_v)
+    centre = xp.sum(v, axis=-2, keepdims=True) / n_k  # R, (..., 1, d_v)
+    v_c = v - centre
+    memory_c = xp.matmul(xp.matrix_transpose(gamma_k), v_c)  # Ṽ − Z R, without the cancellation
+    if out is None:
+        out_c = _read_centred(xp, gamma_q, memory_c, mass, centre, eps)
+    else:
+        out_c = out - centre
+    read = _read_backward(xp, gamma_q, memory_c, mass, d_out, eps, out_c)
+    d_gamma_k, d_v = write_memory_backward(gamma_k, v_c, read.d_memory, read.d_mass)
+    return GMAGrad(read.d_gamma_q, d_gamma_k, sum_to_shape(xp, d_v, tuple(v.shape)))
+
+
+def _read_centred(xp: Any, gamma_q: Array, memory_c: Array, mass: Array, centre: Array, eps: float) -> Array:
+    """O − R = (Γ^Q Ṽ_c − ε R) / (u + ε) from the centred memory Ṽ_c = Ṽ − Z R; rows with u + ε = 0 → 0."""
+    denom, seen = _safe_denominator(xp, query_mass(gamma_q, mass), eps)
+    num = xp.matmul(gamma_q, memory_c)
+    if eps > 0:
+        num = num - eps * centre
+    out_c = num / xp.expand_dims(denom, axis=-1)
+    return xp.where(xp.expand_dims(seen, axis=-1), out_c, xp.zeros_like(out_c))
+
+
+def output_shape(gamma_q: Array, gamma_k: Array, v: Array) -> tuple[int, ...]:
+    """Shape ``(..., N_q, d_v)`` of the output of every GMA form for these inputs."""
+    batch = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(gamma_k.shape[:-2]), tuple(v.shape[:-2]))
+    return batch + (gamma_q.shape[-2], v.shape[-1])
 
 
 def gma_cross(
@@ -293,10 +427,19 @@ def gma_cross(
 
 
 def gma_cross_backward(
-    gamma_q_x: Array, gamma_k_y: Array, v_y: Array, d_out: Array, eps: float = DEFAULT_EPS, *, out: Array | None = None
-) -> BidirectionalGrad:
+    gamma_q_x: Array,
+    gamma_k_y: Array,
+    v_y: Array,
+    d_out: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    out: Array | None = None,
+    check_finite: bool = True,
+) -> GMAGrad:
     """VJP of :func:`gma_cross` (gradients reach X through Γ^Q_X, Y through Γ^K_Y and V_Y).
 
-    ``out``: the forward's saved output, if available (see :func:`gma_bidirectional_backward`).
+    ``out``: the forward's saved output, if available. Accuracy, checks and
+    raises as :func:`gma_bidirectional_backward` (with N_k = 1 and ε = 0 the
+    gradients of Γ are exactly 0).
     """
-    return gma_bidirectional_backward(gamma_q_x, gamma_k_y, v_y, d_out, eps, out=out)
+    return gma_bidirectional_backward(gamma_q_x, gamma_k_y, v_y, d_out, eps, out=out, check_finite=check_finite)

@@ -32,16 +32,23 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._array import (
+    DEFAULT_MAX_BYTES,
     Array,
     broadcast_shapes,
+    check_cotangent,
+    check_floating,
+    check_memory_budget,
+    check_nonnegative_array,
     check_nonnegative_scalar,
     check_positive_int,
     check_rank,
     device_of,
     namespace,
     sum_to_shape,
+    value_scale,
 )
-from .bidirectional import BidirectionalGrad, check_routing_inputs
+from ._array import check_finite as _check_finite
+from .bidirectional import GMAGrad, check_routing_inputs, output_shape
 from .mixture import DEFAULT_EPS
 
 __all__ = [
@@ -67,6 +74,11 @@ def _check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float,
     return eps
 
 
+def _check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, forward: str,
+                 check_finite: bool) -> None:
+    check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), f"the output of {forward}", check_finite)
+
+
 def _divide(xp: Any, num: Array, u: Array, eps: float) -> tuple[Array, Array, Array]:
     """(num / (u + ε), the safe denominator, the mask of rows that see mass)."""
     denom = u + eps
@@ -88,8 +100,16 @@ def _flip_cumsum(xp: Any, a: Array, axis: int) -> Array:
 
 
 def gma_causal_prefix(
-    gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
-) -> Array:
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    state: CausalState | None = None,
+    return_state: bool = False,
+    check_finite: bool = True,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> Array | tuple[Array, CausalState]:
     """Causal GMA by prefix sums (Eqs. 6b and 8b), as the paper describes (§3.5, App. C.7).
 
     Materializes the prefix memory Ṽ^(i) for every i: N × K × d_v numbers, so
@@ -100,61 +120,187 @@ def gma_causal_prefix(
     gamma_q, gamma_k : arrays ``(..., N, K)``; v : array ``(..., N, d_v)``
     eps : float ≥ 0
         Read stabiliser ε.
+    state : CausalState, optional
+        State after an earlier prefix (default: empty), as every causal form takes it.
+    return_state : bool
+        Also return the final state (default ``False``), as every causal form does.
     check_finite : bool
-        Raise on NaN/Inf inputs.
+        Raise on NaN/Inf inputs (and state).
+    max_bytes : int or None
+        Refuse to build the N × K × d_v prefix memory if it needs more bytes
+        (default :data:`gma_ref.DEFAULT_MAX_BYTES`, 4 GiB; ``None``: no limit).
 
     Returns
     -------
-    out : array ``(..., N, d_v)``, promoted floating dtype. Output i depends only on tokens j ≤ i.
+    out : array ``(..., N, d_v)``, promoted floating dtype, or ``(out, state)``
+    with ``return_state``. Output i depends only on tokens j ≤ i.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`gma_ref.bidirectional.gma_bidirectional`, and ``ValueError`` if N_q ≠ N_k.
+        As :func:`gma_ref.bidirectional.gma_bidirectional`, ``ValueError`` if N_q ≠ N_k,
+        for a ``state`` that does not fit the inputs (see :func:`causal_step`), and for
+        a prefix memory larger than ``max_bytes`` (the message names its size and
+        :func:`gma_causal_chunked`, the linear-memory form).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix")
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
+        out, last = gma_causal_prefix(gamma_q, gamma_k, v / scale, eps, state=_scaled(state, 1.0 / scale),
+                                      return_state=True, check_finite=False, max_bytes=None)
+        out = out * scale
+        return (out, _scaled(last, scale)) if return_state else out
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)  # γ^K_jk V_j: (..., N, K, d_v)
-    memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
-    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
+    memory_prefix = xp.cumulative_sum(written, axis=-3) + xp.expand_dims(state.memory, axis=-3)  # Ṽ^(i)
+    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
     num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
     u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    return _divide(xp, num, u, eps)[0]
+    out = _divide(xp, num, u, eps)[0]
+    if not return_state:
+        return out
+    if gamma_k.shape[-2] == 0:
+        return out, state
+    last = CausalState(memory_prefix[..., -1, :, :], mass_prefix[..., -1, :])
+    return out, last
+
+
+def _scaled(state: CausalState | None, factor: float) -> CausalState | None:
+    """The state with Ṽ multiplied by ``factor`` (a power of two: exact); Z is unchanged."""
+    return None if state is None else CausalState(state.memory * factor, state.mass)
+
+
+def _check_prefix_budget(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, max_bytes: int | None,
+                         forward: str) -> None:
+    batch = output_shape(gamma_q, gamma_k, v)[:-2]
+    shape = batch + (gamma_k.shape[-2], gamma_k.shape[-1], v.shape[-1])
+    check_memory_budget(xp, forward, "the prefix memory (..., N, K, d_v)", shape, xp.result_type(gamma_k, v),
+                        max_bytes, "gma_causal_chunked")
 
 
 def gma_causal_prefix_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
-) -> BidirectionalGrad:
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    d_out: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    check_finite: bool = True,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> GMAGrad:
     """VJP of :func:`gma_causal_prefix` with suffix sums (derivations/causal.py).
 
-    With G = ∂L/∂O, D_i = u_i + ε, P_i = G_i / D_i and c_i = −⟨G_i, O_i⟩ / D_i:
+    With G = ∂L/∂O, D_i = u_i + ε and P_i = G_i / D_i, every gradient is a sum of
+    terms ⟨P_i, V_j − O_i⟩ over pairs j ≤ i. The pair j = i is taken apart and
+    computed from the prefix *before* token i, where it cannot cancel:
 
-    * ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i)
-    * S^V_j = Σ_{i≥j} γ^Q_i ⊗ P_i,  S^Z_j = Σ_{i≥j} c_i γ^Q_i   (suffix sums, by flipping)
-    * ∂L/∂V_j = Σ_k γ^K_jk S^V_jk,   ∂L/∂γ^K_jk = ⟨V_j, S^V_jk⟩ + S^Z_jk
+    * δ_i = ⟨P_i, V_i − O_i⟩ with V_i − O_i = ((u^(i−1)_i + ε) V_i − Γ^Q_i Ṽ^(i−1)) / D_i,
+      u^(i−1)_i = Σ_k γ^Q_ik Z^(i−1)_k, and c_i = δ_i − ⟨P_i, V_i⟩ (= −⟨P_i, O_i⟩);
+    * ∂L/∂γ^Q_i = Ṽ^(i−1) P_i + c_i Z^(i−1) + δ_i γ^K_i;
+    * S^V_j = Σ_{i>j} γ^Q_i ⊗ P_i,  S^Z_j = Σ_{i>j} c_i γ^Q_i   (strict suffix sums, by flipping);
+    * ∂L/∂V_j = Σ_k γ^K_jk (S^V_jk + γ^Q_jk P_j),  ∂L/∂γ^K_jk = ⟨V_j, S^V_jk⟩ + S^Z_jk + δ_j γ^Q_jk.
+
+    Accuracy. A row whose own key is all it reads (the first token; ε = 0) gets
+    exactly δ_i = 0, whatever u_i: tiny routed mass no longer turns rounding
+    into 1/u_i-sized gradients. The other pairs are still summed as products
+    with P_i, so the error guaranteed is a few units in the last place of
+
+    * Σ_{j≤i} γ^K_jk |G_i| (|V_j| + |O_i|) / D_i for ∂L/∂γ^Q_ik,
+    * Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k (ε = 0) for ∂L/∂γ^K_jk,
+
+    which exceeds the size of the exact answer only where that answer is a
+    small difference of such terms (e.g. a query that reads slot k with
+    γ^Q_ik ≈ 1e-11 and a slot k' with Z_k' ≈ 1e-28: ∂L/∂γ^Q_ik ≈ 1e-7 from
+    terms of size 1e10). Scaled by γ, as the score gradient of Eq. 18 does,
+    the bounds become N |G|_max |V|_max units in the last place at worst.
+    For K = 1, Γ^Q cancels from O and ∂L/∂Γ^Q is exactly 0; it is returned
+    as rounding of that size.
 
     Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gma_causal_prefix`, and for ``d_out``: not real floating
+        (``TypeError``), not of the output's shape ``(..., N, d_v)``, NaN/Inf
+        with ``check_finite`` (``ValueError``); a prefix memory above ``max_bytes``.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite)
+    _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix_backward")
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # gradients of Γ scale with V
+        grad = gma_causal_prefix_backward(gamma_q, gamma_k, v / scale, d_out, eps, check_finite=False,
+                                          max_bytes=None)
+        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)
-    memory_prefix = xp.cumulative_sum(written, axis=-3)
-    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)
-    num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
-    u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    out, safe, seen = _divide(xp, num, u, eps)
-    p = xp.where(xp.expand_dims(seen, axis=-1), d_out / xp.expand_dims(safe, axis=-1), xp.zeros_like(d_out))
-    c = -xp.sum(p * out, axis=-1)
-    d_gamma_q = xp.sum(memory_prefix * xp.expand_dims(p, axis=-2), axis=-1) + xp.expand_dims(c, axis=-1) * mass_prefix
-    s_v = _flip_cumsum(xp, xp.expand_dims(gamma_q, axis=-1) * xp.expand_dims(p, axis=-2), axis=-3)
-    s_z = _flip_cumsum(xp, xp.expand_dims(c, axis=-1) * gamma_q, axis=-2)
-    d_v = xp.sum(xp.expand_dims(gamma_k, axis=-1) * s_v, axis=-2)
-    d_gamma_k = xp.sum(s_v * xp.expand_dims(v, axis=-2), axis=-1) + s_z
-    return BidirectionalGrad(
+    memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
+    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
+    memory_before = _shift_down(xp, memory_prefix, axis=-3)  # Ṽ^(i−1), never Ṽ^(i) − γ^K_i V_i
+    mass_before = _shift_down(xp, mass_prefix, axis=-2)
+    u_before = xp.sum(gamma_q * mass_before, axis=-1)
+    u = u_before + xp.sum(gamma_q * gamma_k, axis=-1)
+    num_before = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_before, axis=-2)
+    safe, seen = _divide_scalars(xp, u, eps)
+    p, delta, c = _row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
+    d_gamma_q = (
+        xp.sum(memory_before * xp.expand_dims(p, axis=-2), axis=-1)
+        + xp.expand_dims(c, axis=-1) * mass_before
+        + xp.expand_dims(delta, axis=-1) * gamma_k
+    )
+    own_v = xp.expand_dims(gamma_q, axis=-1) * xp.expand_dims(p, axis=-2)  # γ^Q_i ⊗ P_i
+    s_v = _shift_up(xp, _flip_cumsum(xp, own_v, axis=-3), axis=-3)
+    s_z = _shift_up(xp, _flip_cumsum(xp, xp.expand_dims(c, axis=-1) * gamma_q, axis=-2), axis=-2)
+    d_v = xp.sum(xp.expand_dims(gamma_k, axis=-1) * (s_v + own_v), axis=-2)
+    d_gamma_k = (
+        xp.sum(s_v * xp.expand_dims(v, axis=-2), axis=-1) + s_z + xp.expand_dims(delta, axis=-1) * gamma_q
+    )
+    return GMAGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
         sum_to_shape(xp, d_v, tuple(v.shape)),
     )
+
+
+def _row_terms(
+    xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array, eps: float
+) -> tuple[Array, Array, Array]:
+    """(P_i = G_i / D_i, δ_i = ⟨P_i, V_i − O_i⟩, c_i = δ_i − ⟨P_i, V_i⟩), rows with D_i = 0 zeroed.
+
+    V_i − O_i = ((u^(i−1)_i + ε) V_i − Γ^Q_i Ṽ^(i−1)) / D_i comes from the prefix
+    before token i, so token i's own contribution never cancels against itself.
+    """
+    seen_col = xp.expand_dims(seen, axis=-1)
+    safe_col = xp.expand_dims(safe, axis=-1)
+    p = xp.where(seen_col, d_out / safe_col, xp.zeros_like(d_out))
+    residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
+    delta = xp.sum(p * residual, axis=-1) / safe
+    delta = xp.where(seen, delta, xp.zeros_like(delta))
+    c = delta - xp.sum(p * v, axis=-1)
+    return p, delta, c
+
+
+def _shift_down(xp: Any, a: Array, axis: int) -> Array:
+    """a shifted one step along ``axis`` (towards higher index), with zeros first: exclusive prefix."""
+    if a.shape[axis] == 0:
+        return a
+    n = a.shape[axis]
+    zero = xp.zeros_like(xp.take(a, xp.asarray([0], device=device_of(a)), axis=axis))
+    rest = xp.take(a, xp.arange(n - 1, device=device_of(a)), axis=axis)
+    return xp.concat([zero, rest], axis=axis)
+
+
+def _shift_up(xp: Any, a: Array, axis: int) -> Array:
+    """a shifted one step along ``axis`` (towards lower index), with zeros last: exclusive suffix."""
+    if a.shape[axis] == 0:
+        return a
+    n = a.shape[axis]
+    zero = xp.zeros_like(xp.take(a, xp.asarray([0], device=device_of(a)), axis=axis))
+    rest = xp.take(a, xp.arange(1, n, device=device_of(a)), axis=axis)
+    return xp.concat([rest, zero], axis=axis)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -194,7 +340,13 @@ def initial_causal_state(
 
 
 def causal_step(
-    state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: Array, eps: float = DEFAULT_EPS
+    state: CausalState,
+    gamma_q_t: Array,
+    gamma_k_t: Array,
+    v_t: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    check_finite: bool = True,
 ) -> tuple[Array, CausalState]:
     """One decoding step of causal GMA: write token t, then read it (Eqs. 6b, 8b at i = t).
 
@@ -203,8 +355,11 @@ def causal_step(
     state : CausalState
         Ṽ^(t−1) ``(..., K, d_v)`` and Z^(t−1) ``(..., K)`` (see :func:`initial_causal_state`).
     gamma_q_t, gamma_k_t : arrays ``(..., K)``; v_t : array ``(..., d_v)``
-        Responsibilities and value of token t.
+        Responsibilities and value of one token t, with exactly the state's
+        batch axes ``...`` (a block of tokens goes to :func:`gma_causal_streaming`).
     eps : float ≥ 0
+    check_finite : bool
+        Raise on NaN/Inf in the token or the state.
 
     Returns
     -------
@@ -212,25 +367,96 @@ def causal_step(
 
     Raises
     ------
+    TypeError
+        ``state`` not a :class:`CausalState` (e.g. a plain tuple), non-floating arrays.
     ValueError
-        Mismatched K or d_v between the token and the state, ε < 0.
+        A state whose memory and mass do not fit together (swapped, or a mass of
+        the wrong shape), with NaN/Inf or a negative mass; token shapes that do not
+        match the state's K, d_v or batch axes; ε < 0.
     """
+    _check_state_type(state)
     xp = namespace(memory=state.memory, mass=state.mass, gamma_q_t=gamma_q_t, gamma_k_t=gamma_k_t, v_t=v_t)
-    for name, a, layout in (("gamma_q_t", gamma_q_t, "(..., K)"), ("gamma_k_t", gamma_k_t, "(..., K)"),
-                            ("v_t", v_t, "(..., d_v)")):
+    eps = check_nonnegative_scalar("eps", eps)
+    k, d_v, batch = _check_state(xp, state, check_finite)
+    for name, a, size, what in (("gamma_q_t", gamma_q_t, k, "K"), ("gamma_k_t", gamma_k_t, k, "K"),
+                                ("v_t", v_t, d_v, "d_v")):
+        check_floating(xp, name, a)
+        layout = "(..., K)" if what == "K" else "(..., d_v)"
         check_rank(name, a, 1, layout)
-    k, d_v = state.memory.shape[-2], state.memory.shape[-1]
-    if gamma_q_t.shape[-1] != k or gamma_k_t.shape[-1] != k or v_t.shape[-1] != d_v:
-        raise ValueError(
-            f"token shapes gamma_q_t {tuple(gamma_q_t.shape)}, gamma_k_t {tuple(gamma_k_t.shape)}, "
-            f"v_t {tuple(v_t.shape)} do not match the state's K = {k}, d_v = {d_v}"
-        )
+        if tuple(a.shape) != batch + (size,):
+            raise ValueError(
+                f"{name} must be one token of shape {batch + (size,)} (the state's batch axes {batch} and "
+                f"{what} = {size}), got shape {tuple(a.shape)}; a block of tokens goes to "
+                "gma_causal_streaming(..., state=state)"
+            )
+        if check_finite:
+            _check_finite(xp, name, a)
+    if check_finite:
+        check_nonnegative_array(xp, "gamma_q_t", gamma_q_t, "responsibilities lie on the simplex")
+        check_nonnegative_array(xp, "gamma_k_t", gamma_k_t, "responsibilities lie on the simplex")
+    return _step(xp, state, gamma_q_t, gamma_k_t, v_t, eps)
+
+
+def _step(xp: Any, state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: Array,
+          eps: float) -> tuple[Array, CausalState]:
     memory = state.memory + xp.expand_dims(gamma_k_t, axis=-1) * xp.expand_dims(v_t, axis=-2)
     mass = state.mass + gamma_k_t
     num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
     u = xp.sum(gamma_q_t * mass, axis=-1)
-    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), check_nonnegative_scalar("eps", eps))[0]
+    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)[0]
     return out[..., 0, :], CausalState(memory, mass)
+
+
+def _check_state_type(state: Any) -> None:
+    if not isinstance(state, CausalState):
+        raise TypeError(
+            "state must be a CausalState(memory, mass) (from initial_causal_state or a causal form's "
+            f"returned state), got {type(state).__module__}.{type(state).__qualname__}"
+        )
+
+
+def _check_state(xp: Any, state: CausalState, check_finite: bool) -> tuple[int, int, tuple[int, ...]]:
+    """Validate a CausalState on its own; return (K, d_v, batch shape)."""
+    memory, mass = state.memory, state.mass
+    check_floating(xp, "state.memory", memory)
+    check_floating(xp, "state.mass", mass)
+    if memory.ndim < 2 or mass.ndim < 1 or tuple(memory.shape[:-1]) != tuple(mass.shape):
+        raise ValueError(
+            "state must hold memory Ṽ of shape (..., K, d_v) and mass Z of shape (..., K) with the same "
+            f"leading axes and K, got state.memory {tuple(memory.shape)} and state.mass {tuple(mass.shape)}"
+            + (" (swapped?)" if tuple(mass.shape[:-1]) == tuple(memory.shape) else "")
+        )
+    if mass.shape[-1] < 1:
+        raise ValueError(f"state must have K >= 1 components, got state.mass {tuple(mass.shape)}")
+    if check_finite:
+        _check_finite(xp, "state.memory", memory)
+        _check_finite(xp, "state.mass", mass)
+        check_nonnegative_array(xp, "state.mass", mass, "Z is a sum of responsibilities")
+    return int(mass.shape[-1]), int(memory.shape[-1]), tuple(mass.shape[:-1])
+
+
+def _initial(xp: Any, state: CausalState | None, gamma_q: Array, gamma_k: Array, v: Array,
+             check_finite: bool) -> CausalState:
+    """The state a sequence form starts from: empty, or ``state`` checked against the inputs."""
+    if state is None:
+        return _empty_state(xp, gamma_k, v)
+    _check_state_type(state)
+    namespace(gamma_k=gamma_k, memory=state.memory, mass=state.mass)
+    k, d_v, batch = _check_state(xp, state, check_finite)
+    if gamma_k.shape[-1] != k or v.shape[-1] != d_v:
+        raise ValueError(
+            f"state has K = {k}, d_v = {d_v} (state.memory {tuple(state.memory.shape)}), but the inputs have "
+            f"K = {gamma_k.shape[-1]} (gamma_k {tuple(gamma_k.shape)}) and d_v = {v.shape[-1]} (v {tuple(v.shape)})"
+        )
+    inputs = output_shape(gamma_q, gamma_k, v)[:-2]
+    try:
+        broadcast_shapes(batch, inputs)
+    except ValueError:
+        raise ValueError(
+            f"state has batch axes {batch} (state.mass {tuple(state.mass.shape)}), which do not broadcast "
+            f"with the inputs' batch axes {inputs}"
+        ) from None
+    return state
 
 
 def _empty_state(xp: Any, gamma_k: Array, v: Array) -> CausalState:
@@ -250,12 +476,13 @@ def gma_causal_streaming(
     eps: float = DEFAULT_EPS,
     *,
     state: CausalState | None = None,
+    return_state: bool = False,
     check_finite: bool = True,
-) -> tuple[Array, CausalState]:
+) -> Array | tuple[Array, CausalState]:
     """Causal GMA token by token with a constant-size state (the recurrent form of Eq. 8b).
 
-    Feeds the sequence through :func:`causal_step`; passing the returned state to
-    a later call continues the sequence (prefill, then decode).
+    Feeds the sequence through the step of :func:`causal_step`; passing the
+    returned state to a later call continues the sequence (prefill, then decode).
 
     Parameters
     ----------
@@ -263,28 +490,39 @@ def gma_causal_streaming(
     eps : float ≥ 0
     state : CausalState, optional
         State after an earlier prefix (default: empty).
+    return_state : bool
+        Also return the final state (default ``False``), as every causal form does.
+    check_finite : bool
+        Raise on NaN/Inf inputs (and state).
 
     Returns
     -------
-    (out ``(..., N, d_v)``, final state). Raises as :func:`gma_causal_prefix`.
+    out ``(..., N, d_v)``, or ``(out, state)`` with ``return_state``. Raises as
+    :func:`gma_causal_prefix`.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
-    if state is None:
-        state = _empty_state(xp, gamma_k, v)
+    state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
+        out, last = gma_causal_streaming(gamma_q, gamma_k, v / scale, eps, state=_scaled(state, 1.0 / scale),
+                                         return_state=True, check_finite=False)
+        return (out * scale, _scaled(last, scale)) if return_state else out * scale
     outs = []
     for t in range(gamma_q.shape[-2]):
-        out_t, state = causal_step(state, gamma_q[..., t, :], gamma_k[..., t, :], v[..., t, :], eps)
+        out_t, state = _step(xp, state, gamma_q[..., t, :], gamma_k[..., t, :], v[..., t, :], eps)
         outs.append(out_t)
-    if not outs:
+    if outs:
+        out = xp.stack(outs, axis=-2)
+    else:
         shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(state.memory.shape[:-2])) + (0, v.shape[-1])
-        return xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v)), state
-    return xp.stack(outs, axis=-2), state
+        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v))
+    return (out, state) if return_state else out
 
 
 def gma_causal_streaming_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS
-) -> BidirectionalGrad:
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+) -> GMAGrad:
     """VJP of :func:`gma_causal_streaming` (from the empty state), with O(K d_v) state.
 
     The recurrence is the chunked recurrence with one token per chunk, and so is
@@ -293,8 +531,9 @@ def gma_causal_streaming_backward(
     start, never by subtraction) and yields ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i).
     Pass 2 runs backwards carrying the suffix sums S^V (K × d_v) and S^Z (K)
     of :func:`gma_causal_prefix_backward`, updated by addition only.
+    Accuracy and raises as :func:`gma_causal_prefix_backward`.
     """
-    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size=1)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, 1, "gma_causal_streaming", check_finite)
 
 
 # --------------------------------------------------------------------------- chunked
@@ -333,7 +572,7 @@ def gma_causal_chunked(
     state : CausalState, optional
         State after an earlier prefix (default: empty).
     return_state : bool
-        Also return the final state.
+        Also return the final state (default ``False``), as every causal form does.
 
     Returns
     -------
@@ -341,13 +580,19 @@ def gma_causal_chunked(
 
     Raises
     ------
-    ValueError
-        ``chunk_size`` < 1, and as :func:`gma_causal_prefix`.
+    TypeError, ValueError
+        ``chunk_size`` < 1, and as :func:`gma_causal_prefix` (inputs and ``state``).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
-    memory, mass = _empty_state(xp, gamma_k, v) if state is None else state
+    memory, mass = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
+        out, last = gma_causal_chunked(gamma_q, gamma_k, v / scale, eps, chunk_size,
+                                       state=_scaled(CausalState(memory, mass), 1.0 / scale), return_state=True,
+                                       check_finite=False)
+        return (out * scale, _scaled(last, scale)) if return_state else out * scale
     n = gamma_q.shape[-2]
     outs = []
     for start in range(0, n, chunk_size):
@@ -381,52 +626,61 @@ def gma_causal_chunked_backward(
     eps: float = DEFAULT_EPS,
     chunk_size: int = 64,
     *,
-    out: Array | None = None,
-) -> BidirectionalGrad:
+    check_finite: bool = True,
+) -> GMAGrad:
     """VJP of :func:`gma_causal_chunked` (from the empty state), chunk by chunk.
 
-    Pass 1 (forward over chunks) recomputes the inter-chunk state, the outputs
-    and, for each chunk, P_c = G_c / D_c, c_c = −⟨G_c, O_c⟩ / D_c and
-    ∂L/∂Γ^Q_c = P_c Ṽ_prevᵀ + c_c Z_prevᵀ + W_c Γ^K_c with W_c = (P_c V_cᵀ + c_c 1ᵀ) ⊙ L.
+    Pass 1 (forward over chunks) recomputes the inter-chunk state and, for each
+    chunk, P_c = G_c / D_c, δ and c = −⟨P_c, O_c⟩ as in
+    :func:`gma_causal_prefix_backward` (from the state before each token, so a
+    token's own key never cancels against itself) and
+    ∂L/∂Γ^Q_c = P_c Ṽ_prevᵀ + c_c Z_prevᵀ + W_c Γ^K_c with W_c = (P_c V_cᵀ + c_c 1ᵀ) ⊙ L,
+    whose diagonal ⟨P_i, V_i⟩ + c_i is taken as δ_i.
     Pass 2 (reverse over chunks) carries the suffix sums S^V = Σ_later (Γ^Q)ᵀ P
     and S^Z = Σ_later (Γ^Q)ᵀ c, and gives ∂L/∂V_c = A_cᵀ P_c + Γ^K_c S^V and
     ∂L/∂Γ^K_c = W_cᵀ Γ^Q_c + V_c (S^V)ᵀ + 1 (S^Z)ᵀ.
 
-    ``out``, the forward's saved output, skips recomputing it (two products per
-    chunk); A_c and W_c are kept from pass 1 for pass 2 (2·N·C numbers).
+    The output itself is never needed. A_c and W_c are kept from pass 1 for
+    pass 2 (2·N·C numbers); accuracy as :func:`gma_causal_prefix_backward`.
     Peak memory O(N(C + K + d_v) + K d_v): linear in N, never N·K·d_v.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, out)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, "gma_causal_chunked", check_finite)
 
 
 def _chunked_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int, out: Array | None = None
-) -> BidirectionalGrad:
-    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, out=out)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int, forward: str,
+    check_finite: bool,
+) -> GMAGrad:
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    _check_d_out(xp, gamma_q, gamma_k, v, d_out, forward, check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:  # gradients of Γ scale with V
+        grad = _chunked_backward(gamma_q, gamma_k, v / scale, d_out, eps, chunk_size, forward, False)
+        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
     memory, mass = _empty_state(xp, gamma_k, v)
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
     lower = _lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
+    strict_lower = _lower_mask(xp, min(n, chunk_size), device_of(v), strict=True)
     a_chunks, w_chunks, p_chunks, c_chunks, dq_chunks = [], [], [], [], []
     for start, stop in bounds:  # pass 1: forward state, ∂L/∂Γ^Q
         gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
         mask = lower[: stop - start, : stop - start]
-        a = xp.matmul(gq, xp.matrix_transpose(gk))
-        a = xp.where(mask, a, xp.zeros_like(a))
-        u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
-        if out is None:
-            num = xp.matmul(a, vc) + xp.matmul(gq, memory)
-            out_c, safe, seen = _divide(xp, num, u, eps)
-        else:
-            out_c = out[..., start:stop, :]
-            safe, seen = _divide_scalars(xp, u, eps)
-        g = d_out[..., start:stop, :]
-        p = xp.where(xp.expand_dims(seen, axis=-1), g / xp.expand_dims(safe, axis=-1), xp.zeros_like(g))
-        c = -xp.sum(p * out_c, axis=-1)
-        w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)  # W = (P Vᵀ + c 1ᵀ) ⊙ L
-        w = xp.where(mask, w, xp.zeros_like(w))
+        strict = strict_lower[: stop - start, : stop - start]
+        a_full = xp.matmul(gq, xp.matrix_transpose(gk))
+        a = xp.where(mask, a_full, xp.zeros_like(a_full))
+        a_before = xp.where(strict, a_full, xp.zeros_like(a_full))  # keys j < i of the chunk
+        u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
+        u = u_before + xp.sum(gq * gk, axis=-1)
+        num_before = xp.matmul(a_before, vc) + xp.matmul(gq, memory)
+        safe, seen = _divide_scalars(xp, u, eps)
+        p, delta, c = _row_terms(xp, vc, d_out[..., start:stop, :], u_before, num_before, safe, seen, eps)
+        # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
+        w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
+        w = xp.where(strict, w, xp.zeros_like(w))
+        w = w + xp.where(mask & ~strict, xp.expand_dims(delta, axis=-1), xp.zeros_like(w))
         dq = (
             xp.matmul(p, xp.matrix_transpose(memory))
             + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
@@ -466,18 +720,18 @@ def _chunked_backward(
     d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1])
     d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1])
     d_v = cat(dv_chunks, v, v.shape[-1])
-    return BidirectionalGrad(
+    return GMAGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
         sum_to_shape(xp, d_v, tuple(v.shape)),
     )
 
 
-def _lower_mask(xp: Any, size: int, device: Any) -> Array:
-    """Boolean C × C mask L with L_ij = (j ≤ i)."""
+def _lower_mask(xp: Any, size: int, device: Any, strict: bool = False) -> Array:
+    """Boolean C × C mask L with L_ij = (j ≤ i), or (j < i) with ``strict``."""
     i = xp.reshape(xp.arange(size, device=device), (size, 1))
     j = xp.reshape(xp.arange(size, device=device), (1, size))
-    return j <= i
+    return j < i if strict else j <= i
 
 
 def _divide_scalars(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:

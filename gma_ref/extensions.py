@@ -29,13 +29,21 @@ device and dtype. They are therefore not differentiable by an autograd framework
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat
 import numpy as np
 from scipy import special
 
-from ._array import Array, check_floating, check_positive_int, check_positive_scalar, check_rank, namespace
+from ._array import (
+    Array,
+    check_cotangent,
+    check_floating,
+    check_positive_int,
+    check_positive_scalar,
+    check_rank,
+    namespace,
+)
 from ._array import check_finite as _check_finite
 
 __all__ = [
@@ -47,6 +55,8 @@ __all__ = [
     "posterior_mean_log_priors_backward",
     "stick_breaking_priors",
     "stick_breaking_priors_backward",
+    "MoEGatesGrad",
+    "MoEMixtureGrad",
     "moe_gates",
     "moe_gates_backward",
     "moe_dense_mixture",
@@ -140,7 +150,7 @@ def dirichlet_prior_kl(a: Array, alpha0: float, *, check_finite: bool = True) ->
     return _from_host(xp, a, np.asarray(kl))
 
 
-def dirichlet_prior_kl_backward(a: Array, alpha0: float, d_kl: Array) -> Array:
+def dirichlet_prior_kl_backward(a: Array, alpha0: float, d_kl: Array, *, check_finite: bool = True) -> Array:
     """Vector–Jacobian product of :func:`dirichlet_prior_kl` with respect to ``a``.
 
     ∂KL/∂a_j = (a_j − α₀/K) ψ′(a_j) − (a₀ − α₀) ψ′(a₀), ψ′ the trigamma function, so
@@ -148,15 +158,13 @@ def dirichlet_prior_kl_backward(a: Array, alpha0: float, d_kl: Array) -> Array:
 
     Shapes: ``a`` ``(..., K)``, ``d_kl`` ``(...)``; returns ``d_a`` shaped like ``a``
     in the common dtype, computed on the host in float64 (``scipy.special.polygamma``).
-    Raises as :func:`dirichlet_prior_kl`, and ``ValueError`` if ``d_kl`` does not have
-    shape ``a.shape[:-1]``.
+    Raises as :func:`dirichlet_prior_kl`, ``TypeError`` for a non-floating ``d_kl`` and
+    ``ValueError`` if it does not have shape ``a.shape[:-1]`` or (``check_finite``) holds NaN/Inf.
     """
     xp = namespace(a=a, d_kl=d_kl)
-    _check_concentrations(xp, a, True)
-    check_floating(xp, "d_kl", d_kl)
+    _check_concentrations(xp, a, check_finite)
     alpha0 = check_positive_scalar("alpha0", alpha0)
-    if tuple(d_kl.shape) != tuple(a.shape[:-1]):
-        raise ValueError(f"d_kl must have shape {tuple(a.shape[:-1])} (a.shape[:-1]), got {tuple(d_kl.shape)}")
+    check_cotangent(xp, "d_kl", d_kl, tuple(a.shape[:-1]), "the KL, a.shape[:-1]", check_finite)
     h = _to_host(a).astype(np.float64)
     g = _to_host(d_kl).astype(np.float64)
     k = h.shape[-1]
@@ -179,12 +187,16 @@ def posterior_mean_priors(a: Array, *, check_finite: bool = True) -> Array:
     return a / xp.sum(a, axis=-1, keepdims=True)
 
 
-def posterior_mean_priors_backward(a: Array, d_priors: Array) -> Array:
+def posterior_mean_priors_backward(a: Array, d_priors: Array, *, check_finite: bool = True) -> Array:
     """Vector–Jacobian product of Eq. 36: d_a_j = (g_j − Σ_k g_k π_k) / a₀, g = ∂L/∂π.
 
-    ``a``, ``d_priors``: ``(..., K)``; returns ``d_a`` of the same shape.
+    ``a``, ``d_priors``: ``(..., K)``; returns ``d_a`` of the same shape. Raises as
+    :func:`posterior_mean_priors`, and for ``d_priors`` not real floating, not of
+    ``a``'s shape or (``check_finite``) with NaN/Inf.
     """
     xp = namespace(a=a, d_priors=d_priors)
+    _check_concentrations(xp, a, check_finite)
+    check_cotangent(xp, "d_priors", d_priors, tuple(a.shape), "a", check_finite)
     a0 = xp.sum(a, axis=-1, keepdims=True)
     priors = a / a0
     return (d_priors - xp.sum(d_priors * priors, axis=-1, keepdims=True)) / a0
@@ -201,12 +213,15 @@ def posterior_mean_log_priors(a: Array, *, check_finite: bool = True) -> Array:
     return xp.log(a) - xp.log(xp.sum(a, axis=-1, keepdims=True))
 
 
-def posterior_mean_log_priors_backward(a: Array, d_log_priors: Array) -> Array:
+def posterior_mean_log_priors_backward(a: Array, d_log_priors: Array, *, check_finite: bool = True) -> Array:
     """Vector–Jacobian product of log E_q[π]: d_a_j = g_j / a_j − Σ_k g_k / a₀.
 
-    ``a``, ``d_log_priors``: ``(..., K)``; returns ``d_a`` of the same shape.
+    ``a``, ``d_log_priors``: ``(..., K)``; returns ``d_a`` of the same shape. Raises as
+    :func:`posterior_mean_priors_backward`.
     """
     xp = namespace(a=a, d_log_priors=d_log_priors)
+    _check_concentrations(xp, a, check_finite)
+    check_cotangent(xp, "d_log_priors", d_log_priors, tuple(a.shape), "a", check_finite)
     a0 = xp.sum(a, axis=-1, keepdims=True)
     return d_log_priors / a - xp.sum(d_log_priors, axis=-1, keepdims=True) / a0
 
@@ -265,7 +280,7 @@ def stick_breaking_priors(v: Array, *, check_finite: bool = True) -> tuple[Array
 
 
 def stick_breaking_priors_backward(
-    v: Array, d_priors: Array, d_remainder: Array | None = None
+    v: Array, d_priors: Array, d_remainder: Array | None = None, *, check_finite: bool = True
 ) -> Array:
     """Vector–Jacobian product of Eq. 38 with respect to the stick fractions ``v``.
 
@@ -277,8 +292,15 @@ def stick_breaking_priors_backward(
 
     (no division by 1 − v, so v = 1 is fine). ``v``, ``d_priors``: ``(..., K_max)``;
     ``d_remainder``: ``(...)`` or ``None`` (zero). Returns ``d_v`` shaped like ``v``.
+    Raises as :func:`stick_breaking_priors`, and for cotangents not real floating,
+    of the wrong shape or (``check_finite``) with NaN/Inf.
     """
     xp = namespace(v=v, d_priors=d_priors, d_remainder=d_remainder)
+    stick_breaking_priors(v, check_finite=check_finite)
+    check_cotangent(xp, "d_priors", d_priors, tuple(v.shape), "the priors, v.shape", check_finite)
+    if d_remainder is not None:
+        check_cotangent(xp, "d_remainder", d_remainder, tuple(v.shape[:-1]), "the remainder, v.shape[:-1]",
+                        check_finite)
     k_max = v.shape[-1]
     sticks = [xp.ones_like(v[..., 0])]
     for k in range(k_max):
@@ -292,6 +314,22 @@ def stick_breaking_priors_backward(
 
 
 # --------------------------------------------------------------------------- GMA-MoE gates
+
+
+class MoEGatesGrad(NamedTuple):
+    """Cotangents of the inputs of :func:`moe_gates` (each the shape of its input)."""
+
+    d_r: Array
+    d_expert_means: Array
+    d_expert_variances: Array
+    d_expert_prior_logits: Array
+
+
+class MoEMixtureGrad(NamedTuple):
+    """Cotangents of the inputs of :func:`moe_dense_mixture` / :func:`moe_sparse_mixture`."""
+
+    d_gates: Array
+    d_expert_outputs: Array
 
 
 def _check_moe_inputs(
@@ -409,7 +447,9 @@ def moe_gates_backward(
     expert_variances: Array,
     expert_prior_logits: Array,
     d_gates: Array,
-) -> tuple[Array, Array, Array, Array]:
+    *,
+    check_finite: bool = True,
+) -> MoEGatesGrad:
     """Vector–Jacobian product of :func:`moe_gates` (Eq. 39).
 
     With δ_ih = γ_ih (g_ih − Σ_l γ_il g_il) (Eq. 18 for the gate scores, g = ``d_gates``)::
@@ -421,9 +461,10 @@ def moe_gates_backward(
 
     (the sums over i also run over the leading batch axes of ``r``).
 
-    Returns ``(d_r, d_expert_means, d_expert_variances, d_expert_prior_logits)``
-    shaped like the inputs. ``d_gates``: ``(..., N, H)``. Raises as :func:`moe_gates`
-    (with ``check_finite=True``), and ``ValueError`` for a mis-shaped ``d_gates``.
+    Returns :class:`MoEGatesGrad` (``d_r``, ``d_expert_means``, ``d_expert_variances``,
+    ``d_expert_prior_logits``) shaped like the inputs. ``d_gates``: ``(..., N, H)``.
+    Raises as :func:`moe_gates`, and for ``d_gates`` not real floating (``TypeError``),
+    mis-shaped or (``check_finite``) with NaN/Inf (``ValueError``).
     """
     xp = namespace(
         r=r,
@@ -432,11 +473,9 @@ def moe_gates_backward(
         expert_prior_logits=expert_prior_logits,
         d_gates=d_gates,
     )
-    _check_moe_inputs(xp, r, expert_means, expert_variances, expert_prior_logits, True)
+    _check_moe_inputs(xp, r, expert_means, expert_variances, expert_prior_logits, check_finite)
     h = expert_means.shape[0]
-    expected = (*r.shape[:-1], h)
-    if tuple(d_gates.shape) != expected:
-        raise ValueError(f"d_gates must have shape (..., N, H) = {expected}, got {tuple(d_gates.shape)}")
+    check_cotangent(xp, "d_gates", d_gates, (*r.shape[:-1], h), "the gates (..., N, H)", check_finite)
     scores, scaled = _moe_scores(xp, r, expert_means, expert_variances, expert_prior_logits)
     gates = xp.exp(_log_softmax(xp, scores))
     delta = gates * (d_gates - xp.sum(gates * d_gates, axis=-1, keepdims=True))  # (..., N, H)
@@ -451,7 +490,7 @@ def moe_gates_backward(
     )
     rho = xp.exp(_log_softmax(xp, expert_prior_logits))
     d_logits = xp.sum(flat_delta, axis=0) - rho * xp.sum(flat_delta)
-    return d_r, d_means, d_variances, d_logits
+    return MoEGatesGrad(d_r, d_means, d_variances, d_logits)
 
 
 # --------------------------------------------------------------------------- dense and sparse mixtures
@@ -478,6 +517,10 @@ def _check_mixture_inputs(xp: Any, gates: Array, expert_outputs: Array, check_fi
     if check_finite:
         _check_finite(xp, "gates", gates)
         _check_finite(xp, "expert_outputs", expert_outputs)
+
+
+def _mixture_shape(gates: Array, expert_outputs: Array) -> tuple[int, ...]:
+    return (*gates.shape[:-1], expert_outputs.shape[-1])
 
 
 def moe_dense_mixture(gates: Array, expert_outputs: Array, *, check_finite: bool = True) -> Array:
@@ -510,17 +553,21 @@ def moe_dense_mixture(gates: Array, expert_outputs: Array, *, check_finite: bool
 
 
 def moe_dense_mixture_backward(
-    gates: Array, expert_outputs: Array, d_y: Array
-) -> tuple[Array, Array]:
+    gates: Array, expert_outputs: Array, d_y: Array, *, check_finite: bool = True
+) -> MoEMixtureGrad:
     """Vector–Jacobian product of Eq. 40.
 
     d_gates_ih = ⟨d_y_i, E_h(X)_i⟩ and d_E_h(X)_i = γ_ih d_y_i. ``d_y``: ``(..., N, d)``.
-    Returns ``(d_gates, d_expert_outputs)`` shaped like the inputs.
+    Returns :class:`MoEMixtureGrad` (``d_gates``, ``d_expert_outputs``) shaped like the
+    inputs. Raises as :func:`moe_dense_mixture`, and for ``d_y`` not real floating,
+    not of the output's shape or (``check_finite``) with NaN/Inf.
     """
     xp = namespace(gates=gates, expert_outputs=expert_outputs, d_y=d_y)
+    _check_mixture_inputs(xp, gates, expert_outputs, check_finite)
+    check_cotangent(xp, "d_y", d_y, _mixture_shape(gates, expert_outputs), "the output y", check_finite)
     d_gates = xp.moveaxis(xp.sum(expert_outputs * d_y[..., None, :, :], axis=-1), -2, -1)
     d_expert = xp.moveaxis(gates, -1, -2)[..., None] * d_y[..., None, :, :]
-    return d_gates, d_expert
+    return MoEMixtureGrad(d_gates, d_expert)
 
 
 def top_r_mask(gates: Array, r: int) -> Array:
@@ -595,8 +642,8 @@ def moe_sparse_mixture(
 
 
 def moe_sparse_mixture_backward(
-    gates: Array, expert_outputs: Array, r: int, d_y: Array
-) -> tuple[Array, Array]:
+    gates: Array, expert_outputs: Array, r: int, d_y: Array, *, check_finite: bool = True
+) -> MoEMixtureGrad:
     """Vector–Jacobian product of Eq. 41 with the selection S_i held fixed.
 
     With Z_i = Σ_{l∈S_i} γ_il and e_ih = ⟨d_y_i, E_h(X)_i⟩::
@@ -606,9 +653,12 @@ def moe_sparse_mixture_backward(
 
     The top-r selection is piecewise constant, so this is the exact derivative
     wherever no two gates tie at the selection boundary. Returns
-    ``(d_gates, d_expert_outputs)`` shaped like the inputs.
+    :class:`MoEMixtureGrad` (``d_gates``, ``d_expert_outputs``) shaped like the inputs.
+    Raises as :func:`moe_sparse_mixture`, and for ``d_y`` as :func:`moe_dense_mixture_backward`.
     """
     xp = namespace(gates=gates, expert_outputs=expert_outputs, d_y=d_y)
+    _check_mixture_inputs(xp, gates, expert_outputs, check_finite)
+    check_cotangent(xp, "d_y", d_y, _mixture_shape(gates, expert_outputs), "the output y", check_finite)
     mask = top_r_mask(gates, r)
     sparse = moe_sparse_gates(gates, r, check_finite=False)
     total = xp.sum(xp.where(mask, gates, xp.zeros_like(gates)), axis=-1, keepdims=True)
@@ -618,4 +668,4 @@ def moe_sparse_mixture_backward(
         mask, (e - xp.sum(sparse * e, axis=-1, keepdims=True)) / total, xp.zeros_like(e)
     )
     d_expert = xp.moveaxis(sparse, -1, -2)[..., None] * d_y[..., None, :, :]
-    return d_gates, d_expert
+    return MoEMixtureGrad(d_gates, d_expert)

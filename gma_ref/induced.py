@@ -14,7 +14,18 @@ A = diag(Ã 1 + ε)⁻¹ Ã, which is Eq. 9 restated, and the causal weights of
 
 from __future__ import annotations
 
-from ._array import Array, check_nonnegative_scalar, namespace
+from typing import Any
+
+from ._array import (
+    DEFAULT_MAX_BYTES,
+    Array,
+    check_cotangent,
+    check_memory_budget,
+    check_nonnegative_scalar,
+    namespace,
+    value_scale,
+)
+from .bidirectional import GMAGrad, check_routing_inputs, output_shape
 from .mixture import DEFAULT_EPS
 
 __all__ = [
@@ -50,10 +61,13 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
     Row i sums to u_i / (u_i + ε) with u_i the (prefix) routed key mass: exactly
     1 when ε = 0, less than 1 otherwise, and far below 1 when u_i is not ≫ ε.
     Shapes ``(..., N_q, K)``, ``(..., N_k, K)`` → ``(..., N_q, N_k)``; causal needs
-    N_q = N_k (``ValueError`` otherwise). Rows with zero denominator are 0.
+    N_q = N_k (``ValueError`` otherwise; ``TypeError`` unless ``causal`` is a bool).
+    Rows with zero denominator are 0.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k)
     eps = check_nonnegative_scalar("eps", eps)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
     a_tilde = affinity(gamma_q, gamma_k)
     if causal:
         n_q, n_k = gamma_q.shape[-2], gamma_k.shape[-2]
@@ -67,17 +81,55 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
     return xp.where(denom > 0, a_tilde / safe, xp.zeros_like(a_tilde))
 
 
+def _check_materialized(
+    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, causal: bool, check_finite: bool,
+    max_bytes: int | None, forward: str,
+) -> float:
+    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if causal and gamma_q.shape[-2] != gamma_k.shape[-2]:
+        raise ValueError(
+            f"causal GMA needs as many queries as keys, got gamma_q {tuple(gamma_q.shape)} "
+            f"and gamma_k {tuple(gamma_k.shape)}"
+        )
+    shape = output_shape(gamma_q, gamma_k, v)[:-1] + (gamma_k.shape[-2],)
+    instead = "gma_causal_chunked" if causal else "gma_bidirectional"
+    check_memory_budget(xp, forward, "the N_q × N_k weights", shape, xp.result_type(gamma_q, gamma_k, v),
+                        max_bytes, instead)
+    return eps
+
+
 def gma_materialized(
-    gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, causal: bool = False
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    causal: bool = False,
+    check_finite: bool = True,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> Array:
     """O = A V with A materialized (Eq. 10; causal: Eq. 10b). The oracle of the oracle.
 
     Exactly equal (ε included) to the latent-memory output of Eq. 7 / Eq. 8b.
     Shapes: ``(..., N_q, K)``, ``(..., N_k, K)``, ``(..., N_k, d_v)`` → ``(..., N_q, d_v)``.
-    O(N_q N_k) memory.
+    O(N_q N_k) memory: refused above ``max_bytes`` (default
+    :data:`gma_ref.DEFAULT_MAX_BYTES`, 4 GiB, for the N_q × N_k array; ``None``: no limit).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gma_ref.gma_bidirectional` (dtypes, ranks, shapes, negative
+        responsibilities, NaN/Inf with ``check_finite``); ``TypeError`` unless
+        ``causal`` is a bool; ``ValueError`` for causal with N_q ≠ N_k and for an
+        N_q × N_k array larger than ``max_bytes`` (the message names its size).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
-    return xp.matmul(attention_weights(gamma_q, gamma_k, eps, causal=causal), v)
+    eps = _check_materialized(xp, gamma_q, gamma_k, v, eps, causal, check_finite, max_bytes, "gma_materialized")
+    scale = value_scale(xp, v, v.shape[-2])
+    out = xp.matmul(attention_weights(gamma_q, gamma_k, eps, causal=causal), v if scale == 1.0 else v / scale)
+    return out if scale == 1.0 else out * scale
 
 
 def memory_slots(memory: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
@@ -114,17 +166,39 @@ def read_weights(gamma_q: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array
 
 
 def gma_materialized_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, *, causal: bool = False
-) -> tuple[Array, Array, Array]:
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    d_out: Array,
+    eps: float = DEFAULT_EPS,
+    *,
+    causal: bool = False,
+    check_finite: bool = True,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> GMAGrad:
     """VJP of :func:`gma_materialized` through the explicit N_q × N_k weights (naive oracle).
 
     With A_ij = m_ij Ã_ij / D_i, D_i = Σ_l m_il Ã_il + ε (m the causal mask or 1):
     ∂L/∂V = Aᵀ G, ∂L/∂A = G Vᵀ, ∂L/∂Ã_ij = m_ij (∂L/∂A_ij − Σ_l ∂L/∂A_il A_il) / D_i,
-    ∂L/∂Γ^Q = (∂L/∂Ã) Γ^K, ∂L/∂Γ^K = (∂L/∂Ã)ᵀ Γ^Q. Returns (∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V)
-    with the broadcast shapes of the product (no reduction over batch axes).
+    ∂L/∂Γ^Q = (∂L/∂Ã) Γ^K, ∂L/∂Γ^K = (∂L/∂Ã)ᵀ Γ^Q. Returns :class:`gma_ref.GMAGrad`
+    (∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V) with the broadcast shapes of the product (no
+    reduction over batch axes). Raises as :func:`gma_materialized`, and for
+    ``d_out`` (real floating, the output's shape, finite with ``check_finite``).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
-    eps = check_nonnegative_scalar("eps", eps)
+    eps = _check_materialized(xp, gamma_q, gamma_k, v, eps, causal, check_finite, max_bytes,
+                              "gma_materialized_backward")
+    check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_materialized",
+                    check_finite)
+    scale = value_scale(xp, v, v.shape[-2])
+    if scale != 1.0:
+        grad = _materialized_backward(xp, gamma_q, gamma_k, v / scale, d_out, eps, causal)
+        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
+    return _materialized_backward(xp, gamma_q, gamma_k, v, d_out, eps, causal)
+
+
+def _materialized_backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
+                           causal: bool) -> GMAGrad:
     weights = attention_weights(gamma_q, gamma_k, eps, causal=causal)
     a_tilde = affinity(gamma_q, gamma_k)
     if causal:
@@ -140,7 +214,7 @@ def gma_materialized_backward(
     d_weights = xp.matmul(d_out, xp.matrix_transpose(v))
     centred = d_weights - xp.sum(d_weights * weights, axis=-1, keepdims=True)
     d_a_tilde = xp.where(mask & seen, centred / safe, xp.zeros_like(centred))
-    return (
+    return GMAGrad(
         xp.matmul(d_a_tilde, gamma_k),
         xp.matmul(xp.matrix_transpose(d_a_tilde), gamma_q),
         d_v,

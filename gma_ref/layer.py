@@ -15,7 +15,16 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from ._array import Array, check_floating, check_positive_int, check_rank, namespace, sum_to_shape
+from ._array import (
+    Array,
+    broadcast_shapes,
+    check_cotangent,
+    check_floating,
+    check_positive_int,
+    check_rank,
+    namespace,
+    sum_to_shape,
+)
 from ._array import check_finite as _check_finite
 from .attention import gma_attention, gma_attention_backward
 from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
@@ -192,29 +201,47 @@ class LayerGrad(NamedTuple):
 def gma_layer_backward(
     params: GMALayerParams,
     x: Array,
-    d_out: Array,
     y: Array | None = None,
     *,
+    d_out: Array,
     causal: bool = False,
     form: str | None = None,
     eps: float = DEFAULT_EPS,
     eps_sigma: float = DEFAULT_EPS_SIGMA,
     chunk_size: int = 64,
+    check_finite: bool = True,
 ) -> LayerGrad:
     """All gradients of :func:`gma_layer` for ``d_out`` = ∂L/∂out ``(..., N, d_model)``.
+
+    The positional arguments are those of :func:`gma_layer`, in its order
+    ``(params, x, y)``; ``d_out`` is keyword-only, so it cannot be taken for
+    ``y`` or the other way round (``gma_layer_backward(params, x, y, d_out=g)``).
 
     ∂L/∂W_O = concat(O)ᵀ ∂L/∂out (summed over batch and tokens); the head
     outputs receive ∂L/∂out W_Oᵀ; :func:`gma_attention_backward` gives
     ∂L/∂Q, ∂L/∂K, ∂L/∂V and the per-head mixture gradients; then
     ∂L/∂W_Q,h = Σ Xᵀ ∂L/∂Q_h (likewise W_K, W_V with the context) and
     ∂L/∂X = Σ_h ∂L/∂Q_h W_Q,hᵀ (+ the key and value terms for self-attention).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gma_layer`; for ``d_out``: not real floating (``TypeError``),
+        not of the output's shape ``(..., N, d_model)``, NaN/Inf with ``check_finite``.
     """
     params.validate()
     xp = namespace(x=x, y=y, d_out=d_out, w_q=params.w_q)
+    d_model = params.w_q.shape[1]
+    _check_input(xp, "x", x, d_model, check_finite)
+    if y is not None:
+        _check_input(xp, "y", y, d_model, check_finite)
+    batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(x.shape[:-2] if y is None else y.shape[:-2]))
+    check_cotangent(xp, "d_out", d_out, batch + (x.shape[-2], d_model), "the output of gma_layer", check_finite)
     ctx = x if y is None else y
     q, k, v = _project(xp, x, params.w_q), _project(xp, ctx, params.w_k), _project(xp, ctx, params.w_v)
-    kwargs = {"causal": causal, "form": form, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": chunk_size}
-    heads = gma_attention(q, k, v, params.means, params.omega, params.prior_logits, check_finite=False, **kwargs)
+    kwargs = {"causal": causal, "form": form, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": chunk_size,
+              "check_finite": check_finite}
+    heads = gma_attention(q, k, v, params.means, params.omega, params.prior_logits, **kwargs)
     concat = _concat_heads(xp, heads)
     d_model = params.w_o.shape[-1]
     flat = xp.reshape(concat, (-1, concat.shape[-1]))

@@ -13,7 +13,7 @@ softplus as ``logaddexp(0, ω)`` and log π as ``α − max α − log Σ exp(α
 
 from __future__ import annotations
 
-from ._array import Array, check_floating, check_positive_scalar, check_rank, namespace
+from ._array import Array, check_cotangent, check_floating, check_positive_scalar, check_rank, namespace
 from ._array import check_finite as _check_finite
 
 __all__ = [
@@ -79,13 +79,20 @@ def variances_from_omega(
     return xp.logaddexp(xp.zeros_like(omega), omega) + eps_sigma
 
 
-def variances_from_omega_backward(omega: Array, d_variances: Array) -> Array:
+def variances_from_omega_backward(omega: Array, d_variances: Array, *, check_finite: bool = True) -> Array:
     """Vector–Jacobian product of Eq. 14: ∂L/∂ω = ∂L/∂σ² · sigmoid(ω) (Eq. 58).
 
     ``omega`` and ``d_variances`` have shape ``(..., K, d_r)``; returns ``d_omega``
-    of the same shape. ε_σ does not enter the derivative.
+    of the same shape. ε_σ does not enter the derivative. Raises as
+    :func:`variances_from_omega`, and for ``d_variances`` not real floating
+    (``TypeError``), not of ``omega``'s shape or (``check_finite``) with NaN/Inf.
     """
-    namespace(omega=omega, d_variances=d_variances)
+    xp = namespace(omega=omega, d_variances=d_variances)
+    check_floating(xp, "omega", omega)
+    check_rank("omega", omega, 2, "(..., K, d_r)")
+    if check_finite:
+        _check_finite(xp, "omega", omega)
+    check_cotangent(xp, "d_variances", d_variances, tuple(omega.shape), "omega", check_finite)
     return d_variances * sigmoid(omega)
 
 
@@ -137,13 +144,23 @@ def log_priors_from_logits(prior_logits: Array, *, check_finite: bool = True) ->
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
 
 
-def log_priors_from_logits_backward(log_priors: Array, d_log_priors: Array) -> Array:
+def log_priors_from_logits_backward(log_priors: Array, d_log_priors: Array, *, check_finite: bool = True) -> Array:
     """Vector–Jacobian product of log π = log_softmax(α) (from Eqs. 61–62).
 
     ∂ log π_k / ∂α_m = 1{k=m} − π_m, so ∂L/∂α_m = g_m − π_m Σ_k g_k with
     g = ∂L/∂log π. Shapes ``(..., K)``. The result sums to 0 over the last axis.
+    Raises ``TypeError``/``ValueError`` as :func:`log_priors_from_logits` (for
+    ``log_priors``), and for ``d_log_priors`` not real floating, not of
+    ``log_priors``' shape or (``check_finite``) with NaN/Inf.
     """
     xp = namespace(log_priors=log_priors, d_log_priors=d_log_priors)
+    check_floating(xp, "log_priors", log_priors)
+    check_rank("log_priors", log_priors, 1, "(..., K)")
+    if log_priors.shape[-1] < 1:
+        raise ValueError(f"log_priors must have K >= 1 components, got shape {tuple(log_priors.shape)}")
+    if check_finite:
+        _check_finite(xp, "log_priors", log_priors)
+    check_cotangent(xp, "d_log_priors", d_log_priors, tuple(log_priors.shape), "log_priors", check_finite)
     priors = xp.exp(log_priors)
     return d_log_priors - priors * xp.sum(d_log_priors, axis=-1, keepdims=True)
 

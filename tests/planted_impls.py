@@ -132,6 +132,38 @@ class Float32AccumulationInFloat64(NumpyKernel):
                 (mass.astype(np.float32) + g32.sum(axis=-2)).astype(np.float64))
 
 
+class SoftmaxNoMaxSubtraction(NumpyKernel):
+    """Responsibilities as exp(s) / Σ exp(s) without subtracting max s: 0/0 once every score is below the exp range."""
+
+    def softmax(self, s):
+        e = np.exp(s)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return e / e.sum(axis=-1, keepdims=True)
+
+
+class NanGuardZeroesTinyMass(NumpyKernel):
+    """A NaN guard that zeroes the output of every query whose routed mass u_i is below 1e-12 (ε decides there)."""
+
+    GUARD = 1e-12
+
+    def read(self, gamma_q, memory, mass, eps):
+        u = (gamma_q * mass[..., None, :]).sum(axis=-1)
+        return np.where((u < self.GUARD)[..., None], self.compute(0), super().read(gamma_q, memory, mass, eps))
+
+    def causal_core(self, gamma_q, gamma_k, v, eps, chunk_size):
+        out = super().causal_core(gamma_q, gamma_k, v, eps, chunk_size)
+        u = (gamma_q * np.cumsum(gamma_k, axis=-2)).sum(axis=-1)
+        return np.where((u < self.GUARD)[..., None], self.compute(0), out)
+
+
+class CrossKeysTruncated(NumpyKernel):
+    """Cross attention that reads only the first min(N_q, N_k) keys (a loop bound taken from the queries)."""
+
+    def __call__(self, q, k, v, means, omega, prior_logits, *, causal=False, **kw):
+        n = min(np.shape(q)[-2], np.shape(k)[-2])
+        return super().__call__(q, k[..., :n, :], v[..., :n, :], means, omega, prior_logits, causal=causal, **kw)
+
+
 # --------------------------------------------------------------------------- gradient bugs
 
 
@@ -221,6 +253,9 @@ FLOAT32_BUGS: tuple[type[NumpyKernel], ...] = (
     MixtureGradQueryOnly,
     ValueGradTransposed,
     KeyGradFromQuerySide,
+    SoftmaxNoMaxSubtraction,
+    NanGuardZeroesTinyMass,
+    CrossKeysTruncated,
 )
 #: Bugs only a float64 comparison can see.
 FLOAT64_BUGS: tuple[type[NumpyKernel], ...] = (Float32AccumulationInFloat64,)
@@ -386,3 +421,46 @@ def make_torch_layer_impl(dtypes: tuple[str, ...] = ("float64", "float32", "floa
     impl.__name__ = impl.__qualname__ = "torch_layer"
     impl.gma_declaration = Declaration(dtypes=dtypes, grad=True, namespace="torch", mode="layer")
     return impl
+
+
+# ---------------------------------------------------------------- a kernel with fixed ε and shape constraints
+
+
+class ConstrainedKernel(NumpyKernel):
+    """Correct, but built like many fast kernels: a fixed ε = 1e-10, N a multiple of 16, K of 4, d of 8 (≤ 64).
+
+    Raises ``ValueError`` on anything else, so it passes only a check that generates cases satisfying its
+    :class:`~gma_ref.testing.Declaration` (``constrained_declaration``).
+    """
+
+    EPS, N_MULT, K_MULT, D_MULT, D_MAX = 1e-10, 16, 4, 8, 64
+
+    def _admit(self, q, k, v, means, eps):
+        if eps != self.EPS:
+            raise ValueError(f"this kernel is built with eps = {self.EPS}, got {eps}")
+        if q.shape[-2] % self.N_MULT or k.shape[-2] % self.N_MULT:
+            raise ValueError(f"N must be a multiple of {self.N_MULT}, got {q.shape[-2]} and {k.shape[-2]}")
+        if means.shape[-2] % self.K_MULT:
+            raise ValueError(f"K must be a multiple of {self.K_MULT}, got {means.shape[-2]}")
+        for d in (q.shape[-1], v.shape[-1]):
+            if d % self.D_MULT or d > self.D_MAX:
+                raise ValueError(f"d must be a multiple of {self.D_MULT} up to {self.D_MAX}, got {d}")
+
+    def __call__(self, q, k, v, means, omega, prior_logits, *, causal=False, eps=1e-6, eps_sigma=1e-4, **kw):
+        self._admit(q, k, v, means, eps)
+        return super().__call__(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma, **kw)
+
+    def vjp(self, q, k, v, means, omega, prior_logits, d_out, *, causal=False, eps=1e-6, eps_sigma=1e-4, **kw):
+        self._admit(q, k, v, means, eps)
+        return super().vjp(q, k, v, means, omega, prior_logits, d_out, causal=causal, eps=eps, eps_sigma=eps_sigma,
+                           **kw)
+
+
+def constrained_kernel() -> ConstrainedKernel:
+    """:class:`ConstrainedKernel` with its constraints declared."""
+    from dataclasses import replace
+
+    kern = ConstrainedKernel("float32")
+    kern.gma_declaration = replace(kern.gma_declaration, eps=ConstrainedKernel.EPS, n_multiple=16, k_multiple=4,
+                                   d_multiple=8, d_max=64)
+    return kern

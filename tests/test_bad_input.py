@@ -386,9 +386,9 @@ def _all_calls(xp, a: dict[str, Any], params: GMALayerParams) -> dict[str, Calla
                                            for c in (False, True) for fm in attention.FORMS[c]],
         "gma_layer": lambda: (gma_layer(params, a["xl"]), gma_layer(params, a["xl"], a["yl"]),
                               gma_layer(params, a["xl"], causal=True)),
-        "gma_layer_backward": lambda: (layer.gma_layer_backward(params, a["xl"], a["d_layer"]),
-                                       layer.gma_layer_backward(params, a["xl"], a["d_layer"], a["yl"]),
-                                       layer.gma_layer_backward(params, a["xl"], a["d_layer"], causal=True)),
+        "gma_layer_backward": lambda: (layer.gma_layer_backward(params, a["xl"], d_out=a["d_layer"]),
+                                       layer.gma_layer_backward(params, a["xl"], a["yl"], d_out=a["d_layer"]),
+                                       layer.gma_layer_backward(params, a["xl"], d_out=a["d_layer"], causal=True)),
     }
     return calls
 

@@ -58,7 +58,7 @@ def _run_form(form, gq, gk, v, eps, chunk_size=5):
     if form == "prefix":
         return gma_causal_prefix(gq, gk, v, eps)
     if form == "streaming":
-        return gma_causal_streaming(gq, gk, v, eps)[0]
+        return gma_causal_streaming(gq, gk, v, eps)
     if form == "chunked":
         return gma_causal_chunked(gq, gk, v, eps, chunk_size)
     return gma_materialized(gq, gk, v, eps, causal=True)
@@ -92,7 +92,7 @@ def test_latent_causal_forms_equal_materialized(n, k, d_v, d_r, chunk_size, eps,
     ref = to_numpy(gma_materialized(*args, eps, causal=True))
     assert rel_err(ref, _naive_causal(gq, gk, v, eps)) <= 1e-12
     assert rel_err(gma_causal_prefix(*args, eps), ref) <= 1e-12
-    assert rel_err(gma_causal_streaming(*args, eps)[0], ref) <= 1e-12
+    assert rel_err(gma_causal_streaming(*args, eps), ref) <= 1e-12
     assert rel_err(gma_causal_chunked(*args, eps, chunk_size), ref) <= 1e-12
 
 
@@ -231,7 +231,8 @@ def test_prefill_then_streaming_equals_one_shot(xp, rng, split, chunk_size):
     pre, state = gma_causal_chunked(gq_x[:split, :], gk_x[:split, :], v_x[:split, :], 1e-6, chunk_size,
                                     return_state=True)
     assert tuple(state.memory.shape) == (k, d_v) and tuple(state.mass.shape) == (k,)
-    rest, final = gma_causal_streaming(gq_x[split:, :], gk_x[split:, :], v_x[split:, :], 1e-6, state=state)
+    rest, final = gma_causal_streaming(gq_x[split:, :], gk_x[split:, :], v_x[split:, :], 1e-6, state=state,
+                                       return_state=True)
     assert rel_err(np.concatenate([to_numpy(pre), to_numpy(rest)], axis=0), one_shot) <= 1e-12
     # The same with explicit decoding steps from the prefill state.
     steps, s = [], state

@@ -250,8 +250,8 @@ def test_layer_backward_matches_numpy_in_every_namespace(xp, rng):
     p_np = g.init_layer_params(4, 2, 3, 2, 2, seed=3)
     p_xp = g.init_layer_params(4, 2, 3, 2, 2, seed=3, xp=xp)
     x, y, cot = rng.normal(size=(5, 4)), rng.normal(size=(6, 4)), rng.normal(size=(5, 4))
-    want = g.gma_layer_backward(p_np, x, cot, y)
-    got = g.gma_layer_backward(p_xp, from_numpy(xp, x), from_numpy(xp, cot), from_numpy(xp, y))
+    want = g.gma_layer_backward(p_np, x, y, d_out=cot)
+    got = g.gma_layer_backward(p_xp, from_numpy(xp, x), from_numpy(xp, y), d_out=from_numpy(xp, cot))
     assert rel_err(to_numpy(got.d_x), want.d_x) <= XP_TOL
     assert rel_err(to_numpy(got.d_y), want.d_y) <= XP_TOL
     for name in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits"):

@@ -378,7 +378,7 @@ def test_gma_causal_prefix_backward_matches_fd(rng):
 def test_gma_causal_streaming_backward_matches_fd(rng):
     """Token-by-token causal GMA (from the empty state): forward vs Eq. 10b, gradients vs FD."""
     gq, gk, v = random_gamma(rng, (9, 3)), random_gamma(rng, (9, 3)), rng.normal(size=(9, 3))
-    _core_check(lambda a, b, c: g.gma_causal_streaming(a, b, c)[0], g.gma_causal_streaming_backward,
+    _core_check(lambda a, b, c: g.gma_causal_streaming(a, b, c), g.gma_causal_streaming_backward,
                 gq, gk, v, g.gma_materialized(gq, gk, v, causal=True), rng)
 
 
@@ -396,7 +396,7 @@ def test_causal_backward_reduces_broadcast_values(rng, form):
     """Batched Γ ``(2, N, K)`` with values ``(N, d_v)`` shared over the batch: ∂L/∂V is summed back."""
     gq, gk, v = random_gamma(rng, (2, 6, 3)), random_gamma(rng, (2, 6, 3)), rng.normal(size=(6, 2))
     fwd = {"prefix": lambda a, b, c: g.gma_causal_prefix(a, b, c),
-           "streaming": lambda a, b, c: g.gma_causal_streaming(a, b, c)[0],
+           "streaming": lambda a, b, c: g.gma_causal_streaming(a, b, c),
            "chunked": lambda a, b, c: g.gma_causal_chunked(a, b, c, chunk_size=4)}[form]
     bwd = {"prefix": g.gma_causal_prefix_backward, "streaming": g.gma_causal_streaming_backward,
            "chunked": lambda a, b, c, d: g.gma_causal_chunked_backward(a, b, c, d, chunk_size=4)}[form]
@@ -507,7 +507,7 @@ def test_gma_layer_backward_matches_fd(rng, causal, form, cross):
     ref = g.gma_layer(params, x, y, causal=causal, form="materialized")
     assert rel_err(out, ref) <= FWD_TOL
     cot = rng.normal(size=out.shape)
-    bw = g.gma_layer_backward(params, x, cot, y, **kw)
+    bw = g.gma_layer_backward(params, x, y, d_out=cot, **kw)
     args = {name: getattr(params, name) for name in _PARAM_NAMES} | {"x": x}
     if cross:
         args["y"] = y

@@ -1,6 +1,9 @@
-"""Backward passes given the forward's saved output (``out=``) equal the ones that recompute it."""
+"""Backward passes given the forward's saved output (``out=``) equal the ones that recompute it,
+and refuse a saved output that is not the forward's."""
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 import pytest
@@ -10,9 +13,11 @@ from gma_ref.bidirectional import (
     gma_bidirectional_backward,
     gma_cross,
     gma_cross_backward,
+    read_memory,
+    read_memory_backward,
     write_memory,
 )
-from gma_ref.causal import gma_causal_chunked, gma_causal_chunked_backward
+from gma_ref.causal import gma_causal_chunked_backward
 from tests._helpers import from_numpy, rel_err
 
 
@@ -23,16 +28,28 @@ def _simplex(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-3])
-def test_bidirectional_backward_with_saved_values(xp, eps: float) -> None:
-    """out, memory and mass passed in give the same gradients as recomputing them (ε = 0 and ε > 0)."""
+def test_bidirectional_backward_with_saved_output(xp, eps: float) -> None:
+    """The saved output passed in gives the same gradients as recomputing it (ε = 0 and ε > 0)."""
     rng = np.random.default_rng(11)
     gq, gk, v, g = (from_numpy(xp, a) for a in (_simplex(rng, 9, 3), _simplex(rng, 9, 3), rng.normal(size=(9, 4)),
                                                  rng.normal(size=(9, 4))))
     out = gma_bidirectional(gq, gk, v, eps)
-    memory, mass = write_memory(gk, v)
     plain = gma_bidirectional_backward(gq, gk, v, g, eps)
-    saved = gma_bidirectional_backward(gq, gk, v, g, eps, out=out, memory=memory, mass=mass)
+    saved = gma_bidirectional_backward(gq, gk, v, g, eps, out=out)
     for a, b in zip(plain, saved, strict=True):
+        assert rel_err(b, a) <= 1e-13
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+def test_read_memory_backward_with_saved_output(xp, eps: float) -> None:
+    """read_memory_backward(out=...) equals the recomputing read backward."""
+    rng = np.random.default_rng(15)
+    gq, gk, v, g = (from_numpy(xp, a) for a in (_simplex(rng, 5, 3), _simplex(rng, 7, 3), rng.normal(size=(7, 2)),
+                                                 rng.normal(size=(5, 2))))
+    memory, mass = write_memory(gk, v)
+    out = read_memory(gq, memory, mass, eps)
+    for a, b in zip(read_memory_backward(gq, memory, mass, g, eps),
+                    read_memory_backward(gq, memory, mass, g, eps, out=out), strict=True):
         assert rel_err(b, a) <= 1e-14
 
 
@@ -44,31 +61,37 @@ def test_cross_backward_with_saved_output(xp) -> None:
     out = gma_cross(gq, gk, v, 1e-3)
     for a, b in zip(gma_cross_backward(gq, gk, v, g, 1e-3), gma_cross_backward(gq, gk, v, g, 1e-3, out=out),
                     strict=True):
-        assert rel_err(b, a) <= 1e-14
-
-
-@pytest.mark.parametrize("chunk_size", [1, 3, 4, 50])
-@pytest.mark.parametrize("eps", [0.0, 1e-3])
-def test_chunked_backward_with_saved_output(xp, chunk_size: int, eps: float) -> None:
-    """gma_causal_chunked_backward(out=...) equals the recomputing backward for C dividing N or not."""
-    rng = np.random.default_rng(13)
-    gq, gk, v, g = (from_numpy(xp, a) for a in (_simplex(rng, 10, 3), _simplex(rng, 10, 3), rng.normal(size=(10, 2)),
-                                                 rng.normal(size=(10, 2))))
-    out = gma_causal_chunked(gq, gk, v, eps, chunk_size)
-    plain = gma_causal_chunked_backward(gq, gk, v, g, eps, chunk_size)
-    saved = gma_causal_chunked_backward(gq, gk, v, g, eps, chunk_size, out=out)
-    for a, b in zip(plain, saved, strict=True):
         assert rel_err(b, a) <= 1e-13
 
 
-def test_saved_output_is_used(xp) -> None:
-    """A wrong saved output changes the gradient: the argument is really used, not ignored."""
+def test_chunked_backward_needs_no_output() -> None:
+    """The chunked backward takes no saved output: it never uses O (its δ_i come from the prefix state)."""
+    assert "out" not in inspect.signature(gma_causal_chunked_backward).parameters
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+def test_stale_saved_output_is_refused(eps: float) -> None:
+    """A saved output from other inputs, or modified after the forward, raises ValueError naming out."""
     rng = np.random.default_rng(14)
-    gq, gk, v, g = (from_numpy(xp, a) for a in (_simplex(rng, 6, 3), _simplex(rng, 6, 3), rng.normal(size=(6, 2)),
-                                                 rng.normal(size=(6, 2))))
-    wrong = gma_causal_chunked(gq, gk, v, 1e-3, 2) + 1.0
-    right = gma_causal_chunked_backward(gq, gk, v, g, 1e-3, 2)
-    bad = gma_causal_chunked_backward(gq, gk, v, g, 1e-3, 2, out=wrong)
-    assert rel_err(bad.d_gamma_q, right.d_gamma_q) > 1e-3
-    bad_bi = gma_bidirectional_backward(gq, gk, v, g, 1e-3, out=gma_bidirectional(gq, gk, v, 1e-3) + 1.0)
-    assert rel_err(bad_bi.d_gamma_q, gma_bidirectional_backward(gq, gk, v, g, 1e-3).d_gamma_q) > 1e-3
+    gq, gk, v, g = _simplex(rng, 6, 3), _simplex(rng, 6, 3), rng.normal(size=(6, 2)), rng.normal(size=(6, 2))
+    out = gma_bidirectional(gq, gk, v, eps)
+    other = gma_bidirectional(gq, gk, v + 0.01, eps)  # the forward of slightly different values
+    memory, mass = write_memory(gk, v)
+    for stale in (out + 1.0, other, out * 1.001):
+        with pytest.raises(ValueError, match="out is not the output of gma_bidirectional"):
+            gma_bidirectional_backward(gq, gk, v, g, eps, out=stale)
+        with pytest.raises(ValueError, match="out is not the output of gma_bidirectional"):
+            gma_cross_backward(gq, gk, v, g, eps, out=stale)
+        with pytest.raises(ValueError, match="out is not the output of read_memory"):
+            read_memory_backward(gq, memory, mass, g, eps, out=stale)
+
+
+def test_saved_output_shape_and_dtype_checked() -> None:
+    """A saved output of the wrong shape (ValueError) or an integer one (TypeError) is refused, naming out."""
+    rng = np.random.default_rng(16)
+    gq, gk, v, g = _simplex(rng, 6, 3), _simplex(rng, 6, 3), rng.normal(size=(6, 2)), rng.normal(size=(6, 2))
+    out = gma_bidirectional(gq, gk, v, 1e-3)
+    with pytest.raises(ValueError, match=r"out must be the output of gma_bidirectional, of shape \(6, 2\)"):
+        gma_bidirectional_backward(gq, gk, v, g, 1e-3, out=out[:5])
+    with pytest.raises(TypeError, match="out must have a real floating dtype"):
+        gma_bidirectional_backward(gq, gk, v, g, 1e-3, out=np.zeros((6, 2), dtype=np.int64))

@@ -262,7 +262,7 @@ def _eq6b(ctx: Context) -> float:
           tests=("tests/test_causal.py",))
 def _eq8b_stream(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
-    out, _ = causal.gma_causal_streaming(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3)
+    out = causal.gma_causal_streaming(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3)
     return _rel(out, _causal_loop(gq, gk, v, 1e-3))
 
 
@@ -304,7 +304,7 @@ def _causality(ctx: Context) -> float:
     gq2[6:], gk2[6:], v2[6:] = ctx.simplex(4, 3), ctx.simplex(4, 3), ctx.normal(4, 2)
     changed = 0
     for fn in (lambda a, b, c: causal.gma_causal_prefix(a, b, c, 1e-3),
-               lambda a, b, c: causal.gma_causal_streaming(a, b, c, 1e-3)[0],
+               lambda a, b, c: causal.gma_causal_streaming(a, b, c, 1e-3),
                lambda a, b, c: causal.gma_causal_chunked(a, b, c, 1e-3, chunk_size=4)):
         o1 = to_numpy(fn(ctx.arr(gq), ctx.arr(gk), ctx.arr(v)))[:6]
         o2 = to_numpy(fn(ctx.arr(gq2), ctx.arr(gk2), ctx.arr(v2)))[:6]

@@ -161,7 +161,7 @@ def _prefix_grad(ctx: Context) -> float:
           "streaming causal VJP (two passes, constant state) vs finite differences", tolerance=GRAD_TOL,
           kind="gradient", tests=("tests/test_gradients.py",))
 def _stream_grad(ctx: Context) -> float:
-    return _core_check(ctx, lambda a, b, c: causal.gma_causal_streaming(a, b, c, 0.05)[0],
+    return _core_check(ctx, lambda a, b, c: causal.gma_causal_streaming(a, b, c, 0.05),
                        lambda a, b, c, g: causal.gma_causal_streaming_backward(a, b, c, g, 0.05), 7, 7)
 
 
@@ -240,6 +240,6 @@ def _eq13(ctx: Context) -> float:
                                         causal=True, eps=0.05, chunk_size=3))
 
     params = layer.GMALayerParams(*[ctx.arr(h) for h in host])
-    g = layer.gma_layer_backward(params, ctx.arr(x), ctx.arr(cot), causal=True, eps=0.05, chunk_size=3)
+    g = layer.gma_layer_backward(params, ctx.arr(x), d_out=ctx.arr(cot), causal=True, eps=0.05, chunk_size=3)
     grads = [g.d_x] + [getattr(g.d_params, f) for f in layer.GMALayerParams.__dataclass_fields__]
     return _worst(ctx, fwd, [x] + host, grads, cot)

@@ -1,0 +1,219 @@
+"""The pipeline entry point checks its arguments and hands every option to the right core.
+
+:func:`gma_attention` validates q, k, v, the mixture and the form under their own names,
+and composes Eqs. 14, 15, 3 and 7/8b with the ε, ε_σ, form and chunk size it is given;
+:func:`gma_attention_backward` is its VJP for every option, with gradients in the shapes of
+the (possibly broadcast) inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gma_ref.attention as attention
+from gma_ref.attention import FORMS, gma_attention, gma_attention_backward
+from gma_ref.bidirectional import gma_bidirectional
+from gma_ref.causal import gma_causal_prefix
+from gma_ref.mixture import log_priors_from_logits, variances_from_omega
+from gma_ref.posterior import responsibilities
+
+N, K, D_R, D_V = 6, 3, 2, 2
+
+
+def _inputs(rng, n_q=N, n_k=N, batch=()):
+    q = rng.normal(size=(*batch, n_q, D_R))
+    k = rng.normal(size=(*batch, n_k, D_R))
+    v = rng.normal(size=(*batch, n_k, D_V))
+    means = rng.normal(size=(K, D_R))
+    omega = rng.normal(size=(K, D_R))
+    alpha = rng.normal(size=K)
+    return q, k, v, means, omega, alpha
+
+
+def _by_hand(q, k, v, means, omega, alpha, eps, eps_sigma, causal):
+    var = variances_from_omega(omega, eps_sigma)
+    lp = log_priors_from_logits(alpha)
+    gq, gk = responsibilities(q, means, var, lp), responsibilities(k, means, var, lp)
+    return (gma_causal_prefix if causal else gma_bidirectional)(gq, gk, v, eps)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_output_is_the_composition_with_the_given_eps_and_eps_sigma(rng, causal):
+    """gma_attention(..., eps, eps_sigma) = read/write of Γ(q), Γ(k) with σ² = softplus(ω) + ε_σ and
+    log π = log_softmax(α)."""
+    args = _inputs(rng)
+    for eps, eps_sigma in ((1e-6, 1e-4), (0.3, 0.7), (0.0, 2.0)):
+        got = gma_attention(*args, causal=causal, eps=eps, eps_sigma=eps_sigma)
+        np.testing.assert_allclose(got, _by_hand(*args, eps, eps_sigma, causal), rtol=1e-11, atol=1e-13)
+    # the defaults are ε = 1e-6, ε_σ = 1e-4
+    np.testing.assert_allclose(gma_attention(*args, causal=causal), _by_hand(*args, 1e-6, 1e-4, causal), rtol=1e-11)
+
+
+def test_forms_table_is_documented():
+    """FORMS lists the forms each variant accepts: latent/materialized and prefix/streaming/chunked/materialized."""
+    assert FORMS == {False: ("latent", "materialized"), True: ("prefix", "streaming", "chunked", "materialized")}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_form_gives_the_same_output(rng, causal):
+    """Each accepted form equals the default form to rounding (and the form argument is honoured: spy below)."""
+    args = _inputs(rng)
+    ref = gma_attention(*args, causal=causal)
+    for form in FORMS[causal]:
+        np.testing.assert_allclose(gma_attention(*args, causal=causal, form=form, chunk_size=4), ref, rtol=1e-11,
+                                   atol=1e-13, err_msg=form)
+
+
+@pytest.mark.parametrize("causal, form", [(False, "prefix"), (False, "chunked"), (True, "latent"), (False, "fast")])
+def test_a_form_of_the_other_variant_is_rejected(rng, causal, form):
+    """A form the variant does not have raises a ValueError naming the accepted forms."""
+    with pytest.raises(ValueError, match=r"form must be one of .* got '" + form):
+        gma_attention(*_inputs(rng), causal=causal, form=form)
+    with pytest.raises(ValueError, match="form must be one of"):
+        gma_attention_backward(*_inputs(rng), np.zeros((N, D_V)), causal=causal, form=form)
+
+
+def _spy(monkeypatch, name):
+    calls = []
+    real = getattr(attention, name)
+
+    def wrapper(*a, **kw):
+        calls.append((a, kw))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attention, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("causal, form, core", [
+    (False, None, "gma_bidirectional"), (False, "latent", "gma_bidirectional"),
+    (False, "materialized", "gma_materialized"), (True, "materialized", "gma_materialized"),
+    (True, "prefix", "gma_causal_prefix"), (True, "streaming", "gma_causal_streaming"),
+    (True, None, "gma_causal_chunked"), (True, "chunked", "gma_causal_chunked"),
+])
+def test_the_requested_form_runs_with_the_requested_options(rng, monkeypatch, causal, form, core):
+    """The form named (default: latent / chunked) is the core that runs, with ε, the chunk size and causal."""
+    calls = _spy(monkeypatch, core)
+    gma_attention(*_inputs(rng), causal=causal, form=form, eps=0.25, chunk_size=5)
+    assert len(calls) == 1
+    a, kw = calls[0]
+    assert a[3] == 0.25
+    if core == "gma_causal_chunked":
+        assert a[4] == 5
+    if core == "gma_materialized":
+        assert kw["causal"] is causal
+
+
+@pytest.mark.parametrize("causal, form, core", [
+    (False, None, "gma_bidirectional_backward"), (False, "materialized", "gma_materialized_backward"),
+    (True, "materialized", "gma_materialized_backward"), (True, "prefix", "gma_causal_prefix_backward"),
+    (True, "streaming", "gma_causal_streaming_backward"), (True, None, "gma_causal_chunked_backward"),
+])
+def test_the_backward_of_the_requested_form_runs_with_the_requested_options(rng, monkeypatch, causal, form, core):
+    """gma_attention_backward calls the VJP of the form named, with ε, the chunk size and causal."""
+    calls = _spy(monkeypatch, core)
+    gma_attention_backward(*_inputs(rng), rng.normal(size=(N, D_V)), causal=causal, form=form, eps=0.25,
+                           chunk_size=5)
+    assert len(calls) == 1
+    a, kw = calls[0]
+    assert a[4] == 0.25
+    if core == "gma_causal_chunked_backward":
+        assert a[5] == 5
+    if core == "gma_materialized_backward":
+        assert kw["causal"] is causal
+
+
+def test_causal_needs_as_many_queries_as_keys(rng):
+    """causal=True with N_q ≠ N_k raises a ValueError naming N_q == N_k; bidirectional accepts it (cross)."""
+    args = _inputs(rng, n_q=4, n_k=6)
+    assert gma_attention(*args).shape == (4, D_V)
+    with pytest.raises(ValueError, match="N_q == N_k"):
+        gma_attention(*args, causal=True)
+
+
+@pytest.mark.parametrize("name", ["q", "k"])
+def test_routing_vectors_must_match_the_means(rng, name):
+    """q or k with another d_r than the means raises a ValueError naming it; v may have any d_v."""
+    args = dict(zip(("q", "k", "v", "means", "omega", "prior_logits"), _inputs(rng), strict=True))
+    args[name] = rng.normal(size=(N, D_R + 1))
+    with pytest.raises(ValueError, match=rf"^{name} must"):
+        gma_attention(**args)
+    args = dict(zip(("q", "k", "v", "means", "omega", "prior_logits"), _inputs(rng), strict=True))
+    args["v"] = rng.normal(size=(N, D_R + 3))
+    assert gma_attention(**args).shape == (N, D_R + 3)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "means"])
+def test_each_input_is_checked_under_its_own_name(rng, name):
+    """Rank < 2, an integer dtype and a NaN each raise an error naming q, k, v or means."""
+    keys = ("q", "k", "v", "means", "omega", "prior_logits")
+    base = dict(zip(keys, _inputs(rng), strict=True))
+    a = base[name]
+    with pytest.raises(ValueError, match=rf"^{name} must have"):
+        gma_attention(**{**base, name: a[0]})
+    with pytest.raises(TypeError, match=rf"^{name} must have a real floating dtype"):
+        gma_attention(**{**base, name: a.astype(np.int64)})
+    if name != "means":
+        bad = a.copy()
+        bad[0, 0] = np.nan
+        with pytest.raises(ValueError, match=rf"^{name}"):
+            gma_attention(**{**base, name: bad})
+        with np.errstate(invalid="ignore"):
+            assert np.isnan(gma_attention(**{**base, name: bad}, check_finite=False)).any()
+
+
+def test_mixture_parameters_are_checked_unless_told_not_to(rng):
+    """NaN in ω or α raises naming it; with check_finite=False it propagates instead."""
+    q, k, v, means, omega, alpha = _inputs(rng)
+    bad_omega = omega.copy()
+    bad_omega[0, 0] = np.nan
+    with pytest.raises(ValueError, match="omega"):
+        gma_attention(q, k, v, means, bad_omega, alpha)
+    bad_alpha = alpha.copy()
+    bad_alpha[0] = np.inf
+    with pytest.raises(ValueError, match="prior_logits"):
+        gma_attention(q, k, v, means, omega, bad_alpha)
+    nan_alpha = alpha.copy()
+    nan_alpha[0] = np.nan
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(gma_attention(q, k, v, means, omega, nan_alpha, check_finite=False)).all()
+
+
+def test_chunk_size_is_validated_for_forward_and_backward(rng):
+    """chunk_size < 1 raises a ValueError naming chunk_size (even when the form is not chunked)."""
+    with pytest.raises(ValueError, match="chunk_size"):
+        gma_attention(*_inputs(rng), chunk_size=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        gma_attention_backward(*_inputs(rng), np.zeros((N, D_V)), chunk_size=0)
+
+
+@pytest.mark.parametrize("option", [{}, {"eps": 0.3}, {"eps_sigma": 0.5}, {"causal": True, "chunk_size": 2},
+                                    {"causal": True, "form": "streaming"}, {"form": "materialized"}])
+def test_backward_is_the_directional_derivative_for_every_option(rng, option):
+    """For each option, Σ_inputs ⟨∂L/∂input, direction⟩ equals the central difference of ⟨d_out, O⟩
+    along a random direction in all six inputs at once (to 1e-7 relative)."""
+    args = _inputs(rng, batch=(2,))
+    d_out = rng.normal(size=(2, N, D_V))
+    dirs = [rng.normal(size=np.shape(a)) for a in args]
+    grads = gma_attention_backward(*args, d_out, **option)
+    for g, a in zip(grads, args, strict=True):
+        assert g.shape == np.shape(a)
+    h = 1e-6
+    plus = gma_attention(*[a + h * d for a, d in zip(args, dirs, strict=True)], **option)
+    minus = gma_attention(*[a - h * d for a, d in zip(args, dirs, strict=True)], **option)
+    fd = np.sum(d_out * (plus - minus)) / (2 * h)
+    analytic = sum(np.sum(g * d) for g, d in zip(grads, dirs, strict=True))
+    assert abs(analytic - fd) <= 1e-7 * max(1.0, abs(fd))
+
+
+def test_backward_with_broadcast_mixture_returns_gradients_in_the_input_shapes(rng):
+    """Per-head inputs (B, H, N, ·) with mixtures shared as (K, d_r) and (1, K): every gradient has its
+    input's shape and ∂L/∂α sums to 0 over K (softmax invariance)."""
+    q = rng.normal(size=(2, 3, N, D_R))
+    v = rng.normal(size=(2, 3, N, D_V))
+    means, omega, alpha = rng.normal(size=(K, D_R)), rng.normal(size=(K, D_R)), rng.normal(size=(1, K))
+    g = gma_attention_backward(q, q, v, means, omega, alpha, rng.normal(size=(2, 3, N, D_V)))
+    for got, a in zip(g, (q, q, v, means, omega, alpha), strict=True):
+        assert got.shape == a.shape
+    assert abs(float(np.sum(g.d_prior_logits))) < 1e-12
