@@ -51,7 +51,38 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")
     p.add_argument("--no-contract", dest="contract", action="store_false",
                    help="skip the determinism and non-contiguous-input checks")
+    c = p.add_argument_group("declared constraints", "override the implementation's Declaration: the harness "
+                             "generates cases that satisfy them (docs/oracle.md)")
+    c.add_argument("--eps", type=_positive_float, metavar="E", help="the kernel's fixed read stabiliser epsilon")
+    c.add_argument("--eps-sigma", type=_positive_float, metavar="E", help="the kernel's fixed variance floor")
+    for what, desc in (("n", "sequence lengths N_q, N_k"), ("k", "component counts K"),
+                       ("d", "dimensions d_r, d_v")):
+        c.add_argument(f"--{what}-multiple", type=_positive_int, metavar="M", help=f"{desc} must be multiples of M")
+        c.add_argument(f"--{what}-max", type=_positive_int, metavar="M", help=f"largest admissible {desc}")
     return p
+
+
+_CONSTRAINTS = ("eps", "eps_sigma", "n_multiple", "n_max", "k_multiple", "k_max", "d_multiple", "d_max")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        val = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if val < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {val}")
+    return val
+
+
+def _positive_float(text: str) -> float:
+    try:
+        val = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (val > 0 and val < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return val
 
 
 def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -89,7 +120,16 @@ def run_check(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"gma-ref check: cannot load {args.target}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
-    report = check(impl, variants=tuple(args.variant) if args.variant else None, dtype=args.dtype,
+    from dataclasses import replace
+
+    from .testing import Declaration
+    from .testing.adapters import declaration_of
+
+    declaration = None
+    overrides = {k: getattr(args, k) for k in _CONSTRAINTS if getattr(args, k, None) is not None}
+    if overrides:
+        declaration = replace(declaration_of(impl) or Declaration(), **overrides)
+    report = check(impl, declaration, variants=tuple(args.variant) if args.variant else None, dtype=args.dtype,
                    device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
                    contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None))
     print(report.to_json() if args.json else report.format(verbose=args.verbose))

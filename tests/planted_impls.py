@@ -386,3 +386,46 @@ def make_torch_layer_impl(dtypes: tuple[str, ...] = ("float64", "float32", "floa
     impl.__name__ = impl.__qualname__ = "torch_layer"
     impl.gma_declaration = Declaration(dtypes=dtypes, grad=True, namespace="torch", mode="layer")
     return impl
+
+
+# ---------------------------------------------------------------- a kernel with fixed ε and shape constraints
+
+
+class ConstrainedKernel(NumpyKernel):
+    """Correct, but built like many fast kernels: a fixed ε = 1e-10, N a multiple of 16, K of 4, d of 8 (≤ 64).
+
+    Raises ``ValueError`` on anything else, so it passes only a check that generates cases satisfying its
+    :class:`~gma_ref.testing.Declaration` (``constrained_declaration``).
+    """
+
+    EPS, N_MULT, K_MULT, D_MULT, D_MAX = 1e-10, 16, 4, 8, 64
+
+    def _admit(self, q, k, v, means, eps):
+        if eps != self.EPS:
+            raise ValueError(f"this kernel is built with eps = {self.EPS}, got {eps}")
+        if q.shape[-2] % self.N_MULT or k.shape[-2] % self.N_MULT:
+            raise ValueError(f"N must be a multiple of {self.N_MULT}, got {q.shape[-2]} and {k.shape[-2]}")
+        if means.shape[-2] % self.K_MULT:
+            raise ValueError(f"K must be a multiple of {self.K_MULT}, got {means.shape[-2]}")
+        for d in (q.shape[-1], v.shape[-1]):
+            if d % self.D_MULT or d > self.D_MAX:
+                raise ValueError(f"d must be a multiple of {self.D_MULT} up to {self.D_MAX}, got {d}")
+
+    def __call__(self, q, k, v, means, omega, prior_logits, *, causal=False, eps=1e-6, eps_sigma=1e-4, **kw):
+        self._admit(q, k, v, means, eps)
+        return super().__call__(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma, **kw)
+
+    def vjp(self, q, k, v, means, omega, prior_logits, d_out, *, causal=False, eps=1e-6, eps_sigma=1e-4, **kw):
+        self._admit(q, k, v, means, eps)
+        return super().vjp(q, k, v, means, omega, prior_logits, d_out, causal=causal, eps=eps, eps_sigma=eps_sigma,
+                           **kw)
+
+
+def constrained_kernel() -> ConstrainedKernel:
+    """:class:`ConstrainedKernel` with its constraints declared."""
+    from dataclasses import replace
+
+    kern = ConstrainedKernel("float32")
+    kern.gma_declaration = replace(kern.gma_declaration, eps=ConstrainedKernel.EPS, n_multiple=16, k_multiple=4,
+                                   d_multiple=8, d_max=64)
+    return kern

@@ -378,3 +378,69 @@ def test_cupy_reference_on_gpu():
     cupy_impl.gma_declaration = Declaration(namespace="cupy", devices=("cuda",))
     report = check(cupy_impl)
     assert report.reference_backend == "cupy" and report.passed, report.format()
+
+
+# --------------------------------------------------------------------------- declared constraints
+
+
+def test_declaration_validates_constraints():
+    """Bad constraint values raise ValueError naming the field; defaults mean 'any value'."""
+    d = Declaration()
+    assert (d.eps, d.eps_sigma, d.n_multiple, d.n_max, d.k_multiple, d.k_max, d.d_multiple, d.d_max) == (
+        None, None, 1, None, 1, None, 1, None) and not d.constrained
+    for bad in ({"eps": 0.0}, {"eps": float("nan")}, {"eps_sigma": -1.0}, {"n_multiple": 0}, {"k_max": 0},
+                {"d_multiple": 2.5}, {"n_multiple": 64, "n_max": 32}, {"dtypes": ("float8",)},
+                {"variants": ("sideways",)}, {"devices": ("tpu",)}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Declaration(**bad)
+    assert Declaration(eps=1e-10, n_multiple=64).constrained
+
+
+def test_admissible_size_and_constrain_case_keep_every_regime():
+    """Sizes map to the nearest admissible one; cross keeps N_q != N_k; a non-dividing chunk stays non-dividing."""
+    from gma_ref.testing.cases import admissible_size, constrain_case
+
+    assert [admissible_size(n, 64) for n in (1, 63, 64, 65)] == [64, 64, 64, 128]
+    assert admissible_size(300, 64, 256) == 256 and admissible_size(5, 1, 4) == 4
+    with pytest.raises(ValueError):
+        admissible_size(5, 8, 4)
+    for case in default_cases() + generate_cases(60, seed=3):
+        new, notes = constrain_case(case, eps=1e-10, n_multiple=16, n_max=128, k_multiple=4, d_multiple=8, d_max=64)
+        assert new.regime == case.regime and new.variant == case.variant and new.eps == 1e-10
+        assert new.n_q % 16 == 0 and new.n_k % 16 == 0 and new.n_q <= 128 and new.n_k <= 128
+        assert new.n_components % 4 == 0 and new.d_r % 8 == 0 and new.d_v % 8 == 0 and max(new.d_r, new.d_v) <= 64
+        if case.variant == "cross":
+            assert new.n_q != new.n_k
+        if case.causal and case.n_q % case.chunk_size:
+            assert new.n_q % new.chunk_size
+        if case.n_q == 1:
+            assert any("N = 1" in n for n in notes)
+    # only one admissible N: cross cannot have N_q != N_k, and the report says so
+    case = Case("cross", 1, 1, 3, 5, 2, 2, 2)
+    new, notes = constrain_case(case, n_multiple=16, n_max=16)
+    assert new.n_q == new.n_k == 16 and any("N_q != N_k" in n for n in notes)
+
+
+def test_constrained_kernel_passes_through_its_declaration_alone():
+    """A kernel with a fixed eps and shape multiples fails every case undeclared and passes once it declares them."""
+    from .planted_impls import ConstrainedKernel, constrained_kernel
+
+    undeclared = check(ConstrainedKernel("float32"), grad=True)
+    assert not undeclared.passed and all(r.metric == "raised" for r in undeclared.failures)
+    report = check(constrained_kernel(), grad=True)
+    assert report.passed, report.format()
+    assert {c.split("-")[0] for c in report.case_ids} == {"bidirectional", "causal", "cross"}
+    assert any("tiny_eps" in c for c in report.case_ids) and any("far" in c for c in report.case_ids)
+    unrealised = [s.reason for s in report.skipped if "not realisable" in s.reason]
+    assert any("K = 1" in r for r in unrealised) and any("N = 1" in r for r in unrealised)
+
+
+def test_cli_constraint_flags(capsys):
+    """--eps, --n-multiple, --k-multiple, --d-multiple, --d-max declare the constraints from the shell."""
+    target = "tests.planted_impls:ConstrainedKernel"
+    assert cli_main([target, "--grad", "--variant", "causal"]) == 1
+    capsys.readouterr()
+    assert cli_main([target, "--grad", "--variant", "causal", "--eps", "1e-10", "--n-multiple", "16",
+                     "--k-multiple", "4", "--d-multiple", "8", "--d-max", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["declaration"]["eps"] == 1e-10 and out["declaration"]["n_multiple"] == 16

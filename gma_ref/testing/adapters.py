@@ -14,6 +14,7 @@ Nothing here imports torch, jax or cupy at module import time.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -70,6 +71,17 @@ class Declaration:
         ``'layer'``: the multi-head layer, ``impl(x, y, w_q, w_k, w_v, w_o, means, omega,
         prior_logits, ...)`` → ``(B, N_q, d_model)`` with ``y = None`` for self-attention
         (docs/oracle.md, "Layer mode"). ``returns_state`` does not apply to layers.
+    eps, eps_sigma : float or None
+        The read stabiliser ε and the variance floor ε_σ the kernel is built with. ``None``
+        (default): any value, the harness passes each case's own. A float: the kernel's
+        fixed value; every case is generated with it (the ``tiny_eps`` regime then drives
+        the read mass u_i near *that* ε).
+    n_multiple, k_multiple, d_multiple : int
+        Sequence lengths (N_q and N_k), component counts K and the dimensions d_r, d_v
+        the kernel accepts are multiples of these (default 1: any). Generated cases are
+        mapped to the nearest admissible size (an N = 1 edge case becomes N = ``n_multiple``).
+    n_max, k_max, d_max : int or None
+        Largest admissible N (N_q and N_k), K, and d_r/d_v (``None``: no limit).
     """
 
     variants: tuple[str, ...] = ("bidirectional", "causal", "cross")
@@ -82,6 +94,14 @@ class Declaration:
     deterministic: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     mode: str = "attention"
+    eps: float | None = None
+    eps_sigma: float | None = None
+    n_multiple: int = 1
+    n_max: int | None = None
+    k_multiple: int = 1
+    k_max: int | None = None
+    d_multiple: int = 1
+    d_max: int | None = None
 
     def __post_init__(self) -> None:
         if self.namespace not in NAMESPACES:
@@ -91,10 +111,46 @@ class Declaration:
         for name in ("variants", "dtypes", "devices"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, (getattr(self, name),))
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        _check_names("variants", self.variants, ("bidirectional", "causal", "cross"))
+        _check_names("dtypes", self.dtypes, ("float64", "float32", "float16", "bfloat16"))
+        _check_names("devices", self.devices, ("cpu", "cuda"))
+        for name in ("eps", "eps_sigma"):
+            val = getattr(self, name)
+            if val is None:
+                continue
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
+                raise ValueError(f"{name} must be None (any value) or a finite float > 0, got {val!r}")
+            object.__setattr__(self, name, float(val))
+        for name in ("n_multiple", "k_multiple", "d_multiple"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
+        for name, mult in (("n_max", "n_multiple"), ("k_max", "k_multiple"), ("d_max", "d_multiple")):
+            val = getattr(self, name)
+            if val is None:
+                continue
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be None (no limit) or an int >= 1, got {val!r}")
+            if val < getattr(self, mult):
+                raise ValueError(f"{name} = {val} admits no size: it is below {mult} = {getattr(self, mult)}")
+
+    @property
+    def constrained(self) -> bool:
+        """True when the declaration fixes ε or ε_σ or restricts a size."""
+        return (self.eps is not None or self.eps_sigma is not None
+                or (self.n_multiple, self.k_multiple, self.d_multiple) != (1, 1, 1)
+                or any(x is not None for x in (self.n_max, self.k_max, self.d_max)))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+
+def _check_names(what: str, got: tuple[Any, ...], known: tuple[str, ...]) -> None:
+    bad = [g for g in got if g not in known]
+    if bad or not got:
+        raise ValueError(f"{what} must be a non-empty tuple of {known}, got {got!r}")
 
 
 def declaration_of(impl: Callable[..., Any]) -> Declaration | None:

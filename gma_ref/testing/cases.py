@@ -39,6 +39,8 @@ __all__ = [
     "layer_case_arrays",
     "default_layer_cases",
     "generate_layer_cases",
+    "admissible_size",
+    "constrain_case",
 ]
 
 #: The three variants of GMA the harness knows.
@@ -127,7 +129,7 @@ class Case:
             parts.append(f"c{self.chunk_size}")
         if self.regime != "normal":
             parts.append(self.regime)
-        if self.eps != 1e-6 and self.regime != "tiny_eps":
+        if self.eps != (1e-12 if self.regime == "tiny_eps" else 1e-6):
             parts.append(f"eps{self.eps:g}")
         parts.append(f"s{self.seed}")
         return "-".join(parts)
@@ -268,6 +270,76 @@ def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str =
         )
         out.append(case)
     return out
+
+
+# --------------------------------------------------------------------------- declared constraints
+
+
+def admissible_size(n: int, multiple: int = 1, maximum: int | None = None) -> int:
+    """The admissible size nearest to ``n``: the smallest multiple of ``multiple`` ≥ ``n``, capped at ``maximum``.
+
+    A size above ``maximum`` becomes the largest admissible one (``maximum`` rounded
+    down to a multiple). Raises ``ValueError`` when no size is admissible.
+    """
+    if multiple < 1 or (maximum is not None and maximum < multiple):
+        raise ValueError(f"no size is a multiple of {multiple} and at most {maximum}")
+    m = -(-max(int(n), 1) // multiple) * multiple
+    if maximum is not None and m > maximum:
+        m = (maximum // multiple) * multiple
+    return m
+
+
+def constrain_case(case: Case, *, eps: float | None = None, eps_sigma: float | None = None, n_multiple: int = 1,
+                   n_max: int | None = None, k_multiple: int = 1, k_max: int | None = None, d_multiple: int = 1,
+                   d_max: int | None = None, chunked: bool = True) -> tuple[Case, list[str]]:
+    """Map ``case`` to one that satisfies declared constraints, keeping its regime; returns it and the notes.
+
+    ε and ε_σ are replaced by the fixed values (``None``: keep the case's). N_q, N_k
+    (``n_multiple``/``n_max``), K (``k_multiple``/``k_max``) and d_r, d_v
+    (``d_multiple``/``d_max``) become the nearest admissible sizes
+    (:func:`admissible_size`; an N = 1 edge case becomes the smallest admissible N).
+    What the mapping keeps: a cross case keeps N_q ≠ N_k (N_k moves by one multiple);
+    a causal case whose chunk did not divide N gets a chunk that does not divide the
+    new N (when ``chunked``, i.e. the kernel takes a chunk size). Each note names an
+    edge or regime that could not be realised (K = 1, N = 1, N_q ≠ N_k, a
+    non-dividing chunk, ``tiny_eps`` with K = 1); the case is still run.
+    """
+    notes: list[str] = []
+    n_q = admissible_size(case.n_q, n_multiple, n_max)
+    n_k = admissible_size(case.n_k, n_multiple, n_max)
+    if case.variant != "cross":
+        n_k = n_q
+    elif n_q == n_k:
+        if n_max is None or n_k + n_multiple <= n_max:
+            n_k += n_multiple
+        elif n_k - n_multiple >= 1:
+            n_k -= n_multiple
+        else:
+            notes.append(f"cross with N_q != N_k: only N = {n_q} is admissible")
+    if case.n_q == 1 and n_q != 1:
+        notes.append(f"N = 1 edge: run at N = {n_q}, the smallest admissible")
+    if case.variant == "cross" and case.n_k == 1 and n_k != 1:
+        notes.append(f"N_k = 1 edge: run at N_k = {n_k}, the smallest admissible")
+    kk = admissible_size(case.n_components, k_multiple, k_max)
+    if case.n_components == 1 and kk != 1:
+        notes.append(f"K = 1 edge (every responsibility 1): run at K = {kk}, the smallest admissible")
+    d_r = admissible_size(case.d_r, d_multiple, d_max)
+    d_v = admissible_size(case.d_v, d_multiple, d_max)
+    if case.d_r == 1 and d_r != 1:
+        notes.append(f"d_r = 1 edge: run at d_r = {d_r}, the smallest admissible")
+    chunk = case.chunk_size
+    if chunked and case.causal and case.n_q % case.chunk_size != 0 and n_q % chunk == 0:
+        chunk = next((c for c in range(chunk + 1, n_q) if n_q % c), 0) or next(
+            (c for c in range(chunk - 1, 1, -1) if n_q % c), 0)
+        if not chunk:
+            chunk = case.chunk_size
+            notes.append(f"chunk size not dividing N: every chunk size divides N = {n_q}")
+    if case.regime == "tiny_eps" and kk == 1 and case.n_components > 1:
+        notes.append("tiny_eps regime (a component the keys avoid) needs K > 1: not admissible")
+    new = replace(case, n_q=n_q, n_k=n_k, n_components=kk, d_r=d_r, d_v=d_v, chunk_size=chunk,
+                  eps=case.eps if eps is None else float(eps),
+                  eps_sigma=case.eps_sigma if eps_sigma is None else float(eps_sigma))
+    return new, notes
 
 
 # --------------------------------------------------------------------------- layer cases

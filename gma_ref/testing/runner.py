@@ -45,6 +45,7 @@ from .cases import (
     VARIANTS,
     Case,
     case_arrays,
+    constrain_case,
     default_cases,
     default_layer_cases,
     generate_cases,
@@ -474,6 +475,8 @@ def check(
             case_list += generate(n_cases, variants=active, dtype=dtype, seed=seed + 1)
     else:
         case_list = [c.with_dtype(dtype) for c in cases if c.variant in active and c.is_layer == layer]
+    if decl.constrained:
+        case_list = _constrain(case_list, decl, report)
     seen_variant: set[str] = set()
     for case in case_list:
         first = case.variant not in seen_variant
@@ -490,6 +493,22 @@ def check(
         report.case_ids.append(case.case_id)
     report.elapsed_s = time.perf_counter() - t0
     return report
+
+
+def _constrain(case_list: list[Case], decl: Declaration, report: Report) -> list[Case]:
+    """Map every case to the declared constraints; list the edges and regimes that could not be realised."""
+    out, seen = [], set()
+    for case in case_list:
+        new, notes = constrain_case(
+            case, eps=decl.eps, eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple, n_max=decl.n_max,
+            k_multiple=decl.k_multiple, k_max=decl.k_max, d_multiple=decl.d_multiple, d_max=decl.d_max,
+            chunked=decl.accepts_chunk_size)
+        out.append(new)
+        for note in notes:
+            if (case.variant, note) not in seen:
+                seen.add((case.variant, note))
+                report.skipped.append(Skip(f"{case.variant} edge", f"not realisable under the declaration: {note}"))
+    return out
 
 
 def assert_conforms(impl: Callable[..., Any], declaration: Declaration | None = None, **kwargs: Any) -> Report:
