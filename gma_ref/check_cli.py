@@ -47,6 +47,8 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cases", type=int, default=0, metavar="N",
                    help="add N seeded random cases to the default set (25 cases in either mode)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the case generator")
+    p.add_argument("--long", action="store_true",
+                   help="long-sequence mode: N = 4096, 32768, 131072 (up to --n-max), O(N)-memory reference")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")
     p.add_argument("--no-contract", dest="contract", action="store_false",
@@ -131,7 +133,8 @@ def run_check(args: argparse.Namespace) -> int:
         declaration = replace(declaration_of(impl) or Declaration(), **overrides)
     report = check(impl, declaration, variants=tuple(args.variant) if args.variant else None, dtype=args.dtype,
                    device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
-                   contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None))
+                   contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None),
+                   scale="long" if getattr(args, "long", False) else "short")
     print(report.to_json() if args.json else report.format(verbose=args.verbose))
     return report.exit_code
 

@@ -24,7 +24,7 @@ accumulation precision u_acc; rounding errors of independent sign grow like
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .._array import Array
@@ -39,15 +39,25 @@ from ..mixture import (
 )
 from ..posterior import responsibilities, responsibilities_backward
 from .cases import VARIANTS, Case
+from .compare import Tolerance
 from .reference import Reference, _kappa, _mass_seen, _read_condition
 
 __all__ = ["LONG_SIZES", "LONG_THRESHOLD", "LongReference", "long_cases", "long_reference", "sum_length",
-           "long_grad_magnitudes_rms"]
+           "long_grad_magnitudes_rms", "calibrate_long", "generate_long_cases", "LONG_TOLERANCES"]
 
 #: Sequence lengths of the long case set (``n_max`` adds 2^20, 2^21, … up to it).
 LONG_SIZES: tuple[int, ...] = (4096, 32768, 131072)
 #: Cases with N_q · N_k above this use :func:`long_reference` (the short reference forms N_q × N_k arrays).
 LONG_THRESHOLD: int = 1 << 20
+#: τ per dtype in long mode (norm, element), in units of ν_long: 8× the largest error / ν_long of the correct
+#: implementations over the long and generated long cases (examples/calibrate_long.py), rounded up to a power
+#: of two, never above the short-case :data:`~gma_ref.testing.compare.TOLERANCES`. See docs/oracle.md.
+LONG_TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(norm=64.0, elem=64.0),
+    "float32": Tolerance(norm=1.0, elem=64.0),
+    "float16": Tolerance(norm=8.0, elem=32.0),
+    "bfloat16": Tolerance(norm=8.0, elem=32.0),
+}
 #: Tokens per block of the floors' (token, component, coordinate) triples.
 _BLOCK_TRIPLES = 1 << 21
 
@@ -75,18 +85,21 @@ def sum_length(batch: int, n_q: int, n_k: int) -> float:
 def _shapes(n: int) -> dict[str, int]:
     """Shape of the long cases at length ``n``: the larger N, the smaller K and d (time and memory)."""
     if n <= 4096:
-        return {"batch": 1, "heads": 2, "n_components": 256, "d_r": 128, "d_v": 128}
+        return {"batch": 1, "heads": 2, "n_components": 256, "d_r": 16, "d_v": 128}
     if n <= 32768:
-        return {"batch": 2, "heads": 1, "n_components": 64, "d_r": 32, "d_v": 64}
-    return {"batch": 1, "heads": 2, "n_components": 32, "d_r": 16, "d_v": 64}
+        return {"batch": 2, "heads": 1, "n_components": 8, "d_r": 128, "d_v": 64}
+    return {"batch": 1, "heads": 2, "n_components": 16, "d_r": 8, "d_v": 64}
 
 
 def long_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
                n_max: int = 131072, chunk_size: int = 64) -> list[Case]:
     """The long case set: per variant one case at each N of :data:`LONG_SIZES` up to ``n_max`` (and beyond).
 
-    N = 4096: B=1, H=2, K=256, d_r=d_v=128. N = 32768: B=2, H=1, K=64, d_r=32,
-    d_v=64. N ≥ 131072: B=1, H=2, K=32, d_r=16, d_v=64. ``n_max`` above 131072
+    N = 4096: B=1, H=2, K=256, d_r=16, d_v=128. N = 32768: B=2, H=1, K=8,
+    d_r=128, d_v=64. N ≥ 131072: B=1, H=2, K=16, d_r=8, d_v=64 (each about
+    3.4e7 (token, component, coordinate) triples per side at N ≤ 131072). The N = 32768 cases use
+    the ``tiny_eps`` regime (ε = 1e-12 and a component the keys almost never visit),
+    the others the ``normal`` one. ``n_max`` above 131072
     adds N = 2^20, 2^21, … ≤ ``n_max`` (and ``n_max`` itself when it is not a
     power of two). Cross cases read N_q = 3N/4 queries from N keys; ``chunk_size``
     (default 64, so N/64 chunks: 512 at N = 32768) is passed to implementations
@@ -105,17 +118,44 @@ def long_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", see
     for variant in variants:
         for i, n in enumerate(sizes):
             n_q = 3 * n // 4 if variant == "cross" else n
-            out.append(Case(variant=variant, dtype=dtype, n_q=n_q, n_k=n, chunk_size=chunk_size,
-                            seed=seed * 1000 + 500 + i, **_shapes(n)))
+            regime = "tiny_eps" if n == 32768 else "normal"
+            out.append(Case(variant=variant, dtype=dtype, n_q=n_q, n_k=n, chunk_size=chunk_size, regime=regime,
+                            eps=1e-12 if regime == "tiny_eps" else 1e-6, seed=seed * 1000 + 500 + i, **_shapes(n)))
     return out
 
 
-def with_constraints(case: Case, n_multiple: int = 1) -> Case:
-    """``case`` with N_q and N_k rounded up to a multiple of ``n_multiple`` (a declared shape constraint)."""
-    def up(n: int) -> int:
-        return -(-n // n_multiple) * n_multiple
+def generate_long_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
+                        n_lo: int = 1100, n_hi: int = 16384) -> list[Case]:
+    """``n`` random long cases (round-robin over ``variants``, every regime in turn), seeded.
 
-    return replace(case, n_q=up(case.n_q), n_k=up(case.n_k))
+    N log-uniform in [``n_lo``, ``n_hi``] (above :data:`LONG_THRESHOLD` once squared; cross
+    N_q ≠ N_k), K ∈ [1, 64], d_r, d_v ∈ [1, 64], B·H ∈ [2, 4], chunk sizes 16, 64, 100 or
+    257 (rarely dividing N). The calibration of :data:`LONG_TOLERANCES` runs them beside
+    :func:`long_cases`, so every regime is covered at long N.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 104729])
+    regimes = ("normal", "far", "floor", "tiny_eps")
+
+    def logu(lo: int, hi: int) -> int:
+        return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+    out = []
+    for i in range(n):
+        variant = variants[i % len(variants)]
+        n_k = logu(n_lo, n_hi)
+        n_q = n_k if variant != "cross" else max(n_lo, min(n_hi, n_k + int(rng.integers(-n_k // 2, n_k // 2)) | 1))
+        if variant == "cross" and n_q == n_k:
+            n_q = n_k - 1
+        batch, heads = ((1, 2), (2, 1), (2, 2), (1, 3))[int(rng.integers(0, 4))]
+        regime = regimes[i % len(regimes)]
+        out.append(Case(variant=variant, batch=batch, heads=heads, n_q=n_q, n_k=n_k, n_components=logu(1, 64),
+                        d_r=logu(1, 64), d_v=logu(1, 64), dtype=dtype, regime=regime,
+                        eps=1e-12 if regime == "tiny_eps" else 1e-6,
+                        chunk_size=(16, 64, 100, 257)[int(rng.integers(0, 4))],
+                        seed=seed * 100003 + 7 * i + 1))
+    return out
 
 
 # --------------------------------------------------------------------------- the reference
@@ -163,7 +203,9 @@ def long_reference(
     lam = _read_condition(xp, gamma_q, gamma_k, causal, eps)
     batch = math.prod(q.shape[:-3]) if q.ndim > 3 else 1
     rho = sum_length(batch, q.shape[-2], k.shape[-2])
-    fl: dict[str, float] = {"out": math.sqrt(float(xp.mean(v * v))) if v.size else 0.0, "memory": 0.0, "mass": 0.0}
+    denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
+    out_floor = _out_floor(xp, gamma_q + underflow, gamma_k + underflow, v, out, denom, causal, chunk_size)
+    fl: dict[str, float] = {"out": out_floor, "memory": 0.0, "mass": 0.0}
     if d_out is not None:
         if causal:
             d_gq, d_gk, d_v = gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, out=out)
@@ -179,7 +221,6 @@ def long_reference(
         })
         fl.update({name: 0.0 for name in tensors if name.startswith("d_")})
         if floors:
-            denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
             fl.update(long_grad_magnitudes_rms(xp, q, k, v, means, omega, variances, gamma_q + underflow,
                                                gamma_k + underflow, d_out, out, causal, denom, chunk_size))
     return LongReference(tensors=tensors, floors=fl, kappa=kappa + rho, read_condition=lam, xp=xp,
@@ -187,6 +228,48 @@ def long_reference(
 
 
 # --------------------------------------------------------------------------- floors without N × N arrays
+
+
+def _out_floor(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, out: Array, denom: Array, causal: bool,
+               chunk_size: int) -> float:
+    """RMS of the output's cancellation-free magnitude: (Σ_j A_ij² (v_jd² + O_id²))^½ / D_i, with O(N) memory.
+
+    The root-sum-square of the terms A_ij v_j / D_i of the read and A_ij O_i / D_i of its
+    normalisation: the scale at which rounding errors of independent sign in Γ, in the sums
+    and in the scores move the output. (The short mode's floor RMS(v) is the *sum* of the
+    magnitudes; for a query that averages n_eff values it is ~√n_eff times larger, and at
+    N = 131072 it would hide output errors of a few percent in bfloat16.) Only the total is needed:
+    Σ_i (γ_i G^v γ_iᵀ + |O_i|² γ_i G γ_iᵀ) / D_i² with the K × K Gram matrices
+    G = Σ_{j vis} γ_j ⊗ γ_j and G^v = Σ_{j vis} |v_j|² γ_j ⊗ γ_j of the keys query i sees.
+    """
+    if out.size == 0:
+        return 0.0
+    mt = xp.matrix_transpose
+    safe = xp.where(denom > 0, denom, xp.ones_like(denom))
+    w_q = 1.0 / (safe * safe)  # (..., N_q)
+    o2 = xp.sum(out * out, axis=-1)
+    v2 = xp.sum(v * v, axis=-1)  # |v_j|², (..., N_k)
+    if not causal:
+        g = xp.matmul(mt(gamma_k), gamma_k)
+        g_v = xp.matmul(mt(gamma_k * xp.expand_dims(v2, axis=-1)), gamma_k)
+        quad = (xp.sum(xp.matmul(gamma_q, g_v) * gamma_q, axis=-1)
+                + o2 * xp.sum(xp.matmul(gamma_q, g) * gamma_q, axis=-1))
+        return math.sqrt(float(xp.sum(w_q * quad)) / out.size)
+    lead = tuple(gamma_k.shape[:-2])
+    kk = gamma_k.shape[-1]
+    g = xp.zeros(lead + (kk, kk), dtype=v.dtype)
+    g_v = xp.zeros(lead + (kk, kk), dtype=v.dtype)
+    total = 0.0
+    for s, e in _chunks(gamma_q.shape[-2], chunk_size):
+        gq, gk = gamma_q[..., s:e, :], gamma_k[..., s:e, :]
+        aff = xp.matmul(gq, mt(gk)) * _lower(xp, e - s, v)
+        a2 = aff * aff
+        quad_v = xp.sum(xp.matmul(gq, g_v) * gq, axis=-1) + xp.sum(a2 * xp.expand_dims(v2[..., s:e], axis=-2), axis=-1)
+        quad = xp.sum(xp.matmul(gq, g) * gq, axis=-1) + xp.sum(a2, axis=-1)
+        total += float(xp.sum(w_q[..., s:e] * (quad_v + o2[..., s:e] * quad)))
+        g = g + xp.matmul(mt(gk), gk)
+        g_v = g_v + xp.matmul(mt(gk * xp.expand_dims(v2[..., s:e], axis=-1)), gk)
+    return math.sqrt(total / out.size)
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -320,3 +403,35 @@ def long_grad_magnitudes_rms(xp: Any, q: Array, k: Array, v: Array, means: Array
         "d_omega": rms((sq[2] + sk[2]) * sig * sig),
         "d_prior_logits": rms(sq[3] + sk[3]),
     }
+
+
+def calibrate_long(impl: Any, dtype: str, *, n_max: int = 131072, seeds: tuple[int, ...] = (0,), grad: bool = True,
+                   variants: tuple[str, ...] = VARIANTS, declaration: Any = None, n_generated: int = 0,
+                   n_hi: int = 16384) -> Any:
+    """Normalised errors (error / ν_long) of a correct ``impl`` over long cases, with τ = 1.
+
+    The cases: :func:`long_cases` of each seed plus ``n_generated``
+    :func:`generate_long_cases` (N up to ``n_hi``). The long-mode counterpart of
+    :func:`gma_ref.testing.calibrate`; returns its :class:`~gma_ref.testing.calibration.Calibration`.
+    """
+    from .adapters import Declaration, declaration_of
+    from .calibration import Calibration
+    from .compare import Tolerance
+    from .runner import _resolve_vjp, run_case
+
+    decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))
+    the_vjp = _resolve_vjp(impl, decl, None)[0] if grad and decl.grad else None
+    cases = [c for s in seeds for c in long_cases(variants, dtype=dtype, seed=s, n_max=n_max)]
+    cases += generate_long_cases(n_generated, variants=variants, dtype=dtype, seed=seeds[0] + 1, n_hi=n_hi)
+    cal = Calibration(getattr(impl, "__name__", repr(impl)), dtype, len(cases))
+    for case in cases:
+        results, _ = run_case(impl, case, decl, vjp=the_vjp, contract=False, tolerance=Tolerance(1.0, 1.0))
+        if len(results) == 1 and results[0].check == "conditioning":
+            cal.skipped.append(case.case_id)
+            continue
+        for r in results:
+            if r.metric in ("norm", "elem"):
+                getattr(cal, r.metric).setdefault(r.tensor, []).append(r.value / r.threshold)
+            elif not r.passed:
+                cal.failures.append(f"{r.case_id} {r.check} {r.tensor} {r.metric} {r.detail}")
+    return cal

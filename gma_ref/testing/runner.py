@@ -53,7 +53,7 @@ from .cases import (
     layer_case_arrays,
 )
 from .compare import LAYER_TOLERANCES, NU_MAX, UNDERFLOW, Tolerance, compare_tensor, unit_scale
-from .long import LONG_SIZES, LONG_THRESHOLD, long_cases, long_reference
+from .long import LONG_SIZES, LONG_THRESHOLD, LONG_TOLERANCES, long_cases, long_reference
 from .reference import GRAD_NAMES, INPUT_NAMES, LAYER_INPUT_NAMES, layer_reference, reference
 
 __all__ = ["CheckResult", "Skip", "Report", "check", "assert_conforms", "run_case"]
@@ -262,6 +262,9 @@ def run_case(
     returns_state = declaration.returns_state and not layer
     if layer and tolerance is None:
         tolerance = LAYER_TOLERANCES[dtype]
+    long = not layer and case.n_q * case.n_k > LONG_THRESHOLD
+    if long and tolerance is None:
+        tolerance = LONG_TOLERANCES[dtype]
     arrays = layer_case_arrays(case) if layer else case_arrays(case)
     every = (*names, "d_out")
     cand = {n: None if arrays[n] is None else to_candidate(arrays[n], ns, dtype, device) for n in every}
@@ -269,7 +272,7 @@ def run_case(
     opts: dict[str, Any] = {"causal": case.causal, "eps": case.eps, "eps_sigma": case.eps_sigma}
     if declaration.accepts_chunk_size:
         opts["chunk_size"] = case.chunk_size
-    ref_fn = layer_reference if layer else (long_reference if case.n_q * case.n_k > LONG_THRESHOLD else reference)
+    ref_fn = layer_reference if layer else (long_reference if long else reference)
     ref = ref_fn(xp, {n: ref_in[n] for n in names}, causal=case.causal, eps=case.eps,
                  eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
                  chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype])
@@ -406,7 +409,7 @@ def check(
         declared one is skipped (requested), so nothing is checked and the run fails.
     scale : ``'short'`` or ``'long'``
         ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.long.long_cases`
-        (N up to ``n_max``, default 131072) against the O(N)-memory reference, with
+        (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
         the sum-length term in ν (docs/oracle.md, "Long sequences"). Ignored when ``cases`` is given.
     """
     t0 = time.perf_counter()
@@ -467,7 +470,7 @@ def check(
     if scale not in ("short", "long"):
         raise ValueError(f"scale must be 'short' or 'long', got {scale!r}")
     if cases is None and scale == "long":
-        cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or LONG_SIZES[-1])
+        cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
     if cases is None:
         defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
         case_list = defaults(active, dtype=dtype, seed=seed) if active else []
