@@ -132,6 +132,38 @@ class Float32AccumulationInFloat64(NumpyKernel):
                 (mass.astype(np.float32) + g32.sum(axis=-2)).astype(np.float64))
 
 
+class SoftmaxNoMaxSubtraction(NumpyKernel):
+    """Responsibilities as exp(s) / Σ exp(s) without subtracting max s: 0/0 once every score is below the exp range."""
+
+    def softmax(self, s):
+        e = np.exp(s)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return e / e.sum(axis=-1, keepdims=True)
+
+
+class NanGuardZeroesTinyMass(NumpyKernel):
+    """A NaN guard that zeroes the output of every query whose routed mass u_i is below 1e-12 (ε decides there)."""
+
+    GUARD = 1e-12
+
+    def read(self, gamma_q, memory, mass, eps):
+        u = (gamma_q * mass[..., None, :]).sum(axis=-1)
+        return np.where((u < self.GUARD)[..., None], self.compute(0), super().read(gamma_q, memory, mass, eps))
+
+    def causal_core(self, gamma_q, gamma_k, v, eps, chunk_size):
+        out = super().causal_core(gamma_q, gamma_k, v, eps, chunk_size)
+        u = (gamma_q * np.cumsum(gamma_k, axis=-2)).sum(axis=-1)
+        return np.where((u < self.GUARD)[..., None], self.compute(0), out)
+
+
+class CrossKeysTruncated(NumpyKernel):
+    """Cross attention that reads only the first min(N_q, N_k) keys (a loop bound taken from the queries)."""
+
+    def __call__(self, q, k, v, means, omega, prior_logits, *, causal=False, **kw):
+        n = min(np.shape(q)[-2], np.shape(k)[-2])
+        return super().__call__(q, k[..., :n, :], v[..., :n, :], means, omega, prior_logits, causal=causal, **kw)
+
+
 # --------------------------------------------------------------------------- gradient bugs
 
 
@@ -221,6 +253,9 @@ FLOAT32_BUGS: tuple[type[NumpyKernel], ...] = (
     MixtureGradQueryOnly,
     ValueGradTransposed,
     KeyGradFromQuerySide,
+    SoftmaxNoMaxSubtraction,
+    NanGuardZeroesTinyMass,
+    CrossKeysTruncated,
 )
 #: Bugs only a float64 comparison can see.
 FLOAT64_BUGS: tuple[type[NumpyKernel], ...] = (Float32AccumulationInFloat64,)

@@ -177,12 +177,16 @@ BUG_DTYPES = [(bug, d) for bug in LONG_BUGS for d in ("float32", "bfloat16") if 
 
 @pytest.mark.parametrize(("bug", "dtype"), BUG_DTYPES, ids=lambda x: getattr(x, "__name__", x))
 def test_planted_long_bug_is_caught_at_long_n_only(bug: type, dtype: str) -> None:
-    """Each planted long bug passes the whole default (short) check of a dtype it hides in, and fails its long cases.
+    """Each planted long bug passes the default (short) check of a dtype it hides in, and fails its long cases.
+
+    (MassInFloat16 fails the short ``tiny_eps`` case only, by float16 underflow of a tiny mass, not by
+    the accumulation the long cases expose; its ``short_regimes`` names that.)
 
     The correct kernel of the same dtype passes the same long cases (test_correct_long_kernel_passes).
     """
     short = check(bug(dtype))
-    assert short.passed, f"{bug.__name__} visible in short {dtype} cases:\n{short.format()}"
+    seen = [c for c in short.failed_cases() if not any(r in c for r in getattr(bug, "short_regimes", ()))]
+    assert short.case_ids and not seen, f"{bug.__name__} visible in short {dtype} cases:\n{short.format()}"
     report = check(bug(dtype), cases=_ci_cases(dtype), contract=False)
     assert not report.passed, f"{bug.__name__} not flagged by the long {dtype} cases"
 

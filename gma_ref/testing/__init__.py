@@ -23,7 +23,9 @@ framework conversion by DLPack, PyTorch/JAX VJP adapters),
 :mod:`~gma_ref.testing.emulated` (a correct NumPy kernel with low-precision
 storage), :mod:`~gma_ref.testing.emulated_layer` (the same for the
 multi-head layer), :mod:`~gma_ref.testing.calibration` (regenerate the
-tolerance table). Layer mode — the multi-head layer with its projections,
+tolerance table), :mod:`~gma_ref.testing.repro` (shrink a failing case and write
+it as a self-contained reproducer; ``check(..., repro=dir)``, ``check(..., case_file=path)``).
+Layer mode — the multi-head layer with its projections,
 ``impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma)``
 — is selected by ``Declaration(mode="layer")`` or ``check(..., mode="layer")``.
 Importing this package does not import torch, jax or cupy.
@@ -57,6 +59,7 @@ from .reference import (
     layer_reference,
     reference,
 )
+from .repro import CaseFile, load_case_file
 from .runner import CheckResult, Report, Skip, assert_conforms, check, run_case
 
 __all__ = [
@@ -73,6 +76,7 @@ __all__ = [
     "UNIT_ROUNDOFF",
     "VARIANTS",
     "Case",
+    "CaseFile",
     "CheckResult",
     "Comparison",
     "Declaration",
@@ -95,6 +99,7 @@ __all__ = [
     "jax_vjp",
     "layer_case_arrays",
     "layer_reference",
+    "load_case_file",
     "reference",
     "round_to",
     "run_case",

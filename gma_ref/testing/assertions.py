@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .adapters import device_name, dtype_name, reference_namespace, to_reference
-from .compare import NU_MAX, UNDERFLOW, Tolerance, compare_tensor, unit_scale
+from .compare import NU_MAX, TINY_ACC, UNDERFLOW, Tolerance, compare_tensor, unit_scale
 from .reference import GRAD_NAMES, INPUT_NAMES, reference
 
 __all__ = ["assert_gma_close"]
@@ -58,7 +58,8 @@ def assert_gma_close(
             d_out = _ones_like_out(out)
         d_ref = to_reference(d_out, xp)
     ref = reference(xp, ref_in, causal=causal, eps=eps, eps_sigma=eps_sigma, d_out=d_ref,
-                    underflow=UNDERFLOW.get(dtype, 0.0))
+                    underflow=UNDERFLOW.get(dtype, 0.0),
+                    tiny=TINY_ACC.get(dtype, 0.0))
     actual = {"out": out}
     if vjp is not None:
         grads = vjp(*inputs.values(), d_out, **opts)

@@ -12,7 +12,12 @@ Regimes:
 * ``far`` — routing vectors 12 standard deviations from their nearest mean;
 * ``floor`` — most variances at the floor ε_σ (ω = −40), routing vectors within a
   few of those tiny standard deviations of a mean;
-* ``tiny_eps`` — ε = 1e-12 and an empty-ish component (mass far below 1).
+* ``tiny_eps`` — ε = 1e-12 (or the declared ε): component 0 is tight, far from the
+  others and never visited by the keys; one query per (batch, head) sits on it and
+  one key is placed so that this query's routed mass u_i is between 0.1 ε and 3 ε
+  (spread over the batch and heads): the read denominator u_i + ε is decided by ε;
+* ``tiny_grad`` — the cotangent scaled to 4× the smallest normal number of the
+  dtype, so that many true gradients are subnormal.
 
 NumPy is used here for host-side generation only (this module is bookkeeping,
 not reference array code).
@@ -48,7 +53,7 @@ VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")
 #: Dtype names the harness calibrates (``float64`` is the strictest mode).
 DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
 #: Input regimes (see the module docstring).
-REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps")
+REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps", "tiny_grad")
 #: Regimes of layer cases (``floor`` needs routing vectors placed within ~ε_σ of a mean, which projections of
 #: shared tokens cannot do for every head at once; the attention mode covers it).
 LAYER_REGIMES: tuple[str, ...] = ("normal", "far", "tiny_eps")
@@ -176,22 +181,79 @@ def case_arrays(case: Case) -> dict[str, np.ndarray]:
            VARIANTS.index(case.variant), REGIMES.index(case.regime)]
     rng = np.random.default_rng(key)
     means, omega, prior_logits = _mixture(rng, case)
+    tiny_eps = case.regime == "tiny_eps" and case.n_components > 1
+    if tiny_eps:
+        # component 0: tight (σ² ≈ 3e-4), far from every other mean (so nothing leaks into it)
+        others = means[:, 1:]
+        direction = rng.normal(size=(case.heads, case.d_r))
+        direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
+        means[:, 0] = others.mean(axis=1) + (np.abs(others).max(axis=(1, 2))[:, None] + 6.0) * direction
+        omega[:, 0] = -8.0
     variances = np.logaddexp(0.0, omega) + case.eps_sigma
     priors = np.exp(prior_logits - prior_logits.max(-1, keepdims=True))
     priors /= priors.sum(-1, keepdims=True)
-    if case.regime == "tiny_eps" and case.n_components > 1:
-        # one component that the keys almost never visit: its mass Z_k is tiny, so queries routed
-        # there read u_i ≪ 1 and ε matters.
+    key_priors = priors
+    if tiny_eps:  # keys never drawn from component 0
         key_priors = priors.copy()
-        key_priors[:, 0] = 1e-9
+        key_priors[:, 0] = 0.0
         key_priors /= key_priors.sum(-1, keepdims=True)
-    else:
-        key_priors = priors
     q = _routing(rng, case, case.n_q, means, variances, priors)
     k = _routing(rng, case, case.n_k, means, variances, key_priors)
     v = rng.normal(size=(case.batch, case.heads, case.n_k, case.d_v))
     d_out = rng.normal(size=(case.batch, case.heads, case.n_q, case.d_v))
+    if tiny_eps:
+        _place_tiny_mass(case, q, k, means, variances, prior_logits)
+    if case.regime == "tiny_grad":
+        d_out *= 4.0 * _SMALLEST_NORMAL[case.dtype]
     return {"q": q, "k": k, "v": v, "means": means, "omega": omega, "prior_logits": prior_logits, "d_out": d_out}
+
+
+_SMALLEST_NORMAL = {"float64": 2.0**-1022, "float32": 2.0**-126, "float16": 2.0**-14, "bfloat16": 2.0**-126}
+
+
+def _log_gamma(x: np.ndarray, means: np.ndarray, variances: np.ndarray, log_priors: np.ndarray) -> np.ndarray:
+    """log responsibilities (float64, host) of routing vectors ``x`` (n, d_r) under one head's mixture → (n, K)."""
+    diff = x[:, None, :] - means[None]
+    s = log_priors - 0.5 * np.log(variances).sum(-1) - 0.5 * (diff * diff / variances).sum(-1)
+    top = s.max(-1, keepdims=True)
+    return s - top - np.log(np.exp(s - top).sum(-1, keepdims=True))
+
+
+def _place_tiny_mass(case: Case, q: np.ndarray, k: np.ndarray, means: np.ndarray, variances: np.ndarray,
+                     prior_logits: np.ndarray) -> None:
+    """``tiny_eps``: put query N_q // 2 on component 0 and move one key so that the query's u_i ≈ c·ε.
+
+    c runs log-uniformly from 0.1 to 3 over the (batch, head) pairs (0.3 for a single pair).
+    The key (the first one, which every query sees, also causally) is moved along the
+    segment to component 0's mean, found by bisection on log u_i. In place.
+    """
+    i_star, j0 = case.n_q // 2, 0
+    pairs = [(b, h) for b in range(case.batch) for h in range(case.heads)]
+    for r, (b, h) in enumerate(pairs):
+        c = 0.3 if len(pairs) == 1 else 10.0 ** (-1.0 + 1.5 * r / (len(pairs) - 1))
+        target = math.log(c * case.eps)
+        lp = prior_logits[h] - prior_logits[h].max()
+        lp = lp - np.log(np.exp(lp).sum())
+        q[b, h, i_star] = means[h, 0]
+        seen = k[b, h, : (i_star + 1 if case.causal else case.n_k)]
+        log_gq = _log_gamma(q[b, h, i_star][None], means[h], variances[h], lp)[0]
+        far_key = k[b, h, j0].copy()
+
+        def log_u(lam: float, far_key: np.ndarray = far_key, seen: np.ndarray = seen, log_gq: np.ndarray = log_gq,
+                  h: int = h, lp: np.ndarray = lp) -> float:
+            keys = seen.copy()
+            keys[j0] = means[h, 0] + lam * (far_key - means[h, 0])
+            lg = _log_gamma(keys, means[h], variances[h], lp) + log_gq  # log γq_k γk_jk
+            top = lg.max()
+            return float(top + np.log(np.exp(lg - top).sum()))
+
+        lo, hi = 0.0, 1.0  # log_u decreases from ~0 at lam = 0
+        if log_u(hi) > target:  # even the far key reads too much: nothing to tune
+            continue
+        for _ in range(80):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if log_u(mid) > target else (lo, mid)
+        k[b, h, j0] = means[h, 0] + hi * (far_key - means[h, 0])
 
 
 def _base(variant: str, dtype: str, **kw: Any) -> Case:
@@ -203,12 +265,17 @@ def _base(variant: str, dtype: str, **kw: Any) -> Case:
 
 
 def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0) -> list[Case]:
-    """The default case set of ``gma-ref check``: 8–9 cases per variant covering the edge cases.
+    """The default case set of ``gma-ref check``: 9 cases per variant (11 causal) covering the edge cases.
 
     Per variant: the base shape (``causal-B2-H3-N63-K7-dr5-dv60``, chunk 16 not
     dividing 63), N = 1 (cross: N_q = 1 and N_k = 1), K = 1, d_r = 1, large d_r
     (96), a long sequence with an odd chunk (N = 100, C = 7; causal only), routing
-    vectors far from every mean, variances at the ε_σ floor, and tiny ε: 25 cases.
+    vectors far from every mean (d_r = 16: every score is below −745, so even
+    float64 ``exp`` underflows without max-subtraction), variances at the ε_σ floor,
+    tiny ε with a routed mass u_i between 0.1 ε and 3 ε, a subnormal cotangent
+    (``tiny_grad``), and (causal) one token with K = 12, d_r = 128 whose query and key
+    responsibilities barely overlap (u ≈ 1e-184: values the floors must not square
+    to 0): 29 cases.
     """
     out: list[Case] = []
     for variant in variants:
@@ -220,14 +287,18 @@ def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", 
             {"d_r": 1, "n_components": 4},
             {"d_r": 96, "d_v": 8, "n_q": 24, "n_k": 31 if cross else 24, "batch": 1, "heads": 2},
             {"n_q": 100, "n_k": 100 if not cross else 70, "chunk_size": 7, "batch": 1, "heads": 2, "d_v": 16},
-            {"regime": "far", "d_v": 16},
+            {"regime": "far", "d_v": 16, "d_r": 16},
             {"regime": "floor", "d_v": 16},
             {"regime": "tiny_eps", "eps": 1e-12, "d_v": 16, "n_components": 4},
+            {"regime": "tiny_grad", "d_v": 16},
         ]
         if variant != "causal":
             specs.pop(5)  # the long-sequence / odd-chunk case only matters for the chunked causal form
         for i, spec in enumerate(specs):
             out.append(_base(variant, dtype, seed=seed * 1000 + i, **spec))
+        if variant == "causal":
+            out.append(_base(variant, dtype, seed=seed * 1000 + 11, n_q=1, n_k=1, n_components=12, d_r=128,
+                             d_v=4, batch=1, heads=1))
     return out
 
 
@@ -246,9 +317,9 @@ def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str =
     """``n`` random cases (round-robin over ``variants``), seeded, covering every regime and edge size.
 
     Shapes are drawn with a bias towards the edges: N ∈ {1, 2, …, ``max_tokens``}
-    (N_q ≠ N_k for cross), K ∈ {1, …, 12}, d_r ∈ {1, …, 64} (occasionally 128),
+    (always N_q ≠ N_k for cross), K ∈ {1, …, 12}, d_r ∈ {1, …, 64} (occasionally 128),
     chunk sizes from 1 to 32 (rarely dividing N). Every fourth case uses a
-    non-normal regime.
+    non-normal regime (far, floor, tiny_eps, tiny_grad in turn).
     """
     rng = np.random.default_rng([seed, 7919])
     out = []
@@ -260,8 +331,10 @@ def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str =
 
         n_q = size(1, max_tokens)
         n_k = size(1, max_tokens) if variant == "cross" else n_q
+        if variant == "cross" and n_k == n_q:  # cross cases always have N_q != N_k
+            n_k = n_q + 1 if n_q < max_tokens else n_q - 1
         d_r = 128 if rng.random() < 0.04 else size(1, 64)
-        regime = REGIMES[(i // 4) % len(REGIMES)] if i % 4 == 3 else "normal"
+        regime = REGIMES[1 + (i // 4) % (len(REGIMES) - 1)] if i % 4 == 3 else "normal"
         case = Case(
             variant=variant, batch=int(rng.integers(1, 3)), heads=int(rng.integers(1, 4)), n_q=n_q, n_k=n_k,
             n_components=size(1, 12), d_r=d_r, d_v=size(1, 64), dtype=dtype, regime=regime,

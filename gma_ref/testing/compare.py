@@ -38,6 +38,7 @@ from .._array import Array
 __all__ = [
     "UNIT_ROUNDOFF",
     "UNDERFLOW",
+    "TINY_ACC",
     "NU_MAX",
     "TOLERANCES",
     "LAYER_TOLERANCES",
@@ -54,6 +55,12 @@ UNDERFLOW: dict[str, float] = {
     "float16": 2.0**-25,
     "bfloat16": 2.0**-134,
 }
+
+#: Smallest normal number of the precision a correct kernel computes in (float64 for float64 inputs, float32
+#: otherwise): below it an intermediate (a score gradient δ for a tiny cotangent) is held only to an absolute
+#: t = u · tiny, which the gradient floors account for (:func:`gma_ref.testing.reference.reference`).
+TINY_ACC: dict[str, float] = {"float64": 2.0**-1022, "float32": 2.0**-126, "float16": 2.0**-126,
+                              "bfloat16": 2.0**-126}
 
 #: Unit roundoff u = 2^-p of each dtype (p = significand bits including the implicit one), i.e. half of ε_mach.
 UNIT_ROUNDOFF: dict[str, float] = {
@@ -139,6 +146,16 @@ def _to_host(a: Array) -> Any:
     return np.asarray(a, dtype=np.float64)
 
 
+def _norm(a: Any) -> float:
+    """‖a‖₂ of a host float64 array, scaled by max |a| first: never 0 for a nonzero array (no underflow)."""
+    import numpy as np
+
+    m = float(np.max(np.abs(a))) if a.size else 0.0
+    if m == 0.0 or not math.isfinite(m):
+        return m
+    return m * math.sqrt(float(np.sum((a / m) ** 2)))
+
+
 def compare_tensor(
     name: str,
     actual: Array,
@@ -173,12 +190,17 @@ def compare_tensor(
     nonfinite = int(bad.sum())
     diff = np.where(ref_finite, a - r, 0.0)
     diff = np.where(bad, np.inf, diff)
+    # a value stored in the dtype under test errs by up to t_store in absolute terms (a subnormal or a
+    # flushed 0), i.e. by u_store relative to t_store / u_store (the smallest normal number): no tensor is
+    # compared at a scale below that
+    floor = max(float(floor), UNDERFLOW[dtype] / UNIT_ROUNDOFF[dtype])
     r0 = np.where(ref_finite, r, 0.0)
-    ref_norm = float(np.sqrt(np.sum(r0 * r0)))
-    scale_norm = max(ref_norm, math.sqrt(n) * floor, np.finfo(np.float64).tiny)
-    with np.errstate(invalid="ignore", over="ignore"):
-        norm_error = float(np.sqrt(np.sum(diff * diff))) / scale_norm
-        s_t = max(ref_norm / math.sqrt(n), floor, np.finfo(np.float64).tiny)
+    ref_norm = _norm(r0)
+    tiny = float(np.finfo(np.float64).smallest_subnormal)
+    scale_norm = max(ref_norm, math.sqrt(n) * floor, tiny)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        norm_error = _norm(diff) / scale_norm
+        s_t = max(ref_norm / math.sqrt(n), floor, tiny)
         elem = np.abs(diff) / (np.abs(r0) + s_t)
     flat = int(np.argmax(elem))
     idx = tuple(int(i) for i in np.unravel_index(flat, r.shape))

@@ -172,6 +172,7 @@ def long_reference(
     chunk_size: int = 64,
     floors: bool = True,
     underflow: float = 0.0,
+    tiny: float = 0.0,
 ) -> LongReference:
     """Float64 reference of a long case with O(N) memory: same contract as :func:`~gma_ref.testing.reference`.
 
@@ -183,7 +184,8 @@ def long_reference(
     arrays of ``xp``, q ``(B, H, N_q, d_r)``, k ``(B, H, N_k, d_r)``, v
     ``(B, H, N_k, d_v)``, mixture ``(H, K, d_r)``, ``(H, K)``. Peak memory is a
     few arrays of B·H·N·(K + d_v + chunk_size) numbers. Returns
-    :class:`LongReference` (``kappa`` = κ + ρ).
+    :class:`LongReference` (``kappa`` = κ + ρ). ``underflow`` and ``tiny`` mean what they mean
+    for :func:`~gma_ref.testing.reference.reference`.
     """
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     means, omega, prior_logits = inputs["means"], inputs["omega"], inputs["prior_logits"]
@@ -222,7 +224,7 @@ def long_reference(
         fl.update({name: 0.0 for name in tensors if name.startswith("d_")})
         if floors:
             fl.update(long_grad_magnitudes_rms(xp, q, k, v, means, omega, variances, gamma_q + underflow,
-                                               gamma_k + underflow, d_out, out, causal, denom, chunk_size))
+                                               gamma_k + underflow, d_out, out, causal, denom, chunk_size, tiny))
     return LongReference(tensors=tensors, floors=fl, kappa=kappa + rho, read_condition=lam, xp=xp,
                          score_kappa=kappa, sum_length=rho)
 
@@ -370,14 +372,17 @@ def _side_sums(xp: Any, x: Array, means: Array, variances: Array, delta2: Array)
 
 def long_grad_magnitudes_rms(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
                              gamma_q: Array, gamma_k: Array, d_out: Array, out: Array, causal: bool, denom: Array,
-                             chunk_size: int = 64) -> dict[str, float]:
+                             chunk_size: int = 64, tiny: float = 0.0) -> dict[str, float]:
     """RMS of each gradient's cancellation-free magnitude with O(N) memory (the long-mode floors).
 
     The same quantities as the short reference's floors (every sum of the
     backward pass replaced by the root-sum-square of its terms), computed by
     chunked prefix/suffix sums and a K × K Gram matrix (:func:`_read_magnitudes`)
     and token blocks: equal to the short reference's floors to rounding. ``denom`` is
-    u + ε ``(..., N_q)``; ``gamma_q``/``gamma_k`` already include the underflow allowance.
+    u + ε ``(..., N_q)``; ``gamma_q``/``gamma_k`` already include the underflow allowance;
+    ``tiny`` is added to every score gradient δ, as in the short reference. Squares are
+    not rescaled here: magnitudes below ~1e-154 (the short reference's u ≈ 1e-184 edge
+    cases) are the short mode's business.
     """
     safe = xp.where(denom > 0, denom, xp.ones_like(denom))
     p = d_out / xp.expand_dims(safe, axis=-1)
@@ -385,8 +390,9 @@ def long_grad_magnitudes_rms(xp: Any, q: Array, k: Array, v: Array, means: Array
     c2 = xp.sum(p2 * out * out, axis=-1)
     g_q2, g_k2, dv_total = _read_magnitudes(xp, gamma_q, gamma_k, v, p2, c2, causal, chunk_size)
 
-    def delta2(gamma: Array, g2: Array) -> Array:  # |γ (g − Σ γ g)|² uncancelled
-        return gamma * gamma * (g2 + xp.sum(gamma * gamma * g2, axis=-1, keepdims=True))
+    def delta2(gamma: Array, g2: Array) -> Array:  # (|γ (g − Σ γ g)| uncancelled, + tiny)²
+        d = gamma * xp.sqrt(g2 + xp.sum(gamma * gamma * g2, axis=-1, keepdims=True)) + tiny
+        return d * d
 
     sq = _side_sums(xp, q, means, variances, delta2(gamma_q, g_q2))
     sk = _side_sums(xp, k, means, variances, delta2(gamma_k, g_k2))

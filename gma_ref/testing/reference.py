@@ -72,8 +72,38 @@ class Reference:
     proj_condition: float = 0.0
 
 
+def _safe_max(xp: Any, a: Array, axis: Any, keepdims: bool = True) -> Array:
+    """max |a| over ``axis`` (1 where it is 0, so that dividing by it is safe)."""
+    m = xp.max(xp.abs(a), axis=axis, keepdims=keepdims)
+    return xp.where(m > 0, m, xp.ones_like(m))
+
+
+def _rss(xp: Any, a: Array, axis: Any, keepdims: bool = False) -> Array:
+    """(Σ a²)^½ over ``axis``, scaled by the largest |a| first so that tiny terms do not underflow when squared.
+
+    Without the scaling a root-sum-square of values below ~1e-154 is 0 in float64, and a floor built
+    from it goes blind exactly where the relative metric needs it (a query that reads u ≈ 1e-190).
+    """
+    m = _safe_max(xp, a, axis)
+    out = m * xp.sqrt(xp.sum((a / m) ** 2, axis=axis, keepdims=True))
+    return out if keepdims else xp.squeeze(out, axis=axis)
+
+
+def _rss_mm(xp: Any, a: Array, b: Array) -> Array:
+    """(Σ_j a_ij² b_jk²)^½ with every row of ``a`` and column of ``b`` scaled by its largest |entry| first."""
+    s = _safe_max(xp, a, -1)
+    t = _safe_max(xp, b, -2)
+    return s * t * xp.sqrt(xp.matmul((a / s) ** 2, (b / t) ** 2))
+
+
 def _rms(xp: Any, a: Array) -> float:
-    return math.sqrt(float(xp.mean(a * a))) if a.size else 0.0
+    """RMS of ``a``, scaled (no underflow of tiny entries)."""
+    if not a.size:
+        return 0.0
+    m = float(xp.max(xp.abs(a)))
+    if m == 0.0 or not math.isfinite(m):
+        return m
+    return m * math.sqrt(float(xp.mean((a / m) ** 2)))
 
 
 def _kappa(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array, gamma: Array) -> float:
@@ -92,16 +122,15 @@ def _rss_side(xp: Any, x: Array, means: Array, variances: Array, delta: Array
               ) -> tuple[Array, Array, Array, Array]:
     """Root-sum-square magnitudes of (∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π) for one side, from |δ| ``(..., N, K)``."""
     r = xp.abs(xp.expand_dims(x, axis=-2) - xp.expand_dims(means, axis=-3)) / xp.expand_dims(variances, axis=-3)
-    d2 = xp.expand_dims(delta * delta, axis=-1)
-    dr2 = d2 * r * r
-    extra = dr2.ndim - 1 - means.ndim  # leading (batch) axes beyond the mixture's
-    axes = tuple(range(extra)) + (dr2.ndim - 3,)  # ... and the token axis
-    d_x = xp.sum(dr2, axis=-2)
-    d_means = xp.sum(dr2, axis=axes)
-    inv2 = xp.expand_dims(1.0 / (variances * variances), axis=-3)
-    d_var = 0.25 * xp.sum(dr2 * r * r + d2 * inv2, axis=axes)
-    d_lp = xp.sum(delta * delta, axis=tuple(range(extra)) + (delta.ndim - 2,))
-    return d_x, d_means, d_var, d_lp  # squared magnitudes
+    dr = xp.expand_dims(delta, axis=-1) * r  # (..., N, K, d_r)
+    extra = dr.ndim - 1 - means.ndim  # leading (batch) axes beyond the mixture's
+    axes = tuple(range(extra)) + (dr.ndim - 3,)  # ... and the token axis
+    d_x = _rss(xp, dr, -2)
+    d_means = _rss(xp, dr, axes)
+    inv = xp.expand_dims(delta, axis=-1) / xp.expand_dims(variances, axis=-3)
+    d_var = 0.5 * xp.hypot(_rss(xp, dr * r, axes), _rss(xp, xp.broadcast_to(inv, dr.shape), axes))
+    d_lp = _rss(xp, delta, tuple(range(extra)) + (delta.ndim - 2,))
+    return d_x, d_means, d_var, d_lp  # magnitudes
 
 
 def reference(
@@ -115,6 +144,7 @@ def reference(
     chunk_size: int = 64,
     floors: bool = True,
     underflow: float = 0.0,
+    tiny: float = 0.0,
 ) -> Reference:
     """Float64 reference of GMA on ``inputs`` (q, k, v, means, omega, prior_logits) of namespace ``xp``.
 
@@ -127,8 +157,11 @@ def reference(
     a stored responsibility (half the smallest subnormal of the dtype under test):
     the gradient floors treat every Γ entry as uncertain by t, so a gradient made
     only of products that underflow (a query that sees no routed key mass) is
-    compared at the scale those products could have had. Raises as
-    :func:`gma_ref.gma_attention`.
+    compared at the scale those products could have had. ``tiny`` is the smallest
+    normal number of that dtype (t / u): every score gradient δ counts at least
+    that much in the floors, since a correct kernel holds δ only to an absolute
+    t when it is subnormal (a tiny cotangent), and the mixture gradients sum
+    many of them. Raises as :func:`gma_ref.gma_attention`.
     """
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     means, omega, prior_logits = inputs["means"], inputs["omega"], inputs["prior_logits"]
@@ -151,7 +184,7 @@ def reference(
         if floors:
             denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
             fl.update(_grad_floors(xp, q, k, v, means, omega, variances, gamma_q + underflow, gamma_k + underflow,
-                                   d_out, out, causal, denom))
+                                   d_out, out, causal, denom, tiny))
     return Reference(tensors=tensors, floors=fl, kappa=kappa, read_condition=lam, xp=xp)
 
 
@@ -179,17 +212,24 @@ def _read_condition(xp: Any, gamma_q: Array, gamma_k: Array, causal: bool, eps: 
 
 
 def _grad_floors(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
-                 gamma_q: Array, gamma_k: Array, d_out: Array, out: Array, causal: bool, denom: Array
-                 ) -> dict[str, float]:
+                 gamma_q: Array, gamma_k: Array, d_out: Array, out: Array, causal: bool, denom: Array,
+                 tiny: float = 0.0) -> dict[str, float]:
     """RMS of each gradient's cancellation-free magnitude — see the module docstring and :func:`_grad_magnitudes`."""
-    mags = _grad_magnitudes(xp, q, k, v, means, omega, variances, gamma_q, gamma_k, d_out, out, causal, denom)
+    mags = _grad_magnitudes(xp, q, k, v, means, omega, variances, gamma_q, gamma_k, d_out, out, causal, denom,
+                            tiny)
     return {name: _rms(xp, m) for name, m in mags.items()}
 
 
 def _grad_magnitudes(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
-                     gamma_q: Array, gamma_k: Array, d_out: Array, out: Array, causal: bool, denom: Array
-                     ) -> dict[str, Array]:
+                     gamma_q: Array, gamma_k: Array, d_out: Array, out: Array, causal: bool, denom: Array,
+                     tiny: float = 0.0) -> dict[str, Array]:
     """Each gradient's cancellation-free magnitude, elementwise (same shapes as the gradients).
+
+    ``tiny`` (the smallest normal number of the dtype under test) is added to every
+    score gradient δ = ∂L/∂s: a correct kernel holds a subnormal δ only to an
+    absolute t_store = u_store · tiny, so at the scale of the floor (which the
+    tolerance multiplies by ν ≥ u_store) δ counts as at least ``tiny``; the
+    mixture and routing-vector gradients sum many of them.
 
     Every sum Σ_j a_j of the backward pass is replaced by its root-sum-square
     (Σ_j a_j²)^½ of magnitudes: the size the sum has when its terms do not
@@ -203,7 +243,7 @@ def _grad_magnitudes(xp: Any, q: Array, k: Array, v: Array, means: Array, omega:
     mt = xp.matrix_transpose
 
     def rss_mm(a: Array, b: Array) -> Array:
-        return xp.sqrt(xp.matmul(a * a, b * b))
+        return _rss_mm(xp, a, b)
 
     affinity = xp.matmul(gamma_q, mt(gamma_k))  # (..., N_q, N_k)
     if causal:
@@ -213,25 +253,24 @@ def _grad_magnitudes(xp: Any, q: Array, k: Array, v: Array, means: Array, omega:
         affinity = affinity * mask
     safe = xp.where(denom > 0, denom, xp.ones_like(denom))
     p = d_out / xp.expand_dims(safe, axis=-1)  # G_i / D_i
-    c = xp.sqrt(xp.sum(p * p * out * out, axis=-1))  # |⟨G_i, O_i⟩| / D_i, uncancelled
-    w = xp.sqrt(xp.matmul(p * p, mt(v * v)) + xp.expand_dims(c * c, axis=-1))  # |∂L/∂A_ij|
+    c = _rss(xp, p * out, -1)  # |⟨G_i, O_i⟩| / D_i, uncancelled
+    w = xp.hypot(rss_mm(p, mt(v)), xp.expand_dims(c, axis=-1))  # |∂L/∂A_ij|
     if causal:
         w = w * mask
     g_q, g_k = rss_mm(w, gamma_k), rss_mm(mt(w), gamma_q)
 
-    def delta(gamma: Array, g: Array) -> Array:  # |γ (g − Σ γ g)| uncancelled
-        return gamma * xp.sqrt(g * g + xp.sum(gamma * gamma * g * g, axis=-1, keepdims=True))
+    def delta(gamma: Array, g: Array) -> Array:  # |γ (g − Σ γ g)| uncancelled, ± t_store
+        return gamma * xp.hypot(g, _rss(xp, gamma * g, -1, keepdims=True)) + tiny
 
     sq = _rss_side(xp, q, means, variances, delta(gamma_q, g_q))
     sk = _rss_side(xp, k, means, variances, delta(gamma_k, g_k))
-    d_var = xp.sqrt(sq[2] + sk[2])
     return {
-        "d_q": xp.sqrt(sq[0]),
-        "d_k": xp.sqrt(sk[0]),
+        "d_q": sq[0],
+        "d_k": sk[0],
         "d_v": rss_mm(mt(affinity), p),
-        "d_means": xp.sqrt(sq[1] + sk[1]),
-        "d_omega": d_var * sigmoid(omega),
-        "d_prior_logits": xp.sqrt(sq[3] + sk[3]),
+        "d_means": xp.hypot(sq[1], sk[1]),
+        "d_omega": xp.hypot(sq[2], sk[2]) * sigmoid(omega),
+        "d_prior_logits": xp.hypot(sq[3], sk[3]),
     }
 
 

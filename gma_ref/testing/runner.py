@@ -22,9 +22,10 @@ Whatever the implementation does not declare is skipped and listed in
 from __future__ import annotations
 
 import json
+import math
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ from .cases import (
     generate_layer_cases,
     layer_case_arrays,
 )
-from .compare import LAYER_TOLERANCES, NU_MAX, UNDERFLOW, Tolerance, compare_tensor, unit_scale
+from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, UNDERFLOW, Tolerance, compare_tensor, unit_scale
 from .long import LONG_SIZES, LONG_THRESHOLD, LONG_TOLERANCES, long_cases, long_reference
 from .reference import GRAD_NAMES, INPUT_NAMES, LAYER_INPUT_NAMES, layer_reference, reference
 
@@ -75,11 +76,21 @@ class CheckResult:
     worst_expected: float | None = None
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        # plain Python types only (NumPy scalars would break the JSON report)
+        for name in ("value", "threshold", "worst_actual", "worst_expected"):
+            x = getattr(self, name)
+            if x is not None:
+                setattr(self, name, float(x))
+        self.passed = bool(self.passed)
+        if self.worst_index is not None:
+            self.worst_index = tuple(int(i) for i in self.worst_index)
+
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
+        """JSON-ready dict (non-finite numbers as the strings ``'nan'``, ``'inf'``, ``'-inf'``)."""
         d = asdict(self)
         d["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
-        return d
+        return _json_safe(d)
 
     def format(self) -> str:
         """One readable line."""
@@ -90,10 +101,33 @@ class CheckResult:
             if self.threshold is not None:
                 s += f" <= {self.threshold:9.3g}" if self.passed else f" >  {self.threshold:9.3g}"
         if self.worst_index is not None:
-            s += f"  worst {list(self.worst_index)}: {self.worst_actual:.6g} vs {self.worst_expected:.6g}"
+            s += f"  worst {list(self.worst_index)}: {self.worst_actual!r} vs {self.worst_expected!r}"
         if self.detail:
-            s += f"  {self.detail}"
+            s += "  " + self.detail.replace("\n", "\n      ")
         return s
+
+
+def _json_safe(obj: Any) -> Any:
+    """``obj`` with NumPy scalars as Python numbers and non-finite floats as strings (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if hasattr(obj, "item") and not hasattr(obj, "__len__"):  # NumPy scalar
+        obj = obj.item()
+    if isinstance(obj, bool):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return float(obj)
+    return str(obj)
 
 
 @dataclass
@@ -120,6 +154,7 @@ class Report:
     elapsed_s: float = 0.0
     reference_backend: str = "numpy"
     mode: str = "attention"
+    reproducers: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -160,6 +195,8 @@ class Report:
                     lines.append(r.format())
         for s in self.skipped:
             lines.append(f"skip {s.what}: {s.reason}" + ("  [requested]" if s.requested else ""))
+        for path in self.reproducers:
+            lines.append(f"reproducer {path}\n  re-run: gma-ref check {self.implementation} --case-file {path}")
         n_fail = len(self.failed_cases())
         verdict = "PASS" if self.passed else "FAIL"
         lines.append(f"{verdict}: {len(by_case) - n_fail}/{len(by_case)} cases passed, {len(self.failures)} failed "
@@ -167,16 +204,16 @@ class Report:
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        """Machine-readable report."""
-        return json.dumps({
+        """Machine-readable report: strict JSON (non-finite numbers as the strings ``'nan'``, ``'inf'``)."""
+        return json.dumps(_json_safe({
             "implementation": self.implementation, "declaration": self.declaration.as_dict(), "mode": self.mode,
             "dtype": self.dtype,
             "device": self.device, "grad": self.grad, "passed": self.passed, "exit_code": self.exit_code,
             "elapsed_s": self.elapsed_s, "reference_backend": self.reference_backend,
             "failed_cases": self.failed_cases(), "cases": self.case_ids,
             "results": [r.as_dict() for r in self.results],
-            "skipped": [asdict(s) for s in self.skipped],
-        }, indent=1)
+            "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
+        }), indent=1, allow_nan=False)
 
     def raise_if_failed(self) -> None:
         """``AssertionError`` with the failing lines when anything failed."""
@@ -189,27 +226,78 @@ def _call(impl: Callable[..., Any], inputs: dict[str, Any], opts: dict[str, Any]
     return impl(*(inputs[n] for n in names), **opts)
 
 
+class _Returned(TypeError):
+    """The implementation returned something other than what the calling convention asks for."""
+
+
+def _array_problem(x: Any) -> str | None:
+    """Why ``x`` is not an array the harness can compare (``None`` if it is one)."""
+    if x is None:
+        return "None"
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is None or dtype is None or not hasattr(x, "ndim"):
+        return f"a {type(x).__name__} (no shape/dtype)"
+    try:
+        tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        return f"a {type(x).__name__} with shape {shape!r}"
+    return None
+
+
 def _split_result(result: Any, returns_state: bool) -> tuple[Any, dict[str, Any]]:
     if returns_state:
         if not isinstance(result, (tuple, list)) or len(result) != 3:
-            raise TypeError(f"declared returns_state=True: expected (out, memory, mass), got {type(result).__name__}")
-        return result[0], {"memory": result[1], "mass": result[2]}
-    if isinstance(result, (tuple, list)):
-        raise TypeError(f"expected one output array, got a {type(result).__name__} of {len(result)} "
-                        "(declare returns_state=True to return (out, memory, mass))")
-    return result, {}
+            got = f"a {type(result).__name__}" + (f" of {len(result)}" if isinstance(result, (tuple, list)) else "")
+            raise _Returned(f"declared returns_state=True: expected (out, memory, mass), got {got}")
+        parts = {"out": result[0], "memory": result[1], "mass": result[2]}
+    else:
+        if isinstance(result, (tuple, list)):
+            raise _Returned(f"expected one output array, got a {type(result).__name__} of {len(result)} "
+                            "(declare returns_state=True to return (out, memory, mass))")
+        parts = {"out": result}
+    for name, x in parts.items():
+        why = _array_problem(x)
+        if why is not None:
+            raise _Returned(f"{name}: expected an array, got {why}")
+    out = parts.pop("out")
+    return out, parts
 
 
-def _exc_line(exc: BaseException) -> str:
+_LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "\\lib\\python", "<frozen")
+
+
+def _exc_line(exc: BaseException, full: bool = False) -> str:
+    """The exception and the deepest frame of the caller's own code (outside installed libraries).
+
+    ``full``: the whole traceback instead, one frame per line.
+    """
+    if full:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
     tb = traceback.extract_tb(exc.__traceback__)
-    where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    own = [f for f in tb if not any(m in f.filename for m in _LIBRARY_MARKERS)]
+    frame = (own or tb)[-1] if tb else None
+    where = f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}" if frame else ""
+    inner = ""
+    if own and tb[-1] is not own[-1]:
+        inner = f" (innermost: {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})"
+    return f"{type(exc).__name__}: {exc}{where}{inner}"
+
+
+def _call_failure(cid: str, check_name: str, tensor: str, exc: BaseException, full: bool, prefix: str = ""
+                  ) -> CheckResult:
+    metric = "returned" if isinstance(exc, _Returned) else "raised"
+    detail = str(exc) if isinstance(exc, _Returned) else _exc_line(exc, full)
+    return CheckResult(cid, check_name, tensor, metric, None, None, False, detail=prefix + detail)
 
 
 def _accuracy(case_id: str, check_name: str, name: str, actual: Any, ref: Any, xp: Any, dtype: str,
               expected_dtype: str, device: str, tolerance: Tolerance | None) -> list[CheckResult]:
     out: list[CheckResult] = []
     expected = ref.tensors[name]
+    why = _array_problem(actual)
+    if why is not None:
+        return [CheckResult(case_id, check_name, name, "returned", None, None, False,
+                            detail=f"expected an array, got {why}")]
     shape_ok = tuple(actual.shape) == tuple(expected.shape)
     out.append(CheckResult(case_id, "contract", name, "shape", None, None, shape_ok,
                            detail="" if shape_ok else f"got {tuple(actual.shape)}, expected {tuple(expected.shape)}"))
@@ -221,7 +309,12 @@ def _accuracy(case_id: str, check_name: str, name: str, actual: Any, ref: Any, x
                            detail="" if got_dev == device else f"got {got_dev}, expected {device}"))
     if not shape_ok:
         return out
-    a = to_reference(actual, xp)
+    try:
+        a = to_reference(actual, xp)
+    except Exception as exc:
+        out.append(CheckResult(case_id, check_name, name, "returned", None, None, False,
+                               detail=f"cannot be read as float64: {_exc_line(exc)}"))
+        return out
     c = compare_tensor(name, a, expected, dtype=dtype, kappa=ref.kappa, read_condition=ref.read_condition,
                        floor=ref.floors.get(name, 0.0), tolerance=tolerance, proj_condition=ref.proj_condition)
     out.append(CheckResult(case_id, "contract", name, "finite", float(c.nonfinite), 0.0, c.nonfinite == 0,
@@ -243,6 +336,8 @@ def run_case(
     xp: Any = None,
     contract: bool = True,
     tolerance: Tolerance | None = None,
+    full_traceback: bool = False,
+    arrays: dict[str, Any] | None = None,
 ) -> tuple[list[CheckResult], Any]:
     """Check one case; returns the results and the :class:`~gma_ref.testing.reference.Reference`.
 
@@ -251,7 +346,10 @@ def run_case(
     almost no key mass) returns a single ``'conditioning'`` result instead, which
     :func:`check` lists as skipped. ``vjp`` enables the gradient checks. ``contract`` adds the determinism and
     non-contiguous-layout checks (two extra calls). ``xp`` is the reference
-    namespace (default: NumPy for cpu, CuPy for cuda).
+    namespace (default: NumPy for cpu, CuPy for cuda). ``full_traceback`` puts the whole
+    traceback of a raising call in the report (default: the exception and the
+    deepest frame of the caller's own code). ``arrays`` replaces the generated
+    float64 inputs of ``case`` (a reproducer file).
     """
     xp = reference_namespace(device) if xp is None else xp
     cid, ns, dtype = case.case_id, declaration.namespace, case.dtype
@@ -265,7 +363,8 @@ def run_case(
     long = not layer and case.n_q * case.n_k > LONG_THRESHOLD
     if long and tolerance is None:
         tolerance = LONG_TOLERANCES[dtype]
-    arrays = layer_case_arrays(case) if layer else case_arrays(case)
+    if arrays is None:
+        arrays = layer_case_arrays(case) if layer else case_arrays(case)
     every = (*names, "d_out")
     cand = {n: None if arrays[n] is None else to_candidate(arrays[n], ns, dtype, device) for n in every}
     ref_in = {n: None if cand[n] is None else to_reference(cand[n], xp) for n in every}
@@ -275,7 +374,8 @@ def run_case(
     ref_fn = layer_reference if layer else (long_reference if long else reference)
     ref = ref_fn(xp, {n: ref_in[n] for n in names}, causal=case.causal, eps=case.eps,
                  eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
-                 chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype])
+                 chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype],
+                 **({"tiny": TINY_ACC[dtype]} if ref_fn is not layer_reference else {}))
     nu = unit_scale(dtype, ref.kappa, ref.read_condition, ref.proj_condition)
     if nu > NU_MAX:
         return [CheckResult(cid, "conditioning", "case", "nu", nu, NU_MAX, True,
@@ -293,7 +393,7 @@ def run_case(
     try:
         out, state = _split_result(_call(impl, cand, opts, names), returns_state)
     except Exception as exc:
-        results.append(CheckResult(cid, "call", "out", "raised", None, None, False, detail=_exc_line(exc)))
+        results.append(_call_failure(cid, "call", "out", exc, full_traceback))
         return results, ref
     mutation_check("forward")
     results += _accuracy(cid, "forward", "out", out, ref, xp, dtype, dtype, device, tolerance)
@@ -308,7 +408,7 @@ def run_case(
                 detail="" if same else ("two calls differ (declared non-deterministic)" if not
                                         declaration.deterministic else "two calls on the same inputs differ")))
         except Exception as exc:
-            results.append(CheckResult(cid, "call", "out", "raised-2nd", None, None, False, detail=_exc_line(exc)))
+            results.append(_call_failure(cid, "call", "out", exc, full_traceback, "second call: "))
         try:
             nc = {n: None if cand[n] is None else noncontiguous(cand[n], ns) for n in names}
             out_nc, _ = _split_result(_call(impl, nc, opts, names), returns_state)
@@ -317,13 +417,14 @@ def run_case(
                     r.check = "layout"
                 results.append(r)
         except Exception as exc:
-            results.append(CheckResult(cid, "layout", "out", "raised", None, None, False,
-                                       detail="non-contiguous inputs: " + _exc_line(exc)))
+            results.append(_call_failure(cid, "layout", "out", exc, full_traceback, "non-contiguous inputs: "))
     if vjp is not None:
         try:
             grads = vjp(*(cand[n] for n in names), cand["d_out"], **opts)
+            if not isinstance(grads, Mapping):
+                raise _Returned(f"vjp: expected a dict of gradients {{'d_q': ...}}, got a {type(grads).__name__}")
         except Exception as exc:
-            results.append(CheckResult(cid, "call", "grad", "raised", None, None, False, detail=_exc_line(exc)))
+            results.append(_call_failure(cid, "call", "grad", exc, full_traceback))
             return results, ref
         mutation_check("vjp")
         for name in grad_names if layer else GRAD_NAMES:
@@ -374,6 +475,11 @@ def check(
     mode: str | None = None,
     scale: str = "short",
     n_max: int | None = None,
+    timeout: float | None = None,
+    progress: Callable[[int, int, str, float], None] | None = None,
+    full_traceback: bool = False,
+    repro: str | None = None,
+    case_file: str | None = None,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
@@ -411,8 +517,43 @@ def check(
         ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.long.long_cases`
         (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
         the sum-length term in ν (docs/oracle.md, "Long sequences"). Ignored when ``cases`` is given.
+    timeout : float, optional
+        Seconds one case (all its calls) may take. A case that takes longer fails
+        ("timeout") and the remaining cases are not run (listed as skipped); the
+        stuck call is abandoned in a daemon thread. Default: no limit.
+    progress : callable, optional
+        ``progress(done, total, case_id, elapsed_s)`` after every case.
+    full_traceback : bool
+        Report the whole traceback of a raising call (default: the exception and
+        the deepest frame of the caller's own code).
+    repro : str, optional
+        A directory: every failing case (up to three) is shrunk while it still
+        fails and written there as a self-contained reproducer
+        (:func:`gma_ref.testing.repro.write_reproducer`); the paths are in
+        :attr:`Report.reproducers`.
+    case_file : str, optional
+        Run exactly the case of a reproducer file (``.npz`` from ``repro``):
+        its inputs, options and, unless given here, its dtype, variant and grad.
+
+    Raises
+    ------
+    TypeError
+        ``impl`` is not callable, or ``declaration`` is not a :class:`Declaration`.
+    ValueError
+        An unknown variant, dtype, device or mode name, or ``n_cases`` < 0, or
+        ``timeout`` <= 0.
     """
     t0 = time.perf_counter()
+    _validate_request(impl, declaration, variants, dtype, device, mode, n_cases, timeout)
+    file_case = None
+    if case_file is not None:
+        from .repro import load_case_file
+
+        file_case = load_case_file(case_file)
+        dtype = dtype or file_case.case.dtype
+        variants = variants if variants is not None else (file_case.case.variant,)
+        grad = file_case.grad if grad is None else grad
+        cases = [file_case.case]
     decl = declaration or declaration_of(impl)
     assumed = decl is None
     decl = decl or Declaration()
@@ -478,14 +619,27 @@ def check(
             case_list += generate(n_cases, variants=active, dtype=dtype, seed=seed + 1)
     else:
         case_list = [c.with_dtype(dtype) for c in cases if c.variant in active and c.is_layer == layer]
-    if decl.constrained:
+    if decl.constrained and file_case is None:
         case_list = _constrain(case_list, decl, report)
     seen_variant: set[str] = set()
-    for case in case_list:
+    shrunk, written = 0, set()  # failing cases shrunk so far; their shrunk forms (seed aside)
+    for i, case in enumerate(case_list):
         first = case.variant not in seen_variant
         seen_variant.add(case.variant)
-        res, _ = run_case(impl, case, decl, vjp=the_vjp, device=device, xp=xp, contract=contract and first,
-                          tolerance=tolerance)
+        arrays = file_case.arrays if file_case is not None else None
+        opts = {"vjp": the_vjp, "device": device, "xp": xp, "contract": contract and first, "tolerance": tolerance,
+                "full_traceback": full_traceback, "arrays": arrays}
+        try:
+            res, _ = _with_timeout(lambda c=case, o=opts: run_case(impl, c, decl, **o), timeout)
+        except _Timeout:
+            report.results.append(CheckResult(case.case_id, "call", "case", "timeout", None, timeout, False,
+                                              detail=f"no result after {timeout:g} s (the call was abandoned)"))
+            report.case_ids.append(case.case_id)
+            for rest in case_list[i + 1:]:
+                report.skipped.append(Skip(f"case {rest.case_id}", f"not run: {case.case_id} timed out"))
+            break
+        if progress is not None:
+            progress(i + 1, len(case_list), case.case_id, time.perf_counter() - t0)
         if len(res) == 1 and res[0].check == "conditioning":
             if first:  # run the contract checks on the next case of this variant instead
                 seen_variant.discard(case.variant)
@@ -494,8 +648,70 @@ def check(
             continue
         report.results += res
         report.case_ids.append(case.case_id)
+        if repro is not None and file_case is None and any(not r.passed for r in res) and shrunk < 3:
+            from .repro import shrink_and_write
+
+            shrunk += 1
+            path = shrink_and_write(impl, case, decl, repro, name=report.implementation, vjp=the_vjp, device=device,
+                                    xp=xp, tolerance=tolerance, timeout=timeout, written=written)
+            if path is not None:
+                report.reproducers.append(path)
     report.elapsed_s = time.perf_counter() - t0
     return report
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
+    """``fn()``, or :class:`_Timeout` after ``timeout`` seconds (the call keeps running in a daemon thread)."""
+    if timeout is None:
+        return fn()
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True, name="gma-ref-check-case")
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise _Timeout
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _validate_request(impl: Any, declaration: Any, variants: Any, dtype: Any, device: Any, mode: Any,
+                      n_cases: Any, timeout: Any) -> None:
+    from .adapters import MODES
+    from .cases import DTYPES
+
+    if not callable(impl):
+        raise TypeError(f"impl must be a callable GMA implementation, got {type(impl).__name__} {impl!r:.60}")
+    if declaration is not None and not isinstance(declaration, Declaration):
+        raise TypeError(f"declaration must be a gma_ref.testing.Declaration, got {type(declaration).__name__}")
+    if isinstance(variants, str):
+        raise TypeError(f"variants must be a sequence of names, got the string {variants!r} (use ({variants!r},))")
+    for v in variants or ():
+        if v not in VARIANTS:
+            raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
+    if device is not None and device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if isinstance(n_cases, bool) or not isinstance(n_cases, int) or n_cases < 0:
+        raise ValueError(f"n_cases must be an int >= 0, got {n_cases!r}")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be None or a number of seconds > 0, got {timeout!r}")
 
 
 def _constrain(case_list: list[Case], decl: Declaration, report: Report) -> list[Case]:
