@@ -11,6 +11,8 @@ import importlib.util
 
 import pytest
 
+from gma_ref.testing import default_cases
+
 from .test_examples import load_example
 
 FLA_REASON = (None if importlib.util.find_spec("fla") is not None and importlib.util.find_spec("torch") is not None
@@ -44,11 +46,21 @@ def test_declarations_fix_eps_and_the_chunk_multiple() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(FLA_REASON is not None, reason=str(FLA_REASON))
 def test_fla_cpu_references_pass_the_default_causal_check() -> None:
-    """fla's naive chunk (float32, bfloat16) and recurrent (float32) pass forward and gradients, no tricks."""
+    """fla's naive chunk and recurrent references pass forward and gradients through declarations alone.
+
+    One recorded failure (docs/oracle.md §10): naive_chunk in bfloat16 loses ∂L/∂V when the
+    cotangent is near bfloat16's smallest normal (the ``tiny_grad`` case): its backward runs in
+    bfloat16 and the cotangent divided by the read denominator underflows. Nothing else fails.
+    """
     module = load_example("check_fla")
     rows = module.run("cpu", ("naive_chunk",), ("float32", "bfloat16"))
     rows += module.run("cpu", ("naive_recurrent",), ("float32",))
     for name, dtype, scale, report in rows:
-        assert report.passed, f"{name} {dtype} {scale}:\n{report.format()}"
-        assert len(report.case_ids) == 9 and report.grad
+        assert len(report.case_ids) == len(default_cases(("causal",))) and report.grad
         assert all("-eps1e-10-" in c for c in report.case_ids), report.case_ids
+        if (name, dtype) == ("naive_chunk", "bfloat16"):
+            assert [c for c in report.failed_cases() if "tiny_grad" not in c] == [], report.format()
+            assert {r.check for r in report.failures} == {"gradient"}, report.format()
+            assert any(r.tensor == "d_v" for r in report.failures), report.format()
+        else:
+            assert report.passed, f"{name} {dtype} {scale}:\n{report.format()}"
