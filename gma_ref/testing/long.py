@@ -7,7 +7,9 @@
 state by the chunked causal form or the latent bidirectional form, the
 gradients by the chunked backward, κ and λ from O(N·K) arrays, and the
 gradient floors (cancellation-free magnitudes, :mod:`gma_ref.testing.reference`)
-by chunked prefix and suffix sums of squared terms.
+by chunked prefix and suffix sums of squared terms and K × K Gram matrices. The
+output's floor is its root-sum-square magnitude (:func:`_out_floor`), not the
+short mode's RMS(v), which is ~√(N/K) too lenient for long averages.
 
 The tolerance model gains a **sum-length term** (docs/oracle.md, "Long sequences")::
 
@@ -18,7 +20,8 @@ all keys; the mixture gradients over every token of the batch) in its
 accumulation precision u_acc; rounding errors of independent sign grow like
 √n·u relative to the sum. ρ enters ν exactly where κ does, so
 :attr:`LongReference.kappa` is κ + ρ (the score factor itself is
-:attr:`LongReference.score_kappa`).
+:attr:`LongReference.score_kappa`). τ is :data:`LONG_TOLERANCES`, calibrated at long N
+(``examples/calibrate_long.py``).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ LONG_THRESHOLD: int = 1 << 20
 #: of two, never above the short-case :data:`~gma_ref.testing.compare.TOLERANCES`. See docs/oracle.md.
 LONG_TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(norm=16.0, elem=64.0),
-    "float32": Tolerance(norm=1.0, elem=64.0),
+    "float32": Tolerance(norm=4.0, elem=64.0),
     "float16": Tolerance(norm=8.0, elem=32.0),
     "bfloat16": Tolerance(norm=8.0, elem=64.0),
 }
