@@ -73,6 +73,8 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cases", type=_nonnegative_int, default=0, metavar="N",
                    help="add N seeded random cases to the default set (29 attention cases, 25 layer cases)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the case generator")
+    p.add_argument("--long", action="store_true",
+                   help="long-sequence mode: N = 4096, 32768, 131072 (up to --n-max), O(N)-memory reference")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")
     p.add_argument("--no-contract", dest="contract", action="store_false",
@@ -212,7 +214,8 @@ def run_check(args: argparse.Namespace) -> int:
             contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None),
             timeout=getattr(args, "timeout", 0.0) or None, full_traceback=getattr(args, "traceback", False),
             repro=getattr(args, "repro", None), case_file=getattr(args, "case_file", None),
-            progress=None if getattr(args, "quiet", False) else _Progress())
+            progress=None if getattr(args, "quiet", False) else _Progress(),
+            scale="long" if getattr(args, "long", False) else "short")
     except (TypeError, ValueError) as exc:
         print(f"gma-ref check: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -54,6 +54,7 @@ from .cases import (
     layer_case_arrays,
 )
 from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, UNDERFLOW, Tolerance, compare_tensor, unit_scale
+from .long import LONG_SIZES, LONG_THRESHOLD, LONG_TOLERANCES, long_cases, long_reference
 from .reference import GRAD_NAMES, INPUT_NAMES, LAYER_INPUT_NAMES, layer_reference, reference
 
 __all__ = ["CheckResult", "Skip", "Report", "check", "assert_conforms", "run_case"]
@@ -359,6 +360,9 @@ def run_case(
     returns_state = declaration.returns_state and not layer
     if layer and tolerance is None:
         tolerance = LAYER_TOLERANCES[dtype]
+    long = not layer and case.n_q * case.n_k > LONG_THRESHOLD
+    if long and tolerance is None:
+        tolerance = LONG_TOLERANCES[dtype]
     if arrays is None:
         arrays = layer_case_arrays(case) if layer else case_arrays(case)
     every = (*names, "d_out")
@@ -367,11 +371,11 @@ def run_case(
     opts: dict[str, Any] = {"causal": case.causal, "eps": case.eps, "eps_sigma": case.eps_sigma}
     if declaration.accepts_chunk_size:
         opts["chunk_size"] = case.chunk_size
-    ref_fn = layer_reference if layer else reference
+    ref_fn = layer_reference if layer else (long_reference if long else reference)
     ref = ref_fn(xp, {n: ref_in[n] for n in names}, causal=case.causal, eps=case.eps,
                  eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
                  chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype],
-                 **({"tiny": TINY_ACC[dtype]} if ref_fn is reference else {}))
+                 **({"tiny": TINY_ACC[dtype]} if ref_fn is not layer_reference else {}))
     nu = unit_scale(dtype, ref.kappa, ref.read_condition, ref.proj_condition)
     if nu > NU_MAX:
         return [CheckResult(cid, "conditioning", "case", "nu", nu, NU_MAX, True,
@@ -469,6 +473,8 @@ def check(
     tolerance: Tolerance | None = None,
     name: str | None = None,
     mode: str | None = None,
+    scale: str = "short",
+    n_max: int | None = None,
     timeout: float | None = None,
     progress: Callable[[int, int, str, float], None] | None = None,
     full_traceback: bool = False,
@@ -507,6 +513,10 @@ def check(
         :func:`~gma_ref.testing.cases.generate_layer_cases`), gradients
         ``d_x``, ``d_y`` (cross), ``d_w_q`` … ``d_prior_logits``. A mode that differs from the
         declared one is skipped (requested), so nothing is checked and the run fails.
+    scale : ``'short'`` or ``'long'``
+        ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.long.long_cases`
+        (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
+        the sum-length term in ν (docs/oracle.md, "Long sequences"). Ignored when ``cases`` is given.
     timeout : float, optional
         Seconds one case (all its calls) may take. A case that takes longer fails
         ("timeout") and the remaining cases are not run (listed as skipped); the
@@ -598,6 +608,10 @@ def check(
     if not decl.returns_state and mode == "attention":
         report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
     layer = mode == "layer"
+    if scale not in ("short", "long"):
+        raise ValueError(f"scale must be 'short' or 'long', got {scale!r}")
+    if cases is None and scale == "long":
+        cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
     if cases is None:
         defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
         case_list = defaults(active, dtype=dtype, seed=seed) if active else []
