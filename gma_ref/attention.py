@@ -204,9 +204,8 @@ def gma_attention_backward(
     gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
     gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
     d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size)(gamma_q, gamma_k, v, d_out, eps)
-    lp_shape = tuple(prior_logits.shape)
-    side_q = responsibilities_backward(q, means, variances, gamma_q, d_gamma_q, lp_shape)
-    side_k = responsibilities_backward(k, means, variances, gamma_k, d_gamma_k, lp_shape)
+    side_q = responsibilities_backward(q, means, variances, gamma_q, d_gamma_q, log_priors)
+    side_k = responsibilities_backward(k, means, variances, gamma_k, d_gamma_k, log_priors)
     d_variances = side_q.d_variances + side_k.d_variances
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors
     return AttentionGrad(

@@ -13,9 +13,11 @@ and the responsibility is its softmax over components (Eq. 3b = Eq. 51)::
 Everything is computed in log space: the densities of Eq. 2 underflow to 0 in
 float64 already for d_r ≈ 1024 or for points a few dozen standard deviations
 away, but the scores stay finite and the max-subtracted softmax keeps every
-row of Γ on the simplex. The squared distances are formed directly as
-(x − μ)²/σ² (never by expanding x² − 2xμ + μ², which cancels catastrophically
-far from the means), in blocks of tokens so that memory stays O(N·K).
+row of Γ on the simplex. The squared distances are formed by matrix products
+on centred coordinates, with an a-posteriori bound of their rounding error
+that sends every row it cannot vouch for to the direct element-wise form
+(x − μ)²/σ² (see :func:`scores` for the equation and the bound); memory stays
+O(N·(K + d_r)).
 
 Shapes: ``x`` is ``(..., N, d_r)``; ``means`` and ``variances`` are
 ``(..., K, d_r)``; ``log_priors`` is ``(..., K)``. Leading (batch, head) axes
@@ -54,6 +56,9 @@ __all__ = [
 _LOG_2PI = math.log(2.0 * math.pi)
 #: Upper bound on the number of (token, component, coordinate) triples formed at once.
 _BLOCK_ELEMENTS = 1 << 21
+#: Cancellation budget of the expanded form: an entry is trusted when its rounding bound
+#: (√A + √C)² is at most this many times the score's own scale M + |log|Σ|| + d_r·log 2π.
+_CANCELLATION_BUDGET = 8.0
 
 
 def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
@@ -87,20 +92,79 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
         )
 
 
-def _token_blocks(x: Array, k: int) -> list[tuple[int, int]]:
-    """Split the token axis so that each block forms at most ~_BLOCK_ELEMENTS triples."""
-    n, d_r = x.shape[-2], x.shape[-1]
-    batch = math.prod(x.shape[:-2]) if x.ndim > 2 else 1
-    per_token = max(1, batch * k * d_r)
-    size = max(1, _BLOCK_ELEMENTS // per_token)
-    return [(start, min(n, start + size)) for start in range(0, max(n, 1), size)] if n else []
+class _Centred(NamedTuple):
+    """Centred coordinates x' = x − c, μ' = μ − c (c = mean of the means), precisions w = 1/σ²."""
+
+    x: Array
+    means: Array
+    precisions: Array
 
 
-def _scaled_residual(xp: Any, x_block: Array, means: Array, variances: Array) -> Array:
-    """(x_i − μ_k) / σ²_k for a block of tokens: shape (..., b, K, d_r)."""
-    return (xp.expand_dims(x_block, axis=-2) - xp.expand_dims(means, axis=-3)) / xp.expand_dims(
-        variances, axis=-3
-    )
+def _centre(xp: Any, x: Array, means: Array, variances: Array) -> _Centred:
+    """Shift x and μ by the mean of the means of their component set (per batch/head)."""
+    c = xp.mean(means, axis=-2, keepdims=True)
+    return _Centred(x - c, means - c, 1.0 / variances)
+
+
+def _expanded_maha(xp: Any, cen: _Centred, variances: Array) -> tuple[Array, Array]:
+    """Σ_m (x_im − μ_km)²/σ²_km by three matrix products, and the rows the bound cannot vouch for.
+
+    Returns ``(maha, rows)``: ``maha`` ``(..., N, K)`` (clamped at 0) and the boolean ``rows``
+    ``(..., N)``, true where some entry's bound (√A + √C)² exceeds the budget.
+    """
+    w_t = xp.matrix_transpose(cen.precisions)
+    a = xp.matmul(cen.x * cen.x, w_t)  # A_ik = Σ_m x'²_im / σ²_km
+    cross = xp.matmul(cen.x, xp.matrix_transpose(cen.means * cen.precisions))
+    c = xp.expand_dims(xp.sum(cen.means * cen.means * cen.precisions, axis=-1), axis=-2)  # C_k
+    maha = xp.maximum(a - 2.0 * cross + c, xp.zeros_like(a))
+    d_r = variances.shape[-1]
+    own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI  # (..., K)
+    root = xp.sqrt(a) + xp.sqrt(c)
+    bound = root * root
+    scale = maha + xp.expand_dims(own, axis=-2)
+    rows = xp.any(bound > _CANCELLATION_BUDGET * scale, axis=-1)
+    return maha, rows
+
+
+def _flagged_rows(xp: Any, x: Array, means: Array, variances: Array, rows: Array):
+    """Yield (row indices into the flattened (B·N) token axis, batch index, x rows, means, variances)
+    for the flagged rows, in blocks of at most ~_BLOCK_ELEMENTS (row, component, coordinate) triples."""
+    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
+    batch = broadcast_shapes(x.shape[:-2], means.shape[:-2], variances.shape[:-2], rows.shape[:-1])
+    flat = xp.reshape(xp.broadcast_to(rows, batch + (n,)), (-1,))
+    idx = xp.nonzero(flat)[0]
+    xb = xp.reshape(xp.broadcast_to(x, batch + (n, d_r)), (-1, d_r))
+    mb = xp.reshape(xp.broadcast_to(means, batch + (k, d_r)), (-1, k, d_r))
+    vb = xp.reshape(xp.broadcast_to(variances, batch + (k, d_r)), (-1, k, d_r))
+    size = max(1, _BLOCK_ELEMENTS // max(1, k * d_r))
+    for start in range(0, idx.shape[0], size):
+        blk = idx[start:min(start + size, idx.shape[0])]
+        b = blk // n
+        yield blk, b, xp.take(xb, blk, axis=0), xp.take(mb, b, axis=0), xp.take(vb, b, axis=0)
+
+
+def _set_rows(xp: Any, a: Array, rows: Array, values: list[Array]) -> Array:
+    """Copy of ``a`` (..., N, c) with the flagged rows (in row-major order) replaced by ``values``."""
+    shape = tuple(a.shape)
+    flat = xp.reshape(a, (-1, shape[-1]))
+    flat = xp.asarray(flat, copy=True)
+    mask = xp.reshape(xp.broadcast_to(rows, shape[:-1]), (-1,))
+    mask = xp.broadcast_to(xp.expand_dims(mask, axis=-1), tuple(flat.shape))
+    new = xp.concat(values, axis=0) if len(values) > 1 else values[0]
+    flat[mask] = xp.reshape(new, (-1,))
+    return xp.reshape(flat, shape)
+
+
+def _maha(xp: Any, x: Array, means: Array, variances: Array) -> Array:
+    """Σ_m (x_im − μ_km)²/σ²_km: expanded form, flagged rows recomputed element-wise."""
+    maha, rows = _expanded_maha(xp, _centre(xp, x, means, variances), variances)
+    if maha.size and bool(xp.any(rows)):
+        exact = []
+        for _, _, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
+            diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r)
+            exact.append(xp.sum(diff * diff / vs, axis=-1))
+        maha = _set_rows(xp, maha, rows, exact)
+    return maha
 
 
 def log_gaussian_density(
@@ -131,15 +195,7 @@ def log_gaussian_density(
     _validate(xp, x, means, variances, None, check_finite)
     d_r = means.shape[-1]
     log_det = xp.sum(xp.log(variances), axis=-1)  # log|Σ_k| = Σ_m log σ²_km, shape (..., K)
-    blocks = []
-    for start, stop in _token_blocks(x, means.shape[-2]):
-        diff = xp.expand_dims(x[..., start:stop, :], axis=-2) - xp.expand_dims(means, axis=-3)
-        blocks.append(xp.sum(diff * diff / xp.expand_dims(variances, axis=-3), axis=-1))
-    if blocks:
-        maha = xp.concat(blocks, axis=-2) if len(blocks) > 1 else blocks[0]
-    else:  # N = 0
-        shape = broadcast_shapes(x.shape[:-2], means.shape[:-2]) + (0, means.shape[-2])
-        maha = xp.zeros(shape, dtype=xp.result_type(x, means, variances), device=device_of(x))
+    maha = _maha(xp, x, means, variances)
     return -0.5 * d_r * _LOG_2PI - 0.5 * xp.expand_dims(log_det, axis=-2) - 0.5 * maha
 
 
@@ -249,7 +305,7 @@ class ScoresGrad(NamedTuple):
 
 
 def scores_backward(
-    x: Array, means: Array, variances: Array, d_scores: Array, log_priors_shape: tuple[int, ...] | None = None
+    x: Array, means: Array, variances: Array, d_scores: Array, log_priors: Array | None = None
 ) -> ScoresGrad:
     """Vector–Jacobian product of the scores (Eqs. 19/19b with 20, 52–54, 57, 62).
 
@@ -262,31 +318,45 @@ def scores_backward(
 
     The sums over i run over every token and every broadcast batch/head axis
     the parameter was shared across; ``d_means``/``d_variances`` come back in
-    the shapes of ``means``/``variances`` and ``d_log_priors`` in
-    ``log_priors_shape`` (default ``means.shape[:-1]``). Nothing N×N is formed;
-    the residuals are built in token blocks (memory O(N·K)).
+    the shapes of ``means``/``variances`` and ``d_log_priors`` in the shape of
+    ``log_priors`` (an array, used for its shape only; default ``means.shape[:-1]``).
+
+    On the centred coordinates x' = x − c, μ' = μ − c of :func:`scores`, with
+    w = 1/σ², the three reductions are matrix products:
+    ∂L/∂x = δ (μ'w) − x' ⊙ (δ w); Σ_i δ_ik r_ikm = w_km ((δᵀx')_km − (Σ_i δ_ik) μ'_km);
+    Σ_i δ_ik r²_ikm = w²_km ((δᵀx'²)_km − 2 μ'_km (δᵀx')_km + (Σ_i δ_ik) μ'²_km).
+    Their rounding error is bounded by the same (√A + √C)² as the forward's, so the
+    same guard applies: rows the bound cannot vouch for are left out of the
+    products and done element-wise. Memory O(N·(K + d_r)); nothing N·K·d_r.
+
+    Raises
+    ------
+    TypeError
+        ``log_priors`` given but not an array (e.g. a shape tuple).
     """
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
-    blocks = _token_blocks(x, means.shape[-2])
-    d_x_blocks = []
-    full = broadcast_shapes(x.shape[:-2], means.shape[:-2], d_scores.shape[:-2])
-    dtype = xp.result_type(x, means, variances, d_scores)
-    d_means = xp.zeros(full + tuple(means.shape[-2:]), dtype=dtype, device=device_of(x))
-    sq_sum = xp.zeros(full + tuple(means.shape[-2:]), dtype=dtype, device=device_of(x))
-    for start, stop in blocks:
-        r = _scaled_residual(xp, x[..., start:stop, :], means, variances)  # (..., b, K, d_r)
-        delta = xp.expand_dims(d_scores[..., start:stop, :], axis=-1)  # (..., b, K, 1)
-        dr = delta * r
-        d_x_blocks.append(-xp.sum(dr, axis=-2))
-        d_means = d_means + xp.sum(dr, axis=-3)
-        sq_sum = sq_sum + xp.sum(dr * r, axis=-3)
-    if d_x_blocks:
-        d_x = xp.concat(d_x_blocks, axis=-2) if len(d_x_blocks) > 1 else d_x_blocks[0]
-    else:
-        d_x = xp.zeros(full + (0, x.shape[-1]), dtype=dtype, device=device_of(x))
+    if log_priors is not None and (isinstance(log_priors, tuple) or not hasattr(log_priors, "shape")):
+        raise TypeError(
+            f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
+        )
+    cen = _centre(xp, x, means, variances)
+    _, rows = _expanded_maha(xp, cen, variances)
+    any_rows = bool(xp.any(rows)) if rows.size else False
+    delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
+    w, mw = cen.precisions, cen.means * cen.precisions
+    d_x = xp.matmul(delta, mw) - cen.x * xp.matmul(delta, w)
+    delta_t = xp.matrix_transpose(delta)
+    s1 = xp.matmul(delta_t, cen.x)  # Σ_i δ_ik x'_im
+    s2 = xp.matmul(delta_t, cen.x * cen.x)  # Σ_i δ_ik x'²_im
+    s0 = xp.expand_dims(xp.sum(delta, axis=-2), axis=-1)  # Σ_i δ_ik
+    d_means = w * (s1 - s0 * cen.means)
+    sq_sum = w * w * (s2 - 2.0 * cen.means * s1 + s0 * cen.means * cen.means)
+    if any_rows:
+        d_x, d_means, sq_sum = _backward_flagged_rows(xp, x, means, variances, d_scores, rows,
+                                                      d_x, d_means, sq_sum)
     delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
     d_variances = 0.5 * (sq_sum - xp.expand_dims(delta_sum, axis=-1) / variances)
-    lp_shape = tuple(means.shape[:-1]) if log_priors_shape is None else tuple(log_priors_shape)
+    lp_shape = tuple(means.shape[:-1]) if log_priors is None else tuple(log_priors.shape)
     return ScoresGrad(
         d_x=sum_to_shape(xp, d_x, tuple(x.shape)),
         d_means=sum_to_shape(xp, d_means, tuple(means.shape)),
@@ -295,21 +365,48 @@ def scores_backward(
     )
 
 
+def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
+                           rows: Array, d_x: Array, d_means: Array, sq_sum: Array
+                           ) -> tuple[Array, Array, Array]:
+    """Add the flagged rows' terms element-wise: their ∂L/∂x rows, and their shares of
+    Σ_i δ r and Σ_i δ r² summed into each batch entry (a one-hot matrix product, exact)."""
+    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
+    full = tuple(d_x.shape[:-2])
+    n_batch = math.prod(full)
+    d_flat = xp.reshape(xp.broadcast_to(d_scores, full + (n, k)), (-1, k))
+    batch_ids = xp.arange(n_batch, device=device_of(x))
+    acc_r = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
+    acc_r2 = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
+    dx_rows = []
+    for blk, b, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
+        r = (xp.expand_dims(xs, axis=-2) - ms) / vs  # (F, K, d_r)
+        dr = xp.expand_dims(xp.take(d_flat, blk, axis=0), axis=-1) * r
+        dx_rows.append(-xp.sum(dr, axis=-2))
+        one_hot = xp.astype(xp.expand_dims(batch_ids, axis=-1) == xp.expand_dims(b, axis=0), acc_r.dtype)
+        acc_r = acc_r + xp.matmul(one_hot, xp.reshape(dr, (-1, k * d_r)))
+        acc_r2 = acc_r2 + xp.matmul(one_hot, xp.reshape(dr * r, (-1, k * d_r)))
+    d_x = _set_rows(xp, xp.broadcast_to(d_x, full + (n, d_r)), rows, dx_rows)
+    d_means = xp.broadcast_to(d_means, full + (k, d_r)) + xp.reshape(acc_r, full + (k, d_r))
+    sq_sum = xp.broadcast_to(sq_sum, full + (k, d_r)) + xp.reshape(acc_r2, full + (k, d_r))
+    return d_x, d_means, sq_sum
+
+
 def responsibilities_backward(
     x: Array,
     means: Array,
     variances: Array,
     gamma: Array,
     d_gamma: Array,
-    log_priors_shape: tuple[int, ...] | None = None,
+    log_priors: Array | None = None,
 ) -> ScoresGrad:
     """Vector–Jacobian product of :func:`responsibilities` (Eq. 18 then Eqs. 19, 54, 57, 64).
 
     ``gamma`` is the forward output ``(..., N, K)``, ``d_gamma`` = ∂L/∂Γ of the
-    same shape. Returns :class:`ScoresGrad` (∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π).
+    same shape; ``log_priors`` (optional) gives ``d_log_priors`` its shape, as in
+    :func:`scores_backward`. Returns :class:`ScoresGrad` (∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π).
     Chain ∂L/∂σ² through :func:`~gma_ref.mixture.variances_from_omega_backward`
     (Eqs. 58–60) and ∂L/∂log π through
     :func:`~gma_ref.mixture.log_priors_from_logits_backward` (Eqs. 61–64).
     """
     d_scores = softmax_backward(gamma, d_gamma)
-    return scores_backward(x, means, variances, d_scores, log_priors_shape)
+    return scores_backward(x, means, variances, d_scores, log_priors)
