@@ -92,38 +92,63 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
         )
 
 
-class _Centred(NamedTuple):
-    """Centred coordinates x' = x − c, μ' = μ − c (c = mean of the means), precisions w = 1/σ²."""
+class _Expanded(NamedTuple):
+    """The expanded form's operands on centred coordinates x' = x − c, μ' = μ − c (c = mean of the means).
 
+    ``features`` = [x'², x', 1] ``(..., N, 2d_r + 1)``; ``means`` μ' and ``precisions`` w = 1/σ²
+    ``(..., K, d_r)`` (broadcast together); ``c`` C_k = Σ_m μ'²_km w_km ``(..., K)``;
+    ``row_bound`` a_i = Σ_m x'²_im max_k w_km ``(..., N)`` (≥ A_ik for every k).
+    """
+
+    features: Array
     x: Array
     means: Array
     precisions: Array
+    c: Array
+    row_bound: Array
 
 
-def _centre(xp: Any, x: Array, means: Array, variances: Array) -> _Centred:
-    """Shift x and μ by the mean of the means of their component set (per batch/head)."""
-    c = xp.mean(means, axis=-2, keepdims=True)
-    return _Centred(x - c, means - c, 1.0 / variances)
+def _expand(xp: Any, x: Array, means: Array, variances: Array) -> _Expanded:
+    """Centre x and μ on the mean of the means of their component set (per batch/head)."""
+    batch = broadcast_shapes(means.shape[:-2], variances.shape[:-2])
+    means = xp.broadcast_to(means, batch + tuple(means.shape[-2:]))
+    w = xp.broadcast_to(1.0 / variances, batch + tuple(variances.shape[-2:]))
+    centre = xp.mean(means, axis=-2, keepdims=True)
+    xc, mc = x - centre, means - centre
+    sq = xc * xc
+    ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
+    row_bound = xp.matmul(sq, xp.expand_dims(xp.max(w, axis=-2), axis=-1))[..., 0]
+    return _Expanded(xp.concat([sq, xc, ones], axis=-1), xc, mc, w,
+                     xp.sum(mc * mc * w, axis=-1), row_bound)
 
 
-def _expanded_maha(xp: Any, cen: _Centred, variances: Array) -> tuple[Array, Array]:
-    """Σ_m (x_im − μ_km)²/σ²_km by three matrix products, and the rows the bound cannot vouch for.
+def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
+    """log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K): the score without its distance term."""
+    out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
+    return out if log_priors is None else log_priors + out
 
-    Returns ``(maha, rows)``: ``maha`` ``(..., N, K)`` (clamped at 0) and the boolean ``rows``
-    ``(..., N)``, true where some entry's bound (√A + √C)² exceeds the budget.
+
+def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array | None
+                     ) -> tuple[Array, Array]:
+    """s_ik by one matrix product [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the rows the bound rejects.
+
+    Returns ``(s, rows)``: ``s`` ``(..., N, K)`` and the boolean ``rows`` ``(..., N)``, true where
+    for some k the bound 2(a_i + C_k) ≥ (√A_ik + √C_k)² exceeds the budget R (M_ik + |log|Σ_k|| + d_r log 2π).
     """
-    w_t = xp.matrix_transpose(cen.precisions)
-    a = xp.matmul(cen.x * cen.x, w_t)  # A_ik = Σ_m x'²_im / σ²_km
-    cross = xp.matmul(cen.x, xp.matrix_transpose(cen.means * cen.precisions))
-    c = xp.expand_dims(xp.sum(cen.means * cen.means * cen.precisions, axis=-1), axis=-2)  # C_k
-    maha = xp.maximum(a - 2.0 * cross + c, xp.zeros_like(a))
+    base = _constant(xp, variances, log_priors)
+    base = xp.broadcast_to(base, broadcast_shapes(base.shape, ex.c.shape))
+    c = xp.broadcast_to(ex.c, tuple(base.shape))
+    weights = xp.concat([-0.5 * ex.precisions, ex.means * ex.precisions,
+                         xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
+    s = xp.matmul(ex.features, xp.matrix_transpose(weights))
+    # R (M_ik + own_k) − 2 C_k with M_ik = 2 (base_k − s_ik): the rows where it drops below 2 a_i
     d_r = variances.shape[-1]
-    own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI  # (..., K)
-    root = xp.sqrt(a) + xp.sqrt(c)
-    bound = root * root
-    scale = maha + xp.expand_dims(own, axis=-2)
-    rows = xp.any(bound > _CANCELLATION_BUDGET * scale, axis=-1)
-    return maha, rows
+    own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
+    budget = _CANCELLATION_BUDGET
+    offset = 2.0 * budget * base + budget * own - 2.0 * c
+    margin = xp.min(xp.expand_dims(offset, axis=-2) - (2.0 * budget) * s, axis=-1) if s.shape[-1] else None
+    rows = margin < 2.0 * ex.row_bound if margin is not None else xp.zeros(s.shape[:-1], dtype=xp.bool)
+    return s, rows
 
 
 def _flagged_rows(xp: Any, x: Array, means: Array, variances: Array, rows: Array):
@@ -155,16 +180,18 @@ def _set_rows(xp: Any, a: Array, rows: Array, values: list[Array]) -> Array:
     return xp.reshape(flat, shape)
 
 
-def _maha(xp: Any, x: Array, means: Array, variances: Array) -> Array:
-    """Σ_m (x_im − μ_km)²/σ²_km: expanded form, flagged rows recomputed element-wise."""
-    maha, rows = _expanded_maha(xp, _centre(xp, x, means, variances), variances)
-    if maha.size and bool(xp.any(rows)):
+def _scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None) -> Array:
+    """Scores by the expanded form; rows its bound rejects recomputed element-wise (Eq. 50)."""
+    s, rows = _expanded_scores(xp, _expand(xp, x, means, variances), variances, log_priors)
+    if s.size and bool(xp.any(rows)):
+        base = _constant(xp, variances, log_priors)
+        base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
         exact = []
-        for _, _, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
+        for _, b, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
             diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r)
-            exact.append(xp.sum(diff * diff / vs, axis=-1))
-        maha = _set_rows(xp, maha, rows, exact)
-    return maha
+            exact.append(xp.take(base, b, axis=0) - 0.5 * xp.sum(diff * diff / vs, axis=-1))
+        s = _set_rows(xp, s, rows, exact)
+    return s
 
 
 def log_gaussian_density(
@@ -193,10 +220,7 @@ def log_gaussian_density(
     """
     xp = namespace(x=x, means=means, variances=variances)
     _validate(xp, x, means, variances, None, check_finite)
-    d_r = means.shape[-1]
-    log_det = xp.sum(xp.log(variances), axis=-1)  # log|Σ_k| = Σ_m log σ²_km, shape (..., K)
-    maha = _maha(xp, x, means, variances)
-    return -0.5 * d_r * _LOG_2PI - 0.5 * xp.expand_dims(log_det, axis=-2) - 0.5 * maha
+    return _scores(xp, x, means, variances, None)
 
 
 def scores(
@@ -211,9 +235,7 @@ def scores(
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
     _validate(xp, x, means, variances, log_priors, check_finite)
-    return xp.expand_dims(log_priors, axis=-2) + log_gaussian_density(
-        x, means, variances, check_finite=False
-    )
+    return _scores(xp, x, means, variances, log_priors)
 
 
 def responsibilities(
@@ -339,18 +361,17 @@ def scores_backward(
         raise TypeError(
             f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
         )
-    cen = _centre(xp, x, means, variances)
-    _, rows = _expanded_maha(xp, cen, variances)
+    ex = _expand(xp, x, means, variances)
+    _, rows = _expanded_scores(xp, ex, variances, None)
     any_rows = bool(xp.any(rows)) if rows.size else False
     delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
-    w, mw = cen.precisions, cen.means * cen.precisions
-    d_x = xp.matmul(delta, mw) - cen.x * xp.matmul(delta, w)
-    delta_t = xp.matrix_transpose(delta)
-    s1 = xp.matmul(delta_t, cen.x)  # Σ_i δ_ik x'_im
-    s2 = xp.matmul(delta_t, cen.x * cen.x)  # Σ_i δ_ik x'²_im
-    s0 = xp.expand_dims(xp.sum(delta, axis=-2), axis=-1)  # Σ_i δ_ik
-    d_means = w * (s1 - s0 * cen.means)
-    sq_sum = w * w * (s2 - 2.0 * cen.means * s1 + s0 * cen.means * cen.means)
+    d_r, w, mc = x.shape[-1], ex.precisions, ex.means
+    both = xp.matmul(delta, xp.concat([mc * w, w], axis=-1))  # [δ (μ'w), δ w], (..., N, 2 d_r)
+    d_x = both[..., :d_r] - ex.x * both[..., d_r:]
+    sums = xp.matmul(xp.matrix_transpose(delta), ex.features)  # δᵀ [x'², x', 1], (..., K, 2 d_r + 1)
+    s2, s1, s0 = sums[..., :d_r], sums[..., d_r:2 * d_r], sums[..., 2 * d_r:]
+    d_means = w * (s1 - s0 * mc)
+    sq_sum = w * w * (s2 - 2.0 * mc * s1 + s0 * mc * mc)
     if any_rows:
         d_x, d_means, sq_sum = _backward_flagged_rows(xp, x, means, variances, d_scores, rows,
                                                       d_x, d_means, sq_sum)
