@@ -95,9 +95,8 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
 class _Expanded(NamedTuple):
     """The expanded form's operands on centred coordinates x' = x − c, μ' = μ − c (c = mean of the means).
 
-    ``features`` = [x'², x', 1] ``(..., N, 2d_r + 1)``; ``means`` μ' and ``precisions`` w = 1/σ²
-    ``(..., K, d_r)`` (broadcast together); ``c`` C_k = Σ_m μ'²_km w_km ``(..., K)``;
-    ``row_bound`` a_i = Σ_m x'²_im max_k w_km ``(..., N)`` (≥ A_ik for every k).
+    ``features`` = [x'², x', 1] ``(..., N, 2d_r + 1)``; ``x`` x'; ``means`` μ' and ``precisions``
+    w = 1/σ² ``(..., K, d_r)`` (broadcast together); ``c`` C_k = Σ_m μ'²_km w_km ``(..., K)``.
     """
 
     features: Array
@@ -105,7 +104,6 @@ class _Expanded(NamedTuple):
     means: Array
     precisions: Array
     c: Array
-    row_bound: Array
 
 
 def _expand(xp: Any, x: Array, means: Array, variances: Array) -> _Expanded:
@@ -115,11 +113,8 @@ def _expand(xp: Any, x: Array, means: Array, variances: Array) -> _Expanded:
     w = xp.broadcast_to(1.0 / variances, batch + tuple(variances.shape[-2:]))
     centre = xp.mean(means, axis=-2, keepdims=True)
     xc, mc = x - centre, means - centre
-    sq = xc * xc
     ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
-    row_bound = xp.matmul(sq, xp.expand_dims(xp.max(w, axis=-2), axis=-1))[..., 0]
-    return _Expanded(xp.concat([sq, xc, ones], axis=-1), xc, mc, w,
-                     xp.sum(mc * mc * w, axis=-1), row_bound)
+    return _Expanded(xp.concat([xc * xc, xc, ones], axis=-1), xc, mc, w, xp.sum(mc * mc * w, axis=-1))
 
 
 def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
@@ -133,7 +128,7 @@ def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array
     """s_ik by one matrix product [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the rows the bound rejects.
 
     Returns ``(s, rows)``: ``s`` ``(..., N, K)`` and the boolean ``rows`` ``(..., N)``, true where
-    for some k the bound 2(a_i + C_k) ≥ (√A_ik + √C_k)² exceeds the budget R (M_ik + |log|Σ_k|| + d_r log 2π).
+    for some k the bound 2(A_ik + C_k) ≥ (√A_ik + √C_k)² exceeds the budget R (M_ik + |log|Σ_k|| + d_r log 2π).
     """
     base = _constant(xp, variances, log_priors)
     base = xp.broadcast_to(base, broadcast_shapes(base.shape, ex.c.shape))
@@ -141,13 +136,18 @@ def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array
     weights = xp.concat([-0.5 * ex.precisions, ex.means * ex.precisions,
                          xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
     s = xp.matmul(ex.features, xp.matrix_transpose(weights))
-    # R (M_ik + own_k) − 2 C_k with M_ik = 2 (base_k − s_ik): the rows where it drops below 2 a_i
+    # 2 (A + C) > R (M + own) with M = 2 (b − s)  ⇔  A + R s > R b + R own / 2 − C: one more product
+    budget = _CANCELLATION_BUDGET
+    zeros = xp.zeros_like(ex.precisions)
+    guard_weights = budget * weights + xp.concat([ex.precisions, zeros, zeros[..., :1]], axis=-1)
     d_r = variances.shape[-1]
     own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
-    budget = _CANCELLATION_BUDGET
-    offset = 2.0 * budget * base + budget * own - 2.0 * c
-    margin = xp.min(xp.expand_dims(offset, axis=-2) - (2.0 * budget) * s, axis=-1) if s.shape[-1] else None
-    rows = margin < 2.0 * ex.row_bound if margin is not None else xp.zeros(s.shape[:-1], dtype=xp.bool)
+    offset = xp.expand_dims(budget * (base + 0.5 * own) - c, axis=-2)
+    if s.shape[-1] and s.shape[-2]:
+        guard = xp.matmul(ex.features, xp.matrix_transpose(guard_weights))
+        rows = xp.max(guard - offset, axis=-1) > 0
+    else:
+        rows = xp.zeros(s.shape[:-1], dtype=xp.bool, device=device_of(s))
     return s, rows
 
 
