@@ -184,3 +184,29 @@ def test_broadcast_heads_with_half_of_the_rows_guarded():
                 ref_grads[j][hi] += grads[j]
     for g, g_ref in zip(got, ref_grads, strict=True):
         assert np.max(np.abs(to_numpy(g) - g_ref)) <= 64 * np.finfo(np.float64).eps * np.max(np.abs(g_ref))
+
+
+def test_guard_flags_exactly_the_rows_its_bound_rejects():
+    """A row is recomputed iff some entry has 2(A_ik + C_k) > 8 (M_ik + |log|Σ_k|| + d_r log 2π) (the
+    documented criterion, evaluated here directly; rows within 1% of the threshold are not judged)."""
+    import array_api_compat.numpy as xp
+
+    rng = np.random.default_rng(11)
+    n, k, d = 400, 6, 8
+    means = 3.0 * rng.normal(size=(k, d))
+    var = rng.uniform(0.5, 2.0, size=(k, d))
+    lp = np.log(rng.dirichlet(np.ones(k)))
+    t = np.exp(rng.uniform(np.log(1e-2), np.log(10.0), size=(n, 1)))
+    x = means[rng.integers(0, k, size=n)] + t * rng.normal(size=(n, d))
+    c = means.mean(axis=0)
+    xc, mc, w = x - c, means - c, 1.0 / var
+    a = (xc * xc) @ w.T
+    cc = np.sum(mc * mc * w, axis=-1)
+    m = np.sum((x[:, None] - means[None]) ** 2 * w[None], axis=-1)
+    own = np.abs(np.sum(np.log(var), axis=-1)) + d * math.log(2 * math.pi)
+    ratio = np.max(2 * (a + cc) / (8 * (m + own)), axis=-1)
+    expected = ratio > 1
+    clear = np.abs(ratio - 1) > 0.01
+    _, rows = _expanded_scores(xp, _expand(xp, x, means, var), var, lp)
+    assert 0 < np.sum(expected) < n
+    assert np.array_equal(np.asarray(rows)[clear], expected[clear])
