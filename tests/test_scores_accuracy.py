@@ -114,12 +114,16 @@ def _check(name: str, seed: int, dtype=np.float64, xp=None):
     assert np.max(err_s) <= 4 * np.max(err_el) + 4 * u, (name, np.max(err_s), np.max(err_el))
     err_g = np.max(np.abs(gamma - gamma_ref))
     assert err_g <= 4 * np.max(np.abs(gamma_el - gamma_ref)) + 4 * u, (name, err_g)
-    got = scores_backward(*arrs[:3], from_numpy(xp, delta), arrs[3])
-    for label, g, g_ref, g_el in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, grads_ref, grads_el,
-                                     strict=True):
-        norm = max(float(np.max(np.abs(g_ref))), np.finfo(np.float64).tiny)
-        err, err_el = np.max(np.abs(to_numpy(g) - g_ref)) / norm, np.max(np.abs(g_el - g_ref)) / norm
-        assert err <= 4 * err_el + 16 * u, (name, label, err, err_el)
+    # the VJP for δ from Eq. 18 (zero where Γ is exactly one-hot) and for an arbitrary δ
+    for cot in (delta, rng.normal(size=delta.shape).astype(dtype)):
+        if cot is not delta:
+            grads_ref, grads_el = _mp_reference(x, means, var, lp, cot)[2], _elementwise(x, means, var, lp, cot)[2]
+        got = scores_backward(*arrs[:3], from_numpy(xp, cot), arrs[3])
+        for label, g, g_ref, g_el in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, grads_ref,
+                                         grads_el, strict=True):
+            norm = max(float(np.max(np.abs(g_ref))), np.finfo(np.float64).tiny)
+            err, err_el = np.max(np.abs(to_numpy(g) - g_ref)) / norm, np.max(np.abs(g_el - g_ref)) / norm
+            assert err <= 4 * err_el + 16 * u, (name, label, err, err_el)
 
 
 @pytest.mark.parametrize("name", REGIMES)
