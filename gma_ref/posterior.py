@@ -123,12 +123,11 @@ def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
     return out if log_priors is None else log_priors + out
 
 
-def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array | None,
-                     with_scores: bool = True) -> tuple[Array | None, Array]:
+def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array | None
+                     ) -> tuple[Array, Array]:
     """s_ik by one matrix product [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the rows the bound rejects.
 
-    Returns ``(s, rows)``: ``s`` ``(..., N, K)`` (``None`` unless ``with_scores``; the guard does
-    not need it) and the boolean ``rows`` ``(..., N)``, true where
+    Returns ``(s, rows)``: ``s`` ``(..., N, K)`` and the boolean ``rows`` ``(..., N)``, true where
     for some k the bound 2(A_ik + C_k) ≥ (√A_ik + √C_k)² exceeds the budget R (M_ik + |log|Σ_k|| + d_r log 2π).
     """
     base = _constant(xp, variances, log_priors)
@@ -136,19 +135,22 @@ def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array
     c = xp.broadcast_to(ex.c, tuple(base.shape))
     weights = xp.concat([-0.5 * ex.precisions, ex.means * ex.precisions,
                          xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
-    s = xp.matmul(ex.features, xp.matrix_transpose(weights)) if with_scores else None
-    # 2 (A + C) > R (M + own) with M = 2 (b − s)  ⇔  A + R s > R b + R own / 2 − C: one more product
+    s = xp.matmul(ex.features, xp.matrix_transpose(weights))
+    # 2 (A + C) > R (M + own) with M = 2 (b − s)  ⇔  A + R s > R b + R own / 2 − C =: offset
     budget = _CANCELLATION_BUDGET
-    zeros = xp.zeros_like(ex.precisions)
-    guard_weights = budget * weights + xp.concat([ex.precisions, zeros, zeros[..., :1]], axis=-1)
     d_r = variances.shape[-1]
     own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
     offset = xp.expand_dims(budget * (base + 0.5 * own) - c, axis=-2)
-    guard = xp.matmul(ex.features, xp.matrix_transpose(guard_weights))
-    if guard.shape[-1] and guard.shape[-2]:
+    if not (s.shape[-1] and s.shape[-2]):
+        return s, xp.zeros(s.shape[:-1], dtype=xp.bool, device=device_of(s))
+    # First with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product): rows that pass need no A.
+    a_row = xp.matmul(ex.features[..., :d_r], xp.expand_dims(xp.max(ex.precisions, axis=-2), axis=-1))[..., 0]
+    rows = xp.max(budget * s - offset, axis=-1) > -a_row
+    if bool(xp.any(rows)):  # A_ik itself, from one more product of the same size
+        zeros = xp.zeros_like(ex.precisions)
+        guard_weights = budget * weights + xp.concat([ex.precisions, zeros, zeros[..., :1]], axis=-1)
+        guard = xp.matmul(ex.features, xp.matrix_transpose(guard_weights))
         rows = xp.max(guard - offset, axis=-1) > 0
-    else:
-        rows = xp.zeros(guard.shape[:-1], dtype=xp.bool, device=device_of(guard))
     return s, rows
 
 
@@ -257,7 +259,9 @@ def scores(
     only where (√A + √C)² ≫ M: x near μ_k while both are far from c in units of σ
     (tight, separated components; the variance floor). Centring removes any common offset
     (data at 1e4 or 1e8 costs nothing). Each row is checked a posteriori with the cheap
-    bound 2 (A + C) ≥ (√A + √C)² (A from one more matrix product): a row where some
+    bound 2 (A + C) ≥ (√A + √C)² (first with A_ik ≤ Σ_m x'²_im max_l w_lm, which costs a
+    matrix–vector product; A itself, from one more matrix product, only if some row fails
+    that): a row where some
     entry has 2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π), R = 8, is recomputed
     element-wise, in cache-sized blocks, as Σ_m (x_im − μ_km)²/σ²_km. Every entry kept
     from the product therefore carries at most R times the error bound of the direct
@@ -395,7 +399,7 @@ def scores_backward(
             f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
         )
     ex = _expand(xp, x, means, variances)
-    _, rows = _expanded_scores(xp, ex, variances, None, with_scores=False)
+    _, rows = _expanded_scores(xp, ex, variances, None)
     any_rows = bool(xp.any(rows)) if rows.size else False
     delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
     d_r, w, mc = x.shape[-1], ex.precisions, ex.means
