@@ -214,3 +214,15 @@ def test_guard_flags_exactly_the_rows_its_bound_rejects():
     _, rows = _expanded_scores(xp, _expand(xp, x, means, var), var, lp)
     assert 0 < np.sum(expected) < n
     assert np.array_equal(np.asarray(rows)[clear], expected[clear])
+
+
+def test_guard_counts_the_points_own_term():
+    """Two unit-variance components at ±√5 (d_r = 1) and a point on the first mean: C = A = 5, M = 0, so
+    2(A + C) = 20 > 8·(0 + log 2π) ≈ 14.7 while 2C alone = 10 is not: the row is recomputed only because of A."""
+    import array_api_compat.numpy as xp
+
+    m = math.sqrt(5.0)
+    means, var, lp = np.array([[m], [-m]]), np.ones((2, 1)), np.log(np.array([0.5, 0.5]))
+    x = np.array([[m], [0.0]])
+    _, rows = _expanded_scores(xp, _expand(xp, x, means, var), var, lp)
+    assert np.asarray(rows).tolist() == [True, False]
