@@ -45,6 +45,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .bench_end_to_end import run_end_to_end
 from .bidirectional import gma_bidirectional, gma_bidirectional_backward
 from .causal import (
     gma_causal_chunked,
@@ -346,15 +347,43 @@ def run_benchmarks(quick: bool = False, file: TextIO = sys.stdout) -> dict[str, 
     res["passed"] = passed
     res["sizes"] = sizes
     res["quick"] = quick
+    say()
+    n_e2e = 512 if quick else 4096
+    res["end_to_end"] = run_end_to_end((n_e2e,), (64,), ("float64",), repeats=1 if quick else 3, file=file,
+                                        blas_n=512 if quick else 2048)
+    say("(more sizes, float32 and K = 256: gma-ref bench --end-to-end; see docs/benchmarks.md)")
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry (``gma-ref bench [--quick]``); returns 0 (misses are reported, not fatal)."""
-    parser = argparse.ArgumentParser(prog="gma-ref bench", description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``gma-ref bench`` (shared by the ``gma-ref`` command line and :func:`main`)."""
     parser.add_argument("--quick", action="store_true", help="sequence lengths divided by 8 (< 30 s)")
-    args = parser.parse_args(argv)
-    run_benchmarks(quick=args.quick)
+    parser.add_argument("--end-to-end", action="store_true",
+                        help="only the end-to-end table (routing vectors in, six gradients out), with PyTorch")
+    parser.add_argument("--n", type=int, nargs="+", default=[4096, 65536], metavar="N",
+                        help="end-to-end sequence lengths, multiples of 64 (default 4096 65536)")
+    parser.add_argument("--k", type=int, nargs="+", default=[64, 256], metavar="K",
+                        help="end-to-end component counts (default 64 256)")
+    parser.add_argument("--dtype", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
+    parser.add_argument("--form", nargs="+", default=["bidirectional", "causal"],
+                        choices=["bidirectional", "causal"])
+    parser.add_argument("--repeats", type=int, default=3, help="end-to-end timed repeats (best taken)")
+    parser.add_argument("--no-torch", action="store_true", help="do not compare with PyTorch")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Run what the parsed options ask for: the end-to-end table alone, or the full benchmark."""
+    if args.end_to_end:
+        return run_end_to_end(tuple(args.n), tuple(args.k), tuple(args.dtype), tuple(args.form),
+                              repeats=args.repeats, use_torch=not args.no_torch)
+    return run_benchmarks(quick=args.quick)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (``gma-ref bench [options]``); returns 0 (misses are reported, not fatal)."""
+    parser = argparse.ArgumentParser(prog="gma-ref bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    run_from_args(parser.parse_args(argv))
     return 0
 
 

@@ -4,7 +4,7 @@
   the equation-by-equation verification report; exits 1 on any failure.
 * ``gma-ref derive [NAME]``: print the sympy derivations (all, or one).
 * ``gma-ref coverage [--write PATH]``: the equation-coverage table from the registry.
-* ``gma-ref bench [--quick]``: time and memory versus N for every form.
+* ``gma-ref bench [--quick | --end-to-end ...]``: time and memory versus N for every form.
 * ``gma-ref check module:function ...``: check an implementation against the reference.
 """
 
@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", metavar="PATH", help="write the table to PATH instead of printing it")
 
     p = sub.add_parser("bench", help="time and peak memory versus N for each form")
-    p.add_argument("--quick", action="store_true", help="sizes 8x smaller (seconds)")
+    from .bench import add_arguments
+
+    add_arguments(p)
 
     try:
         from .check_cli import add_check_parser
@@ -81,9 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(text, end="")
         return 0
     if args.command == "bench":
-        from .bench import run_benchmarks
+        from .bench import run_from_args
 
-        result = run_benchmarks(quick=args.quick)
+        result = run_from_args(args)
         return 0 if result is not None else 1
     if args.command == "check":
         from .check_cli import run_check

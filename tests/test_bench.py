@@ -46,3 +46,15 @@ def test_quick_benchmark_memory_ratios_are_structural(quick_result):
     assert res["c_chunked_vs_prefix_peak_fraction"] <= 0.10
     assert res["d_chunked_vs_prefix_bwd_peak_fraction"] <= 0.10
     assert res["a_latent_peak_ratio"] <= 10.0
+
+
+def test_quick_benchmark_end_to_end_agrees_with_pytorch(quick_result):
+    """The end-to-end section reports both forms; where PyTorch runs, output and gradients agree (float64)."""
+    res, text = quick_result
+    rows = res["end_to_end"]["rows"]
+    assert {r["form"] for r in rows} == {"bidirectional", "causal"}
+    assert "BLAS peak" in text
+    for r in rows:
+        assert r["fwd"] > 0 and r["both"] > 0 and r["peak_bytes"] > 0
+        if not math.isnan(r["torch_rel_diff"]):
+            assert r["torch_rel_diff"] <= 1e-10, r

@@ -40,6 +40,8 @@ ALLOWED_MODULES = {
     "copies to the host and uses scipy.special in float64 (documented in its module docstring)",
     "bench": "the `gma-ref bench` harness: random NumPy inputs, timing and tracemalloc on the host; it calls "
     "the array code, it is not array code (documented in its module docstring)",
+    "bench_end_to_end": "the end-to-end part of the `gma-ref bench` harness (random NumPy inputs, timing, "
+    "tracemalloc, the PyTorch comparison); it calls the array code, it is not array code (module docstring)",
 }
 _NUMPY_NAMES = {"np", "numpy", "onp"}
 

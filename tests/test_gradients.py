@@ -271,7 +271,7 @@ def test_scores_backward_matches_fd_with_head_broadcasting(rng):
                                    - 0.5 * np.sum((x[idx] - mu[h, kk]) ** 2 / var[h, kk]))
     assert rel_err(s, oracle) <= FWD_TOL
     cot = rng.normal(size=s.shape)
-    bw = g.scores_backward(x, mu, var, cot, tuple(lp.shape))
+    bw = g.scores_backward(x, mu, var, cot, lp)
     fd = fd_vjp(lambda **a: g.scores(**a), args, cot, scales=scales)
     assert_grads({"x": bw.d_x, "means": bw.d_means, "variances": bw.d_variances, "log_priors": bw.d_log_priors}, fd)
 
@@ -286,8 +286,7 @@ def test_responsibilities_backward_matches_fd(rng, regime):
         top2 = np.sort(gamma, axis=-1)[..., -2:]
         assert np.all(top2[..., 1] >= 1 - 1e-5) and np.all(top2[..., 0] >= 1e-12)
     cot = rng.normal(size=gamma.shape)
-    bw = g.responsibilities_backward(args["x"], args["means"], args["variances"], gamma, cot,
-                                     tuple(args["log_priors"].shape))
+    bw = g.responsibilities_backward(args["x"], args["means"], args["variances"], gamma, cot, args["log_priors"])
     extended = regime != "generic"
     if extended and not EXTENDED:
         pytest.skip("numpy.longdouble is no wider than float64 here")

@@ -216,9 +216,8 @@ def long_reference(
             d_gq, d_gk, d_v = gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, out=out)
         else:
             d_gq, d_gk, d_v = gma_bidirectional_backward(gamma_q, gamma_k, v, d_out, eps)
-        lp_shape = tuple(prior_logits.shape)
-        side_q = responsibilities_backward(q, means, variances, gamma_q, d_gq, lp_shape)
-        side_k = responsibilities_backward(k, means, variances, gamma_k, d_gk, lp_shape)
+        side_q = responsibilities_backward(q, means, variances, gamma_q, d_gq, log_priors)
+        side_k = responsibilities_backward(k, means, variances, gamma_k, d_gk, log_priors)
         tensors.update({
             "d_q": side_q.d_x, "d_k": side_k.d_x, "d_v": d_v, "d_means": side_q.d_means + side_k.d_means,
             "d_omega": variances_from_omega_backward(omega, side_q.d_variances + side_k.d_variances),

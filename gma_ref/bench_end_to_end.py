@@ -1,0 +1,249 @@
+"""End-to-end benchmark: routing vectors → Γ → output, and every gradient back to q, k, v, μ, ω, α.
+
+``gma-ref bench --end-to-end`` times :func:`~gma_ref.attention.gma_attention` (the forward) and
+:func:`~gma_ref.attention.gma_attention_backward` (all six gradients; it recomputes Γ itself, as
+it takes no saved state) for the bidirectional (latent) and causal chunked forms, and — when
+PyTorch is importable — a PyTorch implementation of the same mathematics with autograd, in the
+same run and interleaved call by call, so that the printed ratios see the same machine load:
+
+* forward: gma-ref's forward against PyTorch's under ``torch.no_grad()``;
+* forward + backward: gma-ref's forward then backward against PyTorch's forward with autograd
+  then ``out.backward(d_out)``.
+
+PyTorch computes the scores the straightforward way, x²·(1/σ²)ᵀ − 2x·(μ/σ²)ᵀ + Σμ²/σ² on raw
+coordinates, and the causal chunked form with chunk-state prefix sums; both agree with gma-ref
+to about 1e-12 here (printed). Also printed: the GEMM rate of a large matrix product measured in
+the same run (the machine's BLAS peak as NumPy sees it) and the fraction of it that the forward
+reaches, counting the multiply-adds of its matrix products (scores: 2·N·(2d_r + 1)·K per side,
+core: 4·N·K·d_v bidirectional, 4·N·K·d_v + 2·N·C·(K + d_v) causal chunked); the growth
+t(N)/t(N/8) where both sizes are run; and the ``tracemalloc`` peak of forward + backward.
+
+This module uses NumPy directly (random inputs, timing); it is host-side benchmark code, not array
+code. PyTorch is imported only when the benchmark runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import numpy as np
+
+from .attention import gma_attention, gma_attention_backward
+from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
+
+__all__ = ["run_end_to_end", "blas_rate"]
+
+_CHUNK = 64
+_MIB = float(1 << 20)
+
+
+def blas_rate(dtype: Any = np.float64, n: int = 2048, repeats: int = 3) -> float:
+    """Best multiply-add rate (flop/s, 2 per multiply-add) of an n × n × n NumPy matrix product."""
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(n, n)).astype(dtype), rng.normal(size=(n, n)).astype(dtype)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def _forward_flops(n: int, k: int, d_r: int, d_v: int, causal: bool) -> float:
+    scores = 2 * 2.0 * n * (2 * d_r + 1) * k
+    core = 4.0 * n * k * d_v + (2.0 * n * _CHUNK * (k + d_v) if causal else 0.0)
+    return scores + core
+
+
+def _inputs(n: int, k: int, d_r: int, d_v: int, dtype: Any, seed: int) -> dict[str, np.ndarray]:
+    """Routing vectors, values, a mixture with σ² ≈ 1 (Γ rows mixing several components), a cotangent."""
+    rng = np.random.default_rng(seed)
+    f = {"q": (n, d_r), "k": (n, d_r), "v": (n, d_v), "means": (k, d_r), "d_out": (n, d_v)}
+    out = {name: rng.normal(size=shape) for name, shape in f.items()}
+    out["means"] *= 0.5
+    out["omega"] = math.log(math.e - 1.0) + 0.3 * rng.normal(size=(k, d_r))  # softplus(ω) ≈ 1
+    out["prior_logits"] = 0.1 * rng.normal(size=(k,))
+    return {name: np.ascontiguousarray(a, dtype=dtype) for name, a in out.items()}
+
+
+_NAMES = ("q", "k", "v", "means", "omega", "prior_logits")
+
+
+def _gma_calls(a: dict[str, np.ndarray], causal: bool) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    args = [a[name] for name in _NAMES]
+    kw = {"causal": causal, "chunk_size": _CHUNK}
+
+    def fwd() -> Any:
+        return gma_attention(*args, check_finite=False, **kw)
+
+    def both() -> tuple[Any, Any]:
+        return fwd(), gma_attention_backward(*args, a["d_out"], **kw)
+
+    return fwd, both
+
+
+def _torch_gma(torch: Any, q, k, v, means, omega, prior_logits, causal: bool):
+    """GMA in PyTorch, the straightforward way (autograd provides the backward)."""
+    var = torch.nn.functional.softplus(omega) + DEFAULT_EPS_SIGMA
+    log_priors = torch.log_softmax(prior_logits, dim=-1)
+    prec = 1.0 / var
+    const = log_priors - 0.5 * means.shape[-1] * math.log(2 * math.pi) - 0.5 * torch.log(var).sum(-1) \
+        - 0.5 * (means * means * prec).sum(-1)
+
+    def gamma(x):
+        return torch.softmax(const - 0.5 * (x * x) @ prec.T + x @ (means * prec).T, dim=-1)
+
+    gq, gk = gamma(q), gamma(k)
+    if not causal:
+        num = gq @ (gk.T @ v)
+        den = gq @ gk.sum(0) + DEFAULT_EPS
+        return num / den[:, None]
+    n, kk = gq.shape
+    c = _CHUNK
+    gq_c, gk_c, v_c = gq.reshape(n // c, c, kk), gk.reshape(n // c, c, kk), v.reshape(n // c, c, -1)
+    states = torch.cumsum(gk_c.transpose(1, 2) @ v_c, dim=0) - gk_c.transpose(1, 2) @ v_c  # exclusive
+    masses = torch.cumsum(gk_c.sum(1), dim=0) - gk_c.sum(1)
+    a = torch.tril(gq_c @ gk_c.transpose(1, 2))
+    num = a @ v_c + gq_c @ states
+    den = a.sum(-1) + (gq_c @ masses[:, :, None])[..., 0] + DEFAULT_EPS
+    return (num / den[..., None]).reshape(n, -1)
+
+
+def _torch_calls(torch: Any, a: dict[str, np.ndarray], causal: bool):
+    t = {name: torch.from_numpy(a[name]) for name in (*_NAMES, "d_out")}
+    leaves = [t[name].clone().requires_grad_(True) for name in _NAMES]
+
+    def fwd() -> Any:
+        with torch.no_grad():
+            return _torch_gma(torch, *(t[name] for name in _NAMES), causal)
+
+    def both() -> tuple[Any, Any]:
+        for leaf in leaves:
+            leaf.grad = None
+        out = _torch_gma(torch, *leaves, causal)
+        out.backward(t["d_out"])
+        return out, [leaf.grad for leaf in leaves]
+
+    return fwd, both
+
+
+#: Pause before each timed call (seconds), so that the other library's idle BLAS/OpenMP threads,
+#: which spin for a while after a call, have gone to sleep and do not compete for the cores.
+_PAUSE = 0.05
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    time.sleep(_PAUSE)
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _peak_bytes(fn: Callable[[], Any]) -> int:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+def _max_diff(ours: Any, theirs: Any) -> float:
+    """Largest |difference| relative to the largest |value|, over the output and the six gradients."""
+    out, grads = ours
+    t_out, t_grads = theirs
+    worst = 0.0
+    for a, b in zip([out, *grads], [t_out, *t_grads], strict=True):
+        b = b.detach().numpy()
+        worst = max(worst, float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-300))
+    return worst
+
+
+def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (64, 256),
+                   dtypes: tuple[str, ...] = ("float64", "float32"), forms: tuple[str, ...] = ("bidirectional",
+                                                                                              "causal"),
+                   d: int = 64, repeats: int = 3, use_torch: bool = True, file: TextIO = sys.stdout,
+                   blas_n: int = 2048) -> dict[str, Any]:
+    """Run the end-to-end benchmark, print one table, return the rows.
+
+    Parameters
+    ----------
+    ns, ks : sequence lengths N (multiples of 64) and component counts K.
+    dtypes : ``"float64"`` and/or ``"float32"``.
+    forms : ``"bidirectional"`` (latent) and/or ``"causal"`` (chunked, C = 64).
+    d : d_r = d_v.
+    repeats : timed repeats per call (best taken), interleaved between the implementations.
+    use_torch : compare with PyTorch when it is importable.
+    blas_n : size of the square GEMM that measures the BLAS peak.
+
+    Returns
+    -------
+    dict with ``"rows"`` (one dict per configuration: times in seconds, ratios, the tracemalloc
+    peak of forward + backward in bytes, the relative difference to PyTorch), ``"blas"`` (dtype →
+    flop/s of the large GEMM) and ``"growth"`` ((form, dtype, K) → t(N)/t(N/8) of forward + backward).
+    """
+    torch = None
+    if use_torch:
+        try:
+            import torch  # noqa: PLC0415  (optional, imported only here)
+        except ImportError:
+            torch = None
+
+    def say(line: str = "") -> None:
+        print(line, file=file, flush=True)
+
+    say(f"End to end (routing vectors → Γ → output; backward to q, k, v, μ, ω, α), d_r = d_v = {d}, one head, "
+        f"best of {repeats}, interleaved" + (f"; PyTorch {torch.__version__} with autograd, "
+                                             f"{torch.get_num_threads()} threads" if torch else "; no PyTorch"))
+    blas = {name: blas_rate(getattr(np, name), blas_n) for name in dtypes}
+    say(f"BLAS peak ({blas_n}³ GEMM, same run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in blas.items()))
+    head = (f"{'form':<14s} {'dtype':<8s} {'K':>4s} {'N':>6s} {'fwd s':>8s} {'torch':>8s} {'ratio':>6s} "
+            f"{'f+b s':>8s} {'torch':>8s} {'ratio':>6s} {'%BLAS':>6s} {'f+b MiB':>8s} {'vs torch':>9s}")
+    say(head)
+    say("-" * len(head))
+    rows = []
+    for form in forms:
+        causal = form == "causal"
+        for dtype in dtypes:
+            for k in ks:
+                for n in ns:
+                    a = _inputs(n, k, d, d, dtype, seed=n + k)
+                    ours = _gma_calls(a, causal)
+                    theirs = _torch_calls(torch, a, causal) if torch else None
+                    peak = _peak_bytes(ours[1])
+                    t = {"fwd": [], "both": [], "t_fwd": [], "t_both": []}
+                    for _ in range(repeats):
+                        t["fwd"].append(_timed(ours[0]))
+                        if theirs:
+                            t["t_fwd"].append(_timed(theirs[0]))
+                        t["both"].append(_timed(ours[1]))
+                        if theirs:
+                            t["t_both"].append(_timed(theirs[1]))
+                    best = {key: min(v) if v else math.nan for key, v in t.items()}
+                    diff = _max_diff(ours[1](), theirs[1]()) if theirs else math.nan
+                    frac = _forward_flops(n, k, d, d, causal) / best["fwd"] / blas[dtype]
+                    row = {"form": form, "dtype": dtype, "k": k, "n": n, **best, "peak_bytes": peak,
+                           "fwd_ratio": best["fwd"] / best["t_fwd"], "both_ratio": best["both"] / best["t_both"],
+                           "blas_fraction": frac, "torch_rel_diff": diff}
+                    rows.append(row)
+                    say(f"{form:<14s} {dtype:<8s} {k:>4d} {n:>6d} {best['fwd']:>8.3f} {best['t_fwd']:>8.3f} "
+                        f"{row['fwd_ratio']:>6.2f} {best['both']:>8.3f} {best['t_both']:>8.3f} "
+                        f"{row['both_ratio']:>6.2f} {100 * frac:>5.1f}% {peak / _MIB:>8.1f} {diff:>9.1e}")
+    growth = {}
+    for r in rows:
+        small = next((s for s in rows if (s["form"], s["dtype"], s["k"], s["n"]) ==
+                      (r["form"], r["dtype"], r["k"], r["n"] // 8)), None)
+        if small:
+            growth[(r["form"], r["dtype"], r["k"])] = r["both"] / small["both"]
+            say(f"growth t({r['n']})/t({small['n']}) of forward + backward, {r['form']} {r['dtype']} K = {r['k']}: "
+                f"{growth[(r['form'], r['dtype'], r['k'])]:.2f} (work grows 8×)")
+    return {"rows": rows, "blas": blas, "growth": growth}
