@@ -285,9 +285,9 @@ def gma_attention_backward(
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
     d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size)(gamma_q, gamma_k, v, d_out, eps)
     side_q = responsibilities_backward(q, means, variances, gamma_q, _shift_to_dominant(xp, gamma_q, d_gamma_q),
-                                       log_priors)
+                                       log_priors, check_finite=False)
     side_k = responsibilities_backward(k, means, variances, gamma_k, _shift_to_dominant(xp, gamma_k, d_gamma_k),
-                                       log_priors)
+                                       log_priors, check_finite=False)
     d_variances = side_q.d_variances + side_k.d_variances
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors
     return AttentionGrad(
@@ -295,6 +295,6 @@ def gma_attention_backward(
         d_k=side_k.d_x,
         d_v=sum_to_shape(xp, d_v, tuple(v.shape)),
         d_means=side_q.d_means + side_k.d_means,
-        d_omega=variances_from_omega_backward(omega, d_variances),
-        d_prior_logits=log_priors_from_logits_backward(log_priors, d_log_priors),
+        d_omega=variances_from_omega_backward(omega, d_variances, check_finite=False),
+        d_prior_logits=log_priors_from_logits_backward(log_priors, d_log_priors, check_finite=False),
     )

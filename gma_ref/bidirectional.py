@@ -120,9 +120,15 @@ def write_memory_backward(gamma_k: Array, v: Array, d_memory: Array, d_mass: Arr
     Broadcast batch axes are reduced back to the input shapes.
     """
     xp = namespace(gamma_k=gamma_k, v=v, d_memory=d_memory, d_mass=d_mass)
-    d_gamma_k = xp.matmul(v, xp.matrix_transpose(d_memory)) + xp.expand_dims(d_mass, axis=-2)
+    gk_shape = tuple(gamma_k.shape)
+    # The two terms are reduced separately: Z has Γ^K's batch axes only, so ∂L/∂Z enters each
+    # γ^K_jk once, however many batch entries V broadcasts Ṽ over.
+    d_from_memory = sum_to_shape(xp, xp.matmul(v, xp.matrix_transpose(d_memory)), gk_shape)
+    d_from_mass = xp.expand_dims(d_mass, axis=-2)
+    d_from_mass = sum_to_shape(xp, xp.broadcast_to(d_from_mass, broadcast_shapes(tuple(d_from_mass.shape), gk_shape)),
+                               gk_shape)
     d_v = xp.matmul(gamma_k, d_memory)
-    return sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)), sum_to_shape(xp, d_v, tuple(v.shape))
+    return d_from_memory + d_from_mass, sum_to_shape(xp, d_v, tuple(v.shape))
 
 
 def query_mass(gamma_q: Array, mass: Array) -> Array:

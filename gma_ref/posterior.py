@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 from ._array import (
     Array,
     broadcast_shapes,
+    check_cotangent,
     check_floating,
     check_last_dim,
     check_rank,
@@ -133,7 +134,9 @@ def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array
     base = _constant(xp, variances, log_priors)
     base = xp.broadcast_to(base, broadcast_shapes(base.shape, ex.c.shape))
     c = xp.broadcast_to(ex.c, tuple(base.shape))
-    weights = xp.concat([-0.5 * ex.precisions, ex.means * ex.precisions,
+    kd = tuple(ex.precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
+    w = xp.broadcast_to(ex.precisions, tuple(base.shape[:-1]) + kd)
+    weights = xp.concat([-0.5 * w, xp.broadcast_to(ex.means * ex.precisions, tuple(w.shape)),
                          xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
     s = xp.matmul(ex.features, xp.matrix_transpose(weights))
     # 2 (A + C) > R (M + own) with M = 2 (b − s)  ⇔  A + R s > R b + R own / 2 − C =: offset
@@ -338,9 +341,11 @@ def softmax_backward(gamma: Array, d_gamma: Array) -> Array:
 
     ``gamma`` and ``d_gamma`` (g = ∂L/∂Γ) have shape ``(..., N, K)``; returns
     ``d_scores`` (δ) of the same shape. Each row of δ sums to 0 (Σ_k δ_ik = 0),
-    which is what turns Eq. 63 into Eq. 64.
+    which is what turns Eq. 63 into Eq. 64. Raises ``TypeError``/``ValueError``
+    unless ``d_gamma`` is real floating of ``gamma``'s shape.
     """
     xp = namespace(gamma=gamma, d_gamma=d_gamma)
+    check_cotangent(xp, "d_gamma", d_gamma, tuple(gamma.shape), "gamma", False)
     centre = xp.sum(gamma * d_gamma, axis=-1, keepdims=True)
     return gamma * (d_gamma - centre)
 
@@ -364,7 +369,8 @@ class ScoresGrad(NamedTuple):
 
 
 def scores_backward(
-    x: Array, means: Array, variances: Array, d_scores: Array, log_priors: Array | None = None
+    x: Array, means: Array, variances: Array, d_scores: Array, log_priors: Array | None = None,
+    *, check_finite: bool = True,
 ) -> ScoresGrad:
     """Vector–Jacobian product of the scores (Eqs. 19/19b with 20, 52–54, 57, 62).
 
@@ -391,13 +397,17 @@ def scores_backward(
     Raises
     ------
     TypeError
-        ``log_priors`` given but not an array (e.g. a shape tuple).
+        ``log_priors`` given but not an array (e.g. a shape tuple); any input or
+        ``d_scores`` not real floating.
+    ValueError
+        The inputs as :func:`scores` rejects them; ``d_scores`` not of the shape of
+        the scores ``(..., N, K)``; with ``check_finite``, NaN/Inf in any of them.
     """
+    _check_log_priors_is_array(log_priors)
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
-    if log_priors is not None and (isinstance(log_priors, tuple) or not hasattr(log_priors, "shape")):
-        raise TypeError(
-            f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
-        )
+    _validate(xp, x, means, variances, log_priors, check_finite)
+    check_cotangent(xp, "d_scores", d_scores, _scores_shape(x, means, variances, log_priors),
+                    "the scores", check_finite)
     ex = _expand(xp, x, means, variances)
     _, rows = _expanded_scores(xp, ex, variances, None)
     any_rows = bool(xp.any(rows)) if rows.size else False
@@ -458,6 +468,8 @@ def responsibilities_backward(
     gamma: Array,
     d_gamma: Array,
     log_priors: Array | None = None,
+    *,
+    check_finite: bool = True,
 ) -> ScoresGrad:
     """Vector–Jacobian product of :func:`responsibilities` (Eq. 18 then Eqs. 19, 54, 57, 64).
 
@@ -467,6 +479,40 @@ def responsibilities_backward(
     Chain ∂L/∂σ² through :func:`~gma_ref.mixture.variances_from_omega_backward`
     (Eqs. 58–60) and ∂L/∂log π through
     :func:`~gma_ref.mixture.log_priors_from_logits_backward` (Eqs. 61–64).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`scores_backward`; ``gamma`` and ``d_gamma`` must both have the
+        shape of the responsibilities ``(..., N, K)`` (real floating; finite with
+        ``check_finite``).
     """
+    _check_log_priors_is_array(log_priors)
+    xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
+    _validate(xp, x, means, variances, log_priors, check_finite)
+    shape = _scores_shape(x, means, variances, log_priors)
+    check_cotangent(xp, "gamma", gamma, shape, "the responsibilities", check_finite)
+    check_cotangent(xp, "d_gamma", d_gamma, shape, "the responsibilities", check_finite)
     d_scores = softmax_backward(gamma, d_gamma)
-    return scores_backward(x, means, variances, d_scores, log_priors)
+    return scores_backward(x, means, variances, d_scores, log_priors, check_finite=False)
+
+
+def _check_log_priors_is_array(log_priors: Array | None) -> None:
+    if log_priors is not None and (isinstance(log_priors, tuple) or not hasattr(log_priors, "shape")):
+        raise TypeError(
+            f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
+        )
+
+
+def _scores_shape(x: Array, means: Array, variances: Array, log_priors: Array | None) -> tuple[int, ...]:
+    """Shape of s = scores(x, μ, σ², log π): the broadcast batch axes, then (N, K)."""
+    if x.ndim < 2 or means.ndim < 2 or variances.ndim < 2:
+        return (-1,)  # _validate names the argument of the wrong rank
+    batches = [tuple(x.shape[:-2]), tuple(means.shape[:-2]), tuple(variances.shape[:-2])]
+    if log_priors is not None and log_priors.ndim >= 1:
+        batches.append(tuple(log_priors.shape[:-1]))
+    try:
+        batch = broadcast_shapes(*batches)
+    except ValueError as exc:
+        raise ValueError(f"the batch axes of x, means, variances and log_priors do not broadcast: {exc}") from None
+    return batch + (x.shape[-2], means.shape[-2])

@@ -83,8 +83,6 @@ def test_write_backward_reduces_broadcast_batch_axes(rng):
     assert np.isclose(np.sum(d_gk * dg) + np.sum(d_v * dv), fd, rtol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="write_memory_backward adds ∂L/∂Z once per batch entry that V broadcasts "
-                                       "over Γ^K (here 3 times) before reducing to Γ^K's shape")
 def test_write_backward_counts_the_mass_gradient_once_under_broadcasting(rng):
     """Z = Σ_j γ^K_jk has Γ^K's batch shape (2, 1, K) even when V broadcasts it to (2, 3): ∂L/∂γ^K_jk from Z
     is exactly ∂L/∂Z_k, once."""
