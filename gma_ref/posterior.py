@@ -442,6 +442,8 @@ def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_
     Σ_i δ r and Σ_i δ r² summed into each batch entry (a one-hot matrix product, exact)."""
     n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
     full = tuple(d_x.shape[:-2])
+    # the rows were judged without log π, whose batch axes (if it has its own) the cotangent carries
+    rows = xp.broadcast_to(rows, full + (n,))
     n_batch = math.prod(full)
     d_flat = xp.reshape(xp.broadcast_to(d_scores, full + (n, k)), (-1, k))
     batch_ids = xp.arange(n_batch, device=device_of(x))

@@ -1,0 +1,209 @@
+"""Contracts of the scores and responsibilities beyond their values at ordinary inputs.
+
+* arguments of too low a rank are rejected with a ValueError naming them, by every function of
+  :mod:`gma_ref.posterior` (never an IndexError from inside);
+* ``means`` and ``variances`` broadcast against each other (per-head means with shared variances
+  and the reverse) exactly as a loop over the heads;
+* guarded rows (recomputed element-wise) under batch axes of every layout, the log priors' own
+  batch axes among them, equal the loop over the batch entries;
+* arrays on a non-default device (``array_api_strict``'s second device) stay there, through the
+  expanded form, the guard's element-wise rows and the backward pass.
+"""
+
+from __future__ import annotations
+
+import array_api_compat.numpy as npx
+import array_api_strict
+import numpy as np
+import pytest
+
+from gma_ref.posterior import (
+    _expand,
+    _expanded_scores,
+    log_gaussian_density,
+    responsibilities,
+    responsibilities_backward,
+    scores,
+    scores_backward,
+)
+from tests._helpers import from_numpy, to_numpy
+
+N, K, D = 5, 3, 4
+
+
+def _inputs(rng):
+    x = rng.normal(size=(N, D))
+    means = rng.normal(size=(K, D))
+    var = rng.uniform(0.5, 2.0, size=(K, D))
+    lp = np.log(rng.dirichlet(np.ones(K)))
+    return x, means, var, lp
+
+
+def _calls(x, means, var, lp, d_s):
+    gamma = np.full((N, K), 1.0 / K)
+    return {
+        "log_gaussian_density": lambda: log_gaussian_density(x, means, var),
+        "scores": lambda: scores(x, means, var, lp),
+        "responsibilities": lambda: responsibilities(x, means, var, lp),
+        "scores_backward": lambda: scores_backward(x, means, var, d_s, lp),
+        "responsibilities_backward": lambda: responsibilities_backward(x, means, var, gamma, d_s, lp),
+    }
+
+
+@pytest.mark.parametrize("fn", ["log_gaussian_density", "scores", "responsibilities", "scores_backward",
+                                "responsibilities_backward"])
+@pytest.mark.parametrize("arg", ["means", "variances"])
+def test_a_mixture_array_of_rank_one_is_rejected_by_name(rng, fn, arg):
+    """means or variances of shape (d_r,) (one component without its K axis): ValueError naming it."""
+    x, means, var, lp = _inputs(rng)
+    if arg == "means":
+        means = means[0]
+    else:
+        var = var[0]
+    with pytest.raises(ValueError, match=rf"\b{arg}\b.*\(\.\.\., K, d_r\)"):
+        _calls(x, means, var, lp, np.zeros((N, K)))[fn]()
+
+
+@pytest.mark.parametrize("fn", ["scores", "responsibilities", "scores_backward", "responsibilities_backward"])
+def test_scalar_log_priors_are_rejected_by_name(rng, fn):
+    """A 0-d log_priors (a single number instead of one per component): ValueError naming log_priors."""
+    x, means, var, _ = _inputs(rng)
+    with pytest.raises(ValueError, match=r"\blog_priors\b.*\(\.\.\., K\)"):
+        _calls(x, means, var, np.float64(0.0) + np.zeros(()), np.zeros((N, K)))[fn]()
+
+
+def _per_head_loop(x, means, var, lp, delta):
+    """Scores and score VJPs head by head (NumPy arrays broadcast to (H, ...) first), summed over heads
+    where the parameter is shared."""
+    h = max(a.shape[0] for a in (means, var, lp) if a.ndim == 3 or (a is lp and a.ndim == 2))
+    per = [np.broadcast_to(a, (h,) + a.shape[-2:]) if a is not lp else np.broadcast_to(a, (h, K))
+           for a in (means, var, lp)]
+    s = np.stack([scores(x[i], per[0][i], per[1][i], per[2][i]) for i in range(h)])
+    grads = [scores_backward(x[i], per[0][i], per[1][i], delta[i], per[2][i]) for i in range(h)]
+    return s, grads
+
+
+@pytest.mark.parametrize("per_head", ["means", "variances"])
+@pytest.mark.parametrize("guarded", [False, True])
+def test_means_and_variances_broadcast_against_each_other(rng, per_head, guarded):
+    """Per-head means (H, K, d_r) with shared variances (K, d_r), and the reverse: scores and VJPs equal
+    the loop over heads, the shared parameter's gradient summed over the heads; with and without the
+    guard's element-wise rows (tight, separated components with points at their means)."""
+    h = 3
+    x = rng.normal(size=(h, N, D))
+    means = rng.normal(size=(h, K, D)) if per_head == "means" else rng.normal(size=(K, D))
+    var = rng.uniform(0.5, 2.0, size=(h, K, D) if per_head == "variances" else (K, D))
+    if guarded:
+        means, var = 100.0 * means, 1e-2 * var
+        mb = np.broadcast_to(means, (h, K, D))
+        x = mb[:, rng.integers(0, K, size=N)] + 0.1 * rng.normal(size=(h, N, D))
+    lp = np.log(rng.dirichlet(np.ones(K)))
+    delta = rng.normal(size=(h, N, K))
+    s_loop, grads_loop = _per_head_loop(x, means, var, lp, delta)
+    np.testing.assert_allclose(scores(x, means, var, lp), s_loop, rtol=1e-12, atol=1e-12)
+    got = scores_backward(x, means, var, delta, lp)
+    np.testing.assert_allclose(got.d_x, np.stack([g.d_x for g in grads_loop]), rtol=1e-10, atol=1e-10)
+    for name in ("d_means", "d_variances"):
+        want = np.stack([getattr(g, name) for g in grads_loop])
+        if getattr(got, name).ndim == 2:
+            want = want.sum(axis=0)
+        np.testing.assert_allclose(getattr(got, name), want, rtol=1e-10, atol=1e-10, err_msg=name)
+    np.testing.assert_allclose(got.d_log_priors, sum(g.d_log_priors for g in grads_loop), rtol=1e-12)
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_arrays_on_a_second_device_stay_there(rng, guarded):
+    """array_api_strict inputs on Device('device1'): scores, Γ and the score VJPs come back on that
+    device and equal the results on the default device, with the guard's element-wise rows too."""
+    x, means, var, lp = _inputs(rng)
+    if guarded:
+        means, var = 100.0 * means, np.full((K, D), 1e-2)
+        x = means[rng.integers(0, K, size=N)] + 0.1 * rng.normal(size=(N, D))
+    xp = array_api_strict
+    dev = xp.Device("device1")
+    d_gamma = rng.normal(size=(N, K))
+    on_cpu = [from_numpy(xp, a) for a in (x, means, var, lp, d_gamma)]
+    on_dev = [xp.asarray(a, device=dev) for a in on_cpu]
+    gamma_cpu = responsibilities(*on_cpu[:4])
+    gamma_dev, s_dev = responsibilities(*on_dev[:4], return_scores=True)
+    assert gamma_dev.device == dev and s_dev.device == dev
+    np.testing.assert_array_equal(to_numpy(xp.asarray(gamma_dev, device=xp.Device("CPU_DEVICE"))),
+                                  to_numpy(gamma_cpu))
+    want = responsibilities_backward(*on_cpu[:3], gamma_cpu, on_cpu[4], on_cpu[3])
+    got = responsibilities_backward(*on_dev[:3], gamma_dev, on_dev[4], on_dev[3])
+    for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, want, strict=True):
+        assert g.device == dev, name
+        np.testing.assert_array_equal(to_numpy(xp.asarray(g, device=xp.Device("CPU_DEVICE"))), to_numpy(w),
+                                      err_msg=name)
+
+
+@pytest.mark.parametrize("fn", ["log_gaussian_density", "scores"])
+def test_the_scores_reject_non_finite_input_by_default(rng, fn):
+    """log_gaussian_density and scores check finiteness unless told not to: NaN in x is a ValueError
+    naming x; with check_finite=False the NaN row comes back NaN and the others are unaffected."""
+    x, means, var, lp = _inputs(rng)
+    x[1, 2] = np.nan
+    call = {"log_gaussian_density": lambda **kw: log_gaussian_density(x, means, var, **kw),
+            "scores": lambda **kw: scores(x, means, var, lp, **kw)}[fn]
+    with pytest.raises(ValueError, match=r"\bx\b.*(NaN|finite)"):
+        call()
+    out = call(check_finite=False)
+    assert np.all(np.isnan(out[1])) and np.all(np.isfinite(np.delete(out, 1, axis=0)))
+
+
+def test_log_gaussian_density_validates_like_the_scores(rng):
+    """log_gaussian_density rejects what scores rejects: d_r of x unlike that of the means, a zero variance."""
+    x, means, var, _ = _inputs(rng)
+    with pytest.raises(ValueError, match=r"\bx\b.*d_r"):
+        log_gaussian_density(x[:, :-1], means, var)
+    var[0, 0] = 0.0
+    with pytest.raises(ValueError, match=r"variances must be > 0"):
+        log_gaussian_density(x, means, var)
+
+
+def _loop_over_batch(x, means, var, lp, delta):
+    """Scores and VJPs entry by entry over the broadcast batch axes (2-D problems only), each parameter's
+    gradient summed back to its own shape."""
+    batch = np.broadcast_shapes(x.shape[:-2], means.shape[:-2], var.shape[:-2], lp.shape[:-1])
+    xb, mb, vb = (np.broadcast_to(a, batch + a.shape[-2:]) for a in (x, means, var))
+    lb = np.broadcast_to(lp, batch + lp.shape[-1:])
+    s = np.empty(batch + (x.shape[-2], means.shape[-2]))
+    grads = [np.zeros(batch + a.shape[-2:]) for a in (x, means, var)] + [np.zeros(batch + lp.shape[-1:])]
+    for idx in np.ndindex(*batch):
+        s[idx] = scores(xb[idx], mb[idx], vb[idx], lb[idx])
+        for g, part in zip(grads, scores_backward(xb[idx], mb[idx], vb[idx], delta[idx], lb[idx]), strict=True):
+            g[idx] = part
+
+    def reduce(g, shape):
+        g = g.sum(axis=tuple(range(g.ndim - len(shape))))
+        return g.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True)
+
+    return s, [reduce(g, a.shape) for g, a in zip(grads, (x, means, var, lp), strict=True)]
+
+
+@pytest.mark.parametrize("layout", ["all (2, 3)", "log_priors only", "x (2, 1), mixture (3,)"])
+def test_guarded_rows_with_several_batch_axes(rng, layout):
+    """Batch axes of (2, 3) on every argument, on the log priors alone, or split between x and the mixture,
+    with half of the tokens at tight clusters (recomputed element-wise): scores and VJPs equal the loop over
+    the batch entries, each parameter's gradient summed over the entries that share it."""
+    bx, bm, bl = {"all (2, 3)": ((2, 3), (2, 3), (2, 3)), "log_priors only": ((), (), (2, 3)),
+                  "x (2, 1), mixture (3,)": ((2, 1), (3,), ())}[layout]
+    means = 30.0 * rng.normal(size=bm + (K, D))
+    var = rng.uniform(0.01, 0.02, size=bm + (K, D))
+    lp = np.log(rng.dirichlet(np.ones(K), size=bl)) if bl else np.log(rng.dirichlet(np.ones(K)))
+    batch = np.broadcast_shapes(bx, bm, bl)
+    x = 300.0 * rng.normal(size=bx + (N, D))
+    xm = np.broadcast_shapes(bx, bm)  # the even tokens of x sit at means of the first entry that shares them
+    pick = rng.integers(0, K, size=xm + (N,))
+    near = np.take_along_axis(np.broadcast_to(means, xm + (K, D)), pick[..., None], axis=-2)
+    near = near[tuple(slice(0, s) for s in (1,) * (len(xm) - len(bx)) + bx)].reshape(x.shape)
+    x[..., ::2, :] = near[..., ::2, :] + 0.1 * rng.normal(size=near[..., ::2, :].shape)
+    rows = _expanded_scores(npx, _expand(npx, x, means, var), var, lp)[1]
+    assert np.any(rows) and not np.all(rows)
+    delta = rng.normal(size=batch + (N, K))
+    s_loop, grads_loop = _loop_over_batch(x, means, var, lp, delta)
+    np.testing.assert_allclose(scores(x, means, var, lp), s_loop, rtol=1e-13, atol=1e-12)
+    got = scores_backward(x, means, var, delta, lp)
+    for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, grads_loop, strict=True):
+        assert g.shape == w.shape, name
+        assert np.max(np.abs(g - w)) <= 1e-12 * np.max(np.abs(w)), name
