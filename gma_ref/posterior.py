@@ -63,7 +63,8 @@ _CANCELLATION_BUDGET = 8.0
 
 
 def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
-              check_finite: bool) -> None:
+              check_finite: bool) -> tuple[int, ...]:
+    """Check the arguments of the scores; return the shape of the scores (broadcast batch axes, N, K)."""
     names = {"x": x, "means": means, "variances": variances}
     if log_priors is not None:
         names["log_priors"] = log_priors
@@ -84,6 +85,14 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
     if log_priors is not None:
         check_rank("log_priors", log_priors, 1, "(..., K)")
         check_last_dim("log_priors", log_priors, k, "(..., K)", f"K of means {tuple(means.shape)}")
+    batches = {name: tuple(a.shape[:-2]) for name, a in names.items()}
+    if log_priors is not None:
+        batches["log_priors"] = tuple(log_priors.shape[:-1])
+    try:
+        batch = broadcast_shapes(*batches.values())
+    except ValueError:
+        given = ", ".join(f"{name} {shape}" for name, shape in batches.items())
+        raise ValueError(f"the leading batch axes do not broadcast together: {given}") from None
     if check_finite:
         for name, a in names.items():
             _check_finite(xp, name, a)
@@ -91,6 +100,7 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
         raise ValueError(
             f"variances must be > 0 (use variances_from_omega for Eq. 14), got min {float(xp.min(variances))}"
         )
+    return batch + (x.shape[-2], k)
 
 
 class _Expanded(NamedTuple):
@@ -144,8 +154,6 @@ def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array
     d_r = variances.shape[-1]
     own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
     offset = xp.expand_dims(budget * (base + 0.5 * own) - c, axis=-2)
-    if not (s.shape[-1] and s.shape[-2]):
-        return s, xp.zeros(s.shape[:-1], dtype=xp.bool, device=device_of(s))
     # First with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product): rows that pass need no A.
     a_row = xp.matmul(ex.features[..., :d_r], xp.expand_dims(xp.max(ex.precisions, axis=-2), axis=-1))[..., 0]
     rows = xp.max(budget * s - offset, axis=-1) > -a_row
@@ -222,7 +230,8 @@ def log_gaussian_density(
     TypeError
         Non-floating dtype, or arrays from different namespaces.
     ValueError
-        Mismatched d_r, K < 1, non-positive variances, NaN/Inf.
+        Mismatched d_r, K < 1, leading batch axes that do not broadcast together,
+        non-positive variances, NaN/Inf.
     """
     xp = namespace(x=x, means=means, variances=variances)
     _validate(xp, x, means, variances, None, check_finite)
@@ -405,9 +414,8 @@ def scores_backward(
     """
     _check_log_priors_is_array(log_priors)
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
-    _validate(xp, x, means, variances, log_priors, check_finite)
-    check_cotangent(xp, "d_scores", d_scores, _scores_shape(x, means, variances, log_priors),
-                    "the scores", check_finite)
+    shape = _validate(xp, x, means, variances, log_priors, check_finite)
+    check_cotangent(xp, "d_scores", d_scores, shape, "the scores", check_finite)
     ex = _expand(xp, x, means, variances)
     _, rows = _expanded_scores(xp, ex, variances, None)
     any_rows = bool(xp.any(rows)) if rows.size else False
@@ -491,8 +499,7 @@ def responsibilities_backward(
     """
     _check_log_priors_is_array(log_priors)
     xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
-    _validate(xp, x, means, variances, log_priors, check_finite)
-    shape = _scores_shape(x, means, variances, log_priors)
+    shape = _validate(xp, x, means, variances, log_priors, check_finite)
     check_cotangent(xp, "gamma", gamma, shape, "the responsibilities", check_finite)
     check_cotangent(xp, "d_gamma", d_gamma, shape, "the responsibilities", check_finite)
     d_scores = softmax_backward(gamma, d_gamma)
@@ -505,16 +512,3 @@ def _check_log_priors_is_array(log_priors: Array | None) -> None:
             f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
         )
 
-
-def _scores_shape(x: Array, means: Array, variances: Array, log_priors: Array | None) -> tuple[int, ...]:
-    """Shape of s = scores(x, μ, σ², log π): the broadcast batch axes, then (N, K)."""
-    if x.ndim < 2 or means.ndim < 2 or variances.ndim < 2:
-        return (-1,)  # _validate names the argument of the wrong rank
-    batches = [tuple(x.shape[:-2]), tuple(means.shape[:-2]), tuple(variances.shape[:-2])]
-    if log_priors is not None and log_priors.ndim >= 1:
-        batches.append(tuple(log_priors.shape[:-1]))
-    try:
-        batch = broadcast_shapes(*batches)
-    except ValueError as exc:
-        raise ValueError(f"the batch axes of x, means, variances and log_priors do not broadcast: {exc}") from None
-    return batch + (x.shape[-2], means.shape[-2])

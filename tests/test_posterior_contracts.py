@@ -207,3 +207,79 @@ def test_guarded_rows_with_several_batch_axes(rng, layout):
     for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, grads_loop, strict=True):
         assert g.shape == w.shape, name
         assert np.max(np.abs(g - w)) <= 1e-12 * np.max(np.abs(w)), name
+
+
+@pytest.mark.parametrize("fn", ["scores_backward", "responsibilities_backward"])
+def test_backward_passes_reject_a_non_finite_cotangent_by_default(rng, fn):
+    """A NaN in d_scores / d_gamma is a ValueError naming it unless check_finite=False, which lets it through
+    to the gradients (NaN) without raising."""
+    x, means, var, lp = _inputs(rng)
+    d = rng.normal(size=(N, K))
+    d[2, 1] = np.nan
+    name = "d_scores" if fn == "scores_backward" else "d_gamma"
+    gamma = responsibilities(x, means, var, lp)
+    call = {"scores_backward": lambda **kw: scores_backward(x, means, var, d, lp, **kw),
+            "responsibilities_backward": lambda **kw: responsibilities_backward(x, means, var, gamma, d, lp, **kw)}[fn]
+    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+        call()
+    assert np.isnan(call(check_finite=False).d_x[2]).all()
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_no_tokens_with_batch_axes(rng, guarded):
+    """N = 0 tokens with batch axes (B, H) under array_api_strict: scores and Γ of shape (B, H, 0, K), the
+    score VJPs zero in the shapes of the inputs, whether or not the mixture would flag rows."""
+    xp = array_api_strict
+    h = 3
+    means = (100.0 if guarded else 1.0) * rng.normal(size=(h, K, D))
+    var = np.full((h, K, D), 1e-2 if guarded else 1.0)
+    lp = np.log(rng.dirichlet(np.ones(K), size=h))
+    x = np.zeros((2, h, 0, D))
+    arrs = [from_numpy(xp, a) for a in (x, means, var, lp)]
+    s = scores(*arrs)
+    gamma, log_gamma = responsibilities(*arrs, return_log=True)
+    assert s.shape == gamma.shape == log_gamma.shape == (2, h, 0, K)
+    grads = scores_backward(*arrs[:3], from_numpy(xp, np.zeros((2, h, 0, K))), arrs[3])
+    for g, a in zip(grads, (x, means, var, lp), strict=True):
+        assert g.shape == a.shape and not np.any(to_numpy(g))
+
+
+_FUNCTIONS = ["log_gaussian_density", "scores", "responsibilities", "scores_backward", "responsibilities_backward"]
+
+
+@pytest.mark.parametrize(("fn", "clash"), [(f, c) for f in _FUNCTIONS for c in ("x", "variances", "log_priors")
+                                           if not (f == "log_gaussian_density" and c == "log_priors")])
+def test_batch_axes_that_do_not_broadcast_are_named(rng, fn, clash):
+    """Batch axes (2,) on one argument against (3,) on the means: a ValueError listing every argument's batch
+    axes (never a raw broadcasting error from inside), forward and backward alike."""
+    x, means, var, lp = _inputs(rng)
+    means = np.broadcast_to(means, (3, K, D))
+    var = np.broadcast_to(var, (2 if clash == "variances" else 3, K, D))
+    x = np.broadcast_to(x, (2, N, D)) if clash == "x" else x
+    lp = np.broadcast_to(lp, (2, K)) if clash == "log_priors" else lp
+    with pytest.raises(ValueError, match=r"batch axes do not broadcast.*\bx \(.*means \(3,\).*variances \("):
+        _calls(x, means, var, lp, np.zeros((3, N, K)))[fn]()
+
+
+@pytest.mark.parametrize("fn", ["scores_backward", "responsibilities_backward"])
+def test_log_priors_given_as_a_shape_is_a_type_error(rng, fn):
+    """log_priors passed as a shape tuple (K,) instead of the log-prior array: TypeError naming log_priors."""
+    x, means, var, _ = _inputs(rng)
+    with pytest.raises(TypeError, match=r"log_priors must be the log-prior array"):
+        _calls(x, means, var, (K,), np.zeros((N, K)))[fn]()
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_float32_in_float32_out_with_and_without_guarded_rows(rng, guarded):
+    """float32 inputs give float32 scores, Γ and score VJPs, also when rows are recomputed element-wise."""
+    x, means, var, lp = _inputs(rng)
+    if guarded:
+        means, var = 100.0 * means, np.full((K, D), 1e-2)
+        x = means[rng.integers(0, K, size=N)] + 0.1 * rng.normal(size=(N, D))
+    x, means, var, lp = (a.astype(np.float32) for a in (x, means, var, lp))
+    rows = _expanded_scores(npx, _expand(npx, x, means, var), var, lp)[1]
+    assert bool(np.any(rows)) == guarded
+    gamma = responsibilities(x, means, var, lp)
+    assert scores(x, means, var, lp).dtype == gamma.dtype == np.float32
+    grads = responsibilities_backward(x, means, var, gamma, rng.normal(size=(N, K)).astype(np.float32), lp)
+    assert [g.dtype for g in grads] == [np.float32] * 4
