@@ -89,11 +89,14 @@ def _single_row_cases():
         t = 10.0 ** rng.uniform(-2, 1)
         x = means[rng.integers(0, k)] + t * math.sqrt(sigma2) * rng.normal(size=d)
         cases.append((x[None], means, var, np.log(rng.dirichlet(np.ones(k)))))
-    # d_r = 1, two components at ±m with σ² = 1e-4, the point on +m: M = 0, A = C = m²/σ², a positive score
-    # (log N ≈ 3.7); flagged iff m²/σ² > R (|log σ²| + log 2π) / 4 ≈ 22.1.
-    for ratio in (20.0, 24.0, 28.0, 33.0, 40.0):
-        m, v = math.sqrt(ratio * 1e-4), 1e-4
-        cases.append((np.array([[m]]), np.array([[m], [-m]]), np.full((2, 1), v), np.log([0.5, 0.5])))
+    # d_r = 1, two components at ±m with variance v, the point on +m: M = 0, A = C = m²/v, flagged iff
+    # m²/v > R (|log v| + log 2π) / 4 (≈ 22.1 at v = 1e-4, where the score is positive, log N ≈ 3.7); at
+    # 0.97 to 1.5 times that threshold.
+    for v in (1.0, 1e-4):
+        threshold = R * (abs(math.log(v)) + math.log(2 * math.pi)) / 4
+        for factor in (0.97, 1.02, 1.04, 1.08, 1.5):
+            m = math.sqrt(factor * threshold * v)
+            cases.append((np.array([[m]]), np.array([[m], [-m]]), np.full((2, 1), v), np.log([0.5, 0.5])))
     return cases
 
 
@@ -143,6 +146,16 @@ def test_the_guard_costs_one_matrix_vector_product_where_no_row_is_flagged(monke
     count, s = _count_matmuls(monkeypatch, x, means, var, lp)
     assert count == 2, name
     np.testing.assert_array_equal(s, _expanded_scores(npx, _expand(npx, x, means, var), var, lp)[0])
+
+
+def test_a_distant_row_alone_does_not_make_the_guard_form_a(monkeypatch):
+    """Generic data plus one row 40 σ from the centre: every row passes the cheap bound on its own terms (the
+    distant row's A, hence its bound, is large, but so is its M), so A is not formed: two matrix products."""
+    x, means, var, lp = _regime("generic", np.random.default_rng(0))
+    far = means.mean(axis=0) + 40.0 * np.sqrt(var.max()) * np.ones(x.shape[1]) / math.sqrt(x.shape[1])
+    x = np.concatenate([x, far[None]])
+    count, _ = _count_matmuls(monkeypatch, x, means, var, lp)
+    assert count == 2
 
 
 @pytest.mark.parametrize("seed", [0, 2])
