@@ -21,10 +21,12 @@ from gma_ref.posterior import (
     _expand,
     _expanded_scores,
     log_gaussian_density,
+    log_softmax_backward,
     responsibilities,
     responsibilities_backward,
     scores,
     scores_backward,
+    softmax_backward,
 )
 from tests._helpers import from_numpy, to_numpy
 
@@ -262,11 +264,28 @@ def test_batch_axes_that_do_not_broadcast_are_named(rng, fn, clash):
 
 
 @pytest.mark.parametrize("fn", ["scores_backward", "responsibilities_backward"])
-def test_log_priors_given_as_a_shape_is_a_type_error(rng, fn):
-    """log_priors passed as a shape tuple (K,) instead of the log-prior array: TypeError naming log_priors."""
-    x, means, var, _ = _inputs(rng)
-    with pytest.raises(TypeError, match=r"log_priors must be the log-prior array"):
-        _calls(x, means, var, (K,), np.zeros((N, K)))[fn]()
+@pytest.mark.parametrize("given", ["shape tuple", "list"])
+def test_log_priors_given_as_a_shape_or_a_list_is_a_type_error(rng, fn, given):
+    """log_priors passed as a shape tuple (K,) or a plain list instead of the log-prior array: TypeError
+    naming log_priors and what it got."""
+    x, means, var, lp = _inputs(rng)
+    bad = (K,) if given == "shape tuple" else lp.tolist()
+    with pytest.raises(TypeError, match=r"log_priors must be the log-prior array .* got (tuple|list)"):
+        _calls(x, means, var, bad, np.zeros((N, K)))[fn]()
+
+
+def test_responsibilities_backward_checks_gamma(rng):
+    """responsibilities_backward: Γ of another shape than the responsibilities, or holding a NaN, is a
+    ValueError naming gamma (the NaN one passes with check_finite=False)."""
+    x, means, var, lp = _inputs(rng)
+    gamma = responsibilities(x, means, var, lp)
+    d_gamma = rng.normal(size=gamma.shape)
+    with pytest.raises(ValueError, match=r"^gamma must have the shape of the responsibilities"):
+        responsibilities_backward(x, means, var, gamma[:1], d_gamma, lp)
+    gamma[0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"^gamma\b.*(NaN|finite)"):
+        responsibilities_backward(x, means, var, gamma, d_gamma, lp)
+    assert np.isnan(responsibilities_backward(x, means, var, gamma, d_gamma, lp, check_finite=False).d_x[0]).all()
 
 
 @pytest.mark.parametrize("guarded", [False, True])
@@ -283,3 +302,28 @@ def test_float32_in_float32_out_with_and_without_guarded_rows(rng, guarded):
     assert scores(x, means, var, lp).dtype == gamma.dtype == np.float32
     grads = responsibilities_backward(x, means, var, gamma, rng.normal(size=(N, K)).astype(np.float32), lp)
     assert [g.dtype for g in grads] == [np.float32] * 4
+
+
+@pytest.mark.parametrize("fn", ["softmax_backward", "log_softmax_backward"])
+def test_softmax_backward_passes_check_their_cotangent(rng, fn):
+    """softmax_backward / log_softmax_backward: a cotangent of another shape than Γ is a ValueError naming it
+    (never a broadcast), an integer one a TypeError naming it."""
+    f, name = {"softmax_backward": (softmax_backward, "d_gamma"),
+               "log_softmax_backward": (log_softmax_backward, "d_log_gamma")}[fn]
+    gamma = np.full((N, K), 1.0 / K)
+    with pytest.raises(ValueError, match=rf"\b{name}\b.*shape"):
+        f(gamma, np.ones((1, K)))
+    with pytest.raises(TypeError, match=rf"\b{name}\b.*floating"):
+        f(gamma, np.ones((N, K), dtype=np.int64))
+
+
+def test_d_log_priors_takes_the_shape_of_the_components_without_log_priors(rng):
+    """scores_backward without log_priors: d_log_priors has the shape (..., K) of the means' components, here
+    per head (H, K), and equals Σ_i δ_ik summed over the tokens."""
+    h = 2
+    x = rng.normal(size=(h, N, D))
+    means, var = rng.normal(size=(h, K, D)), rng.uniform(0.5, 2.0, size=(h, K, D))
+    delta = rng.normal(size=(h, N, K))
+    got = scores_backward(x, means, var, delta).d_log_priors
+    assert got.shape == (h, K)
+    np.testing.assert_allclose(got, delta.sum(axis=1), rtol=1e-14)
