@@ -354,7 +354,7 @@ def gma_bidirectional_backward(
     size: with one key (N_k = 1) and ε = 0 they are exactly 0 however small
     the routed mass u_i, instead of rounding divided by u_i. Values near the
     float maximum are divided by a power of two first (as in the forward). What remains is a
-    few units in the last place of Σ_i γ^Q_ik |G_i| (|V_j − R| + |O_i − R|) / D_i.
+    few units in the last place of ``Σ_i γ^Q_ik |G_i| (|V_j − R| + |O_i − R|) / D_i``.
 
     ``out``, the forward's saved output, skips one product of size N K d_v; it
     is checked as in :func:`read_memory_backward`.

@@ -207,14 +207,14 @@ def gma_causal_prefix_backward(
     into 1/u_i-sized gradients. The other pairs are still summed as products
     with P_i, so the error guaranteed is a few units in the last place of
 
-    * Σ_{j≤i} γ^K_jk |G_i| (|V_j| + |O_i|) / D_i for ∂L/∂γ^Q_ik,
-    * Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k (ε = 0) for ∂L/∂γ^K_jk,
+    * ``Σ_{j≤i} γ^K_jk |G_i| (|V_j| + |O_i|) / D_i`` for ∂L/∂γ^Q_ik,
+    * ``Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k`` (ε = 0) for ∂L/∂γ^K_jk,
 
     which exceeds the size of the exact answer only where that answer is a
     small difference of such terms (e.g. a query that reads slot k with
     γ^Q_ik ≈ 1e-11 and a slot k' with Z_k' ≈ 1e-28: ∂L/∂γ^Q_ik ≈ 1e-7 from
     terms of size 1e10). Scaled by γ, as the score gradient of Eq. 18 does,
-    the bounds become N |G|_max |V|_max units in the last place at worst.
+    the bounds become ``N |G|_max |V|_max`` units in the last place at worst.
     For K = 1, Γ^Q cancels from O and ∂L/∂Γ^Q is exactly 0; it is returned
     as rounding of that size.
 

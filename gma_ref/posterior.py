@@ -249,23 +249,23 @@ def scores(
         C_k = Σ_m w_km μ'²_km,
 
     and the whole score is one matrix product of the rows [x'², x', 1] with the rows
-    [−½ w_k, μ'_k w_k, b_k − ½ C_k] (b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|).
+    [−½ w_k, μ'_k w_k, b_k − ½ C_k] (``b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|``).
 
     *Why it is exact to rounding.* An inner product of length n = 2d_r + 1 is computed
     with an error of at most γ_n = n u / (1 − n u) times the sum of the absolute values of
     its terms (u the unit roundoff); forming x', x'², μ'w and C adds a few u more. That
-    sum is ½ A + Σ_m w |x'||μ'| + |b − ½ C| ≤ ½ (√A + √C)² + |b| by Cauchy–Schwarz, so
+    sum is ``½ A + Σ_m w |x'||μ'| + |b − ½ C| ≤ ½ (√A + √C)² + |b|`` by Cauchy–Schwarz, so::
 
         |ŝ_ik − s_ik| ≤ γ_{n+4} (½ (√A_ik + √C_k)² + |b_k|),
 
-    against γ_{d_r+4} (½ M_ik + |b_k|) for the direct sum of (x − μ)²/σ². The two differ
+    against ``γ_{d_r+4} (½ M_ik + |b_k|)`` for the direct sum of (x − μ)²/σ². The two differ
     only where (√A + √C)² ≫ M: x near μ_k while both are far from c in units of σ
     (tight, separated components; the variance floor). Centring removes any common offset
     (data at 1e4 or 1e8 costs nothing). Each row is checked a posteriori with the cheap
     bound 2 (A + C) ≥ (√A + √C)² (first with A_ik ≤ Σ_m x'²_im max_l w_lm, which costs a
     matrix–vector product; A itself, from one more matrix product, only if some row fails
     that): a row where some
-    entry has 2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π), R = 8, is recomputed
+    entry has ``2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π)``, R = 8, is recomputed
     element-wise, in cache-sized blocks, as Σ_m (x_im − μ_km)²/σ²_km. Every entry kept
     from the product therefore carries at most R times the error bound of the direct
     form. Tested against 40-digit mpmath in every hard regime (far from every mean,
