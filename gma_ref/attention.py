@@ -182,7 +182,7 @@ def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_pri
     """Γ for routing vectors ``x``; with ``check_finite``, a ValueError where the scores overflow.
 
     A cheap bound decides first: if d_r (max|x| + max|μ|)² / min(min σ², 1) is below
-    a eighth of the largest float, no score can overflow. (The scores square x − c and
+    an eighth of the largest float, no score can overflow. (The scores square x − c and
     μ − c, c the centre of the means, before they divide by σ²: with σ² > 1 the
     square itself is the larger.) Otherwise Γ is computed with the library's overflow
     warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
