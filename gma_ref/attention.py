@@ -152,7 +152,8 @@ def gma_attention(
         As the functions it composes; ``TypeError`` unless ``causal`` is a bool;
         ``ValueError`` for an unknown ``form``, and where the scores overflow
         (routing vectors so far from the means, in units of σ, that
-        (x − μ)²/σ² is not finite): the responsibilities would be NaN.
+        (x − μ)²/σ² is not finite, or with σ² > 1 so far that (x − μ)² is not):
+        the responsibilities would be NaN.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -180,15 +181,18 @@ def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_pri
            check_finite: bool) -> Array:
     """Γ for routing vectors ``x``; with ``check_finite``, a ValueError where the scores overflow.
 
-    A cheap bound decides first: if d_r (max|x| + max|μ|)² / min σ² is finite, no
-    score can overflow. Otherwise Γ is computed with the library's overflow
+    A cheap bound decides first: if d_r (max|x| + max|μ|)² / min(min σ², 1) is below
+    an eighth of the largest float, no score can overflow. (The scores square x − c and
+    μ − c, c the centre of the means, before they divide by σ²: with σ² > 1 the
+    square itself is the larger.) Otherwise Γ is computed with the library's overflow
     warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
     """
     if not check_finite or x.size == 0:
         return responsibilities(x, means, variances, log_priors, check_finite=False)
     x_max, mu_max = float(xp.max(xp.abs(x))), float(xp.max(xp.abs(means)))
     reach = x_max + mu_max
-    bound = x.shape[-1] * (reach * reach) / float(xp.min(variances))  # float products overflow to inf, not raise
+    # float products overflow to inf, not raise
+    bound = x.shape[-1] * (reach * reach) / min(float(xp.min(variances)), 1.0)
     if bound < float(xp.finfo(x.dtype).max) / 8:
         return responsibilities(x, means, variances, log_priors, check_finite=False)
     with warnings.catch_warnings():
@@ -196,9 +200,9 @@ def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_pri
         gamma = responsibilities(x, means, variances, log_priors, check_finite=False)
     if not bool(xp.all(xp.isfinite(gamma))):
         raise ValueError(
-            f"the scores of {name} overflow: (x − μ)²/σ² exceeds the range of {x.dtype} "
+            f"the scores of {name} overflow: (x − μ)²/σ², or (x − μ)² itself, exceeds the range of {x.dtype} "
             f"(max |{name}| = {x_max:.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
-            "responsibilities would be NaN; rescale the routing vectors or raise eps_sigma"
+            "responsibilities would be NaN; rescale the routing vectors (or raise eps_sigma if σ² < 1)"
         )
     return gamma
 

@@ -108,6 +108,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_exact.py",
     ],
     "gma_ref/attention.py": [
+        "tests/test_attention_overflow_guard.py",
         "tests/test_attention_entry.py",
         "tests/test_attention_unchecked_inputs.py",
         "tests/test_empty_and_batched.py",
