@@ -355,8 +355,10 @@ def gma_attention_backward(
         not of the output's shape ``(..., N_q, d_v)``, NaN/Inf with ``check_finite``;
         for ``residuals``: not an :class:`AttentionResiduals` or a field not an array
         of the inputs' namespace and dtype (``TypeError``), a field of the wrong shape,
-        NaN/Inf in Γ with ``check_finite``, or residuals that do not fit these inputs
-        (``ValueError``, naming the field).
+        NaN/Inf in Γ (or, for the latent form, in ``out``) with ``check_finite``, or
+        residuals that do not fit these inputs (``ValueError``, naming the field). With
+        ``check_finite=False`` non-finite values pass through, and a non-finite ``out``
+        is recomputed instead of checked.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -372,6 +374,10 @@ def gma_attention_backward(
         _check_residuals(xp, residuals, q, k, v, means, variances, log_priors, check_finite)
         gamma_q, gamma_k, saved_out, rows_q, rows_k = residuals
         check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
+        if form == "latent" and not bool(xp.all(xp.isfinite(saved_out))):  # the only form that reads it
+            if check_finite:
+                _check_finite(xp, "residuals.out", saved_out)
+            saved_out = None  # non-finite values let through: its identity cannot be checked, recompute it
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
     d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out, eps)
     side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, _shift_to_dominant(xp, gamma_q, d_gamma_q),
@@ -402,7 +408,7 @@ def _check_residuals(xp: Any, res: Any, q: Array, k: Array, v: Array, means: Arr
             "residuals must be the AttentionResiduals that gma_attention(..., return_residuals=True) "
             f"returned, got {type(res).__module__}.{type(res).__qualname__}"
         )
-    namespace(q=q, **{f"residuals.{name}": a for name, a in zip(res._fields, res, strict=True)})
+    namespace(q=q, **{f"residuals.{name}": a for name, a in res._asdict().items()})
     side_q = _expected_gamma(xp, q, means, variances, log_priors)
     side_k = _expected_gamma(xp, k, means, variances, log_priors)
     out_dtype = xp.result_type(side_q[1], side_k[1], v.dtype)
@@ -448,7 +454,7 @@ def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array
     saved = xp.take(gamma, idx, axis=-2)
     size = 1.0 + xp.max(xp.abs(s), axis=-1, keepdims=True)
     tol = math.sqrt(float(xp.finfo(gamma.dtype).eps))
-    if not bool(xp.all(xp.abs(saved - fresh) <= tol * size)):
+    if bool(xp.any(xp.abs(saved - fresh) > tol * size)):  # NaN/Inf are check_finite's to report
         raise ValueError(
             f"residuals.{name} is not Γ of these inputs: rows recomputed from {name[-1]}, the means, omega "
             "and prior_logits differ from it. Pass the residuals that gma_attention(..., return_residuals=True) "

@@ -241,3 +241,44 @@ def test_residuals_are_exported():
     """AttentionResiduals is part of the public surface."""
     assert "AttentionResiduals" in gma_ref.__all__
     assert gma_ref.AttentionResiduals is AttentionResiduals
+
+
+@pytest.mark.parametrize(("causal", "form"), _VARIANTS)
+def test_unchecked_backward_with_residuals_lets_non_finite_values_through(rng, causal, form):
+    """check_finite=False keeps its meaning with residuals: a NaN in d_out or in a saved Γ raises nowhere
+    (no core re-checks what the pipeline was told not to check); by default both raise."""
+    args = _inputs(rng)
+    _, res = _forward(args, causal=causal, form=form, chunk_size=4)
+    kw = {"causal": causal, "form": form, "chunk_size": 4}
+    d_out = rng.normal(size=res.out.shape)
+    d_out[0, 2, 1] = np.nan
+    with np.errstate(all="ignore"):
+        g = gma_attention_backward(*args, d_out, residuals=res, check_finite=False, **kw)
+    assert np.isnan(g.d_v).any()
+    with pytest.raises(ValueError, match="d_out must be finite"):
+        gma_attention_backward(*args, d_out, residuals=res, **kw)
+    gq, out = res.gamma_q.copy(), res.out.copy()
+    gq[1, 3, 0] = np.nan
+    out[1, 3] = np.nan  # as the forward would give it
+    with np.errstate(all="ignore"):
+        gma_attention_backward(*args, rng.normal(size=res.out.shape), residuals=res._replace(gamma_q=gq, out=out),
+                               check_finite=False, **kw)
+
+
+def test_unchecked_non_finite_inputs_pass_through_with_residuals(rng):
+    """check_finite=False with a NaN value: the latent form's saved output is NaN too, and the backward
+    with residuals returns NaN gradients instead of calling the residuals stale; by default a NaN in
+    residuals.out is reported under that name."""
+    q, k, v, means, omega, alpha = _inputs(rng)
+    v[0, 1, 0] = np.nan
+    with np.errstate(all="ignore"):
+        out, res = gma_attention(q, k, v, means, omega, alpha, return_residuals=True, check_finite=False)
+        g = gma_attention_backward(q, k, v, means, omega, alpha, rng.normal(size=out.shape), residuals=res,
+                                   check_finite=False)
+    assert np.isnan(out).any() and np.isnan(g.d_q).any()
+    args = _inputs(rng)
+    _, res = _forward(args)
+    bad_out = res.out.copy()
+    bad_out[1, 2, 3] = np.inf
+    with pytest.raises(ValueError, match="residuals.out must be finite"):
+        _backward(rng, args, res._replace(out=bad_out))
