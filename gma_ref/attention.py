@@ -210,7 +210,8 @@ def _routing(
                                                check_finite)
     side_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
     side_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
-    check_routing_inputs(xp, side_q[0], side_k[0], v, eps, False)
+    gamma_q, gamma_k = side_q[0], side_k[0]
+    check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
     return side_q, side_k, variances, log_priors
 
 
@@ -372,8 +373,7 @@ def gma_attention_backward(
         variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
                                                    check_finite)
         _check_residuals(xp, residuals, q, k, v, means, variances, log_priors, check_finite)
-        gamma_q, gamma_k, saved_out, rows_q, rows_k = residuals
-        check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
+        gamma_q, gamma_k, saved_out, rows_q, rows_k = residuals  # Γ ≥ 0, v and ε: checked by every core
         if form == "latent" and not bool(xp.all(xp.isfinite(saved_out))):  # the only form that reads it
             if check_finite:
                 _check_finite(xp, "residuals.out", saved_out)
@@ -445,7 +445,7 @@ def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array
                         log_priors: Array) -> None:
     """Recompute a few rows of Γ; raise unless they match the saved ones to √u of the scores' size."""
     n = x.shape[-2]
-    if n == 0 or gamma.size == 0:
+    if gamma.size == 0:  # N = 0, or an empty batch
         return
     picks = sorted({round(i * (n - 1) / (_SAMPLED_ROWS - 1)) for i in range(_SAMPLED_ROWS)})
     idx = xp.asarray(picks, device=device_of(x))

@@ -271,6 +271,7 @@ def test_unchecked_non_finite_inputs_pass_through_with_residuals(rng):
     residuals.out is reported under that name."""
     q, k, v, means, omega, alpha = _inputs(rng)
     v[0, 1, 0] = np.nan
+    q[1, 0, 1] = np.nan  # a sampled row: recomputing it must not check it either
     with np.errstate(all="ignore"):
         out, res = gma_attention(q, k, v, means, omega, alpha, return_residuals=True, check_finite=False)
         g = gma_attention_backward(q, k, v, means, omega, alpha, rng.normal(size=out.shape), residuals=res,
@@ -282,3 +283,44 @@ def test_unchecked_non_finite_inputs_pass_through_with_residuals(rng):
     bad_out[1, 2, 3] = np.inf
     with pytest.raises(ValueError, match="residuals.out must be finite"):
         _backward(rng, args, res._replace(out=bad_out))
+
+
+@pytest.mark.parametrize("batched", ["means", "omega", "prior_logits"])
+def test_residuals_when_only_one_mixture_parameter_carries_the_head_axis(rng, batched):
+    """Unbatched tokens with one parameter per head (μ, ω or α alone): Γ takes the head axis from it,
+    and the residuals' shapes are checked against that broadcast."""
+    q, k, v, means, omega, alpha = _inputs(rng, batch=())
+    params = {"means": means, "omega": omega, "prior_logits": alpha}
+    params[batched] = rng.normal(size=(3, *params[batched].shape))
+    args = (q, k, v, params["means"], params["omega"], params["prior_logits"])
+    res = _check_forward_then_backward(rng, args, False, "latent")
+    assert res.gamma_q.shape == (3, 9, K) and res.direct_rows_k.shape == (3, 9)
+
+
+@pytest.mark.parametrize(("n_q", "n_k", "batch"), [(0, 5, (2,)), (5, 0, (2,)), (4, 4, (0,))])
+def test_residuals_of_empty_inputs(rng, n_q, n_k, batch):
+    """No queries, no keys (an empty context) or an empty batch: residuals of empty shapes are accepted."""
+    for causal, form in [(False, "latent"), (False, "materialized")] + ([(True, "chunked")] if n_q == n_k else []):
+        _check_forward_then_backward(rng, _inputs(rng, n_q=n_q, n_k=n_k, batch=batch), causal, form)
+
+
+def test_sampled_rows_are_compared_to_sqrt_u_of_the_score_size(rng):
+    """The recomputed rows of Γ must match to √u (1 + max_k |s_ik|), row by row: half that is accepted,
+    twice that refused (the chunked form, which does not read residuals.out, isolates the Γ check)."""
+    args = _inputs(rng, n_q=20, n_k=20)
+    kw = {"causal": True, "form": "chunked", "chunk_size": 4}
+    _, res = _forward(args, **kw)
+    var, lp = variances_from_omega(args[4]), log_priors_from_logits(args[5])
+    s = gma_ref.scores(args[0], args[3], var, lp)
+    tol = np.sqrt(np.finfo(np.float64).eps) * (1.0 + np.max(np.abs(s), axis=-1))  # (B, N) per row
+    for row in (0, 19):
+        for b in range(2):
+            for factor, ok in ((0.5, True), (2.0, False)):
+                gq = res.gamma_q.copy()
+                gq[b, row, :] += factor * tol[b, row]
+                stale = res._replace(gamma_q=gq)
+                if ok:
+                    _backward(rng, args, stale, **kw)
+                else:
+                    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
+                        _backward(rng, args, stale, **kw)
