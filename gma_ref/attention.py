@@ -12,6 +12,11 @@ core VJP of the chosen form, then Eq. 18 and the score VJPs for *both* the
 query and the key side. μ, ω and α are shared by Γ^Q and Γ^K, so their
 gradients are sums over query tokens *and* key tokens (Eqs. 19, 54, 60, 64
 written over one side only would be wrong).
+
+The backward recomputes Γ^Q and Γ^K from the inputs unless it is given the
+forward's :class:`AttentionResiduals` (``gma_attention(..., return_residuals=True)``,
+then ``gma_attention_backward(..., residuals=)``), as an autograd framework keeps
+what its forward saved; the residuals are checked cheaply against the inputs.
 """
 
 from __future__ import annotations

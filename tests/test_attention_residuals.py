@@ -92,6 +92,22 @@ def test_residuals_under_every_namespace(xp, rng, causal, form):
 
 
 @pytest.mark.parametrize(("causal", "form"), [(False, "latent"), (True, "chunked")])
+def test_residuals_on_a_device_other_than_the_default(rng, causal, form):
+    """array_api_strict arrays on a second device: every array the residual path makes (the indices of
+    the rows it recomputes included) lives on the inputs' device, and the gradients equal those without."""
+    import array_api_strict as xs
+
+    dev = xs.Device("device1")
+    args = tuple(xs.asarray(a, device=dev) for a in _inputs(rng))
+    kw = {"causal": causal, "form": form, "chunk_size": 4}
+    out, res = gma_attention(*args, return_residuals=True, **kw)
+    d_out = xs.asarray(rng.normal(size=tuple(out.shape)), device=dev)
+    got = gma_attention_backward(*args, d_out, residuals=res, **kw)
+    assert all(g.device == dev for g in got)
+    _assert_same_gradients(got, gma_attention_backward(*args, d_out, **kw))
+
+
+@pytest.mark.parametrize(("causal", "form"), [(False, "latent"), (True, "chunked")])
 def test_residuals_where_the_guard_computes_rows_element_wise(rng, causal, form):
     """Variances at the floor with tokens on the means: the guard flags rows, the backward reuses its verdict."""
     q, k, v, means, _, alpha = _inputs(rng)
@@ -305,8 +321,8 @@ def test_residuals_of_empty_inputs(rng, n_q, n_k, batch):
 
 
 def test_sampled_rows_are_compared_to_sqrt_u_of_the_score_size(rng):
-    """The recomputed rows of Γ must match to √u (1 + max_k |s_ik|), row by row: half that is accepted,
-    twice that refused (the chunked form, which does not read residuals.out, isolates the Γ check)."""
+    """The recomputed rows of Γ must match to √u (1 + max_k |s_ik|), row by row: 3% less is accepted,
+    3% more refused (the chunked form, which does not read residuals.out, isolates the Γ check)."""
     args = _inputs(rng, n_q=20, n_k=20)
     kw = {"causal": True, "form": "chunked", "chunk_size": 4}
     _, res = _forward(args, **kw)
@@ -315,7 +331,7 @@ def test_sampled_rows_are_compared_to_sqrt_u_of_the_score_size(rng):
     tol = np.sqrt(np.finfo(np.float64).eps) * (1.0 + np.max(np.abs(s), axis=-1))  # (B, N) per row
     for row in (0, 19):
         for b in range(2):
-            for factor, ok in ((0.5, True), (2.0, False)):
+            for factor, ok in ((0.97, True), (1.03, False)):
                 gq = res.gamma_q.copy()
                 gq[b, row, :] += factor * tol[b, row]
                 stale = res._replace(gamma_q=gq)
