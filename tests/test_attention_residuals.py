@@ -117,6 +117,10 @@ def test_residuals_where_the_guard_computes_rows_element_wise(rng, causal, form)
     omega = np.full((K, D_R), -30.0)  # softplus(ω) ≈ 1e-13: σ² = ε_σ
     res = _check_forward_then_backward(rng, (q, k, v, means, omega, alpha), causal, form)
     assert bool(np.any(to_numpy(res.direct_rows_q))) and bool(np.any(to_numpy(res.direct_rows_k)))
+    # per-head mixtures (two heads, the second's means shifted), tokens (2, N, d_r) at the first head's means
+    heads = (np.stack([means, means + 5.0]), np.stack([omega, omega]), np.stack([alpha, alpha[::-1]]))
+    res = _check_forward_then_backward(rng, (q, k, v[0], *heads), causal, form)
+    assert res.gamma_q.shape == (2, q.shape[1], K) and bool(np.any(to_numpy(res.direct_rows_q)))
 
 
 def test_return_residuals_must_be_a_bool(rng):
