@@ -53,13 +53,13 @@ def _silenced_calls(monkeypatch: pytest.MonkeyPatch, *args: np.ndarray, eps_sigm
     The responsibilities are wrapped so that each call first raises a RuntimeWarning probe;
     the probes that reach the caller tell which calls ran with NumPy's warnings let through.
     """
-    real = attention.responsibilities
+    real = attention.responsibilities_and_guard
 
     def probed(x, *rest, **kwargs):
         warnings.warn(f"probe {x.shape[-2]}", RuntimeWarning, stacklevel=1)
         return real(x, *rest, **kwargs)
 
-    monkeypatch.setattr(attention, "responsibilities", probed)
+    monkeypatch.setattr(attention, "responsibilities_and_guard", probed)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         gma_attention(*args, eps_sigma=eps_sigma)
