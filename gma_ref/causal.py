@@ -712,10 +712,12 @@ def _chunked_backward(
     dk_chunks.reverse()
     dv_chunks.reverse()
 
+    dtype = xp.result_type(gamma_q, gamma_k, v, d_out)  # N = 0: the dtype the chunks would have
+
     def cat(chunks: list[Array], like: Array, width: int) -> Array:
         if chunks:
             return xp.concat(chunks, axis=-2) if len(chunks) > 1 else chunks[0]
-        return xp.zeros(tuple(like.shape[:-1]) + (width,), dtype=like.dtype, device=device_of(like))
+        return xp.zeros(tuple(like.shape[:-1]) + (width,), dtype=dtype, device=device_of(like))
 
     d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1])
     d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1])
