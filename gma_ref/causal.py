@@ -79,16 +79,15 @@ def _check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), f"the output of {forward}", check_finite)
 
 
-def _divide(xp: Any, num: Array, u: Array, eps: float) -> tuple[Array, Array, Array]:
-    """(num / (u + ε), the safe denominator, the mask of rows that see mass)."""
+def _divide(xp: Any, num: Array, u: Array, eps: float) -> Array:
+    """num / (u + ε) row by row; a row with u + ε = 0 (only possible with ε = 0) is 0."""
     denom = u + eps
     if eps > 0:  # every row sees mass: one scaling, no masking
-        seen = xp.ones(denom.shape, dtype=xp.bool, device=device_of(denom))
-        return num * xp.expand_dims(1.0 / denom, axis=-1), denom, seen
+        return num * xp.expand_dims(1.0 / denom, axis=-1)
     seen = denom > 0
     safe = xp.where(seen, denom, xp.ones_like(denom))
     out = num / xp.expand_dims(safe, axis=-1)
-    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out)), safe, seen
+    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out))
 
 
 def _flip_cumsum(xp: Any, a: Array, axis: int) -> Array:
@@ -158,7 +157,7 @@ def gma_causal_prefix(
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
     num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
     u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    out = _divide(xp, num, u, eps)[0]
+    out = _divide(xp, num, u, eps)
     if not return_state:
         return out
     if gamma_k.shape[-2] == 0:
@@ -403,7 +402,7 @@ def _step(xp: Any, state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: 
     mass = state.mass + gamma_k_t
     num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
     u = xp.sum(gamma_q_t * mass, axis=-1)
-    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)[0]
+    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)
     return out[..., 0, :], CausalState(memory, mass)
 
 
@@ -516,7 +515,8 @@ def gma_causal_streaming(
         out = xp.stack(outs, axis=-2)
     else:
         shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(state.memory.shape[:-2])) + (0, v.shape[-1])
-        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v))
+        dtype = xp.result_type(gamma_q, gamma_k, v, state.memory, state.mass)  # as for N > 0
+        out = xp.zeros(shape, dtype=dtype, device=device_of(v))
     return (out, state) if return_state else out
 
 
@@ -601,14 +601,14 @@ def gma_causal_chunked(
         a = _masked_affinity(xp, gq, gk)
         num = xp.matmul(a, vc) + xp.matmul(gq, memory)
         u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
-        outs.append(_divide(xp, num, u, eps)[0])
+        outs.append(_divide(xp, num, u, eps))
         memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
         mass = mass + xp.sum(gk, axis=-2)
     if outs:
         out = xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
     else:
         shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(memory.shape[:-2])) + (0, v.shape[-1])
-        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v))
+        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, gamma_k, v, memory, mass), device=device_of(v))  # as N > 0
     return (out, CausalState(memory, mass)) if return_state else out
 
 

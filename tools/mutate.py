@@ -96,6 +96,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/causal.py": [
         "tests/test_causal_backward_contract.py",
         "tests/test_causal_on_device.py",
+        "tests/test_causal_continuation.py",
         "tests/test_causal.py",
         "tests/test_causal_state_contract.py",
         "tests/test_causal_guards.py",
