@@ -83,7 +83,8 @@ def test_causal_forms_continue_from_a_state_on_the_device(rng, form, n):
     np.testing.assert_allclose(_host(out), want, rtol=1e-13)
     np.testing.assert_allclose(_host(mid.memory), want_mid.memory, rtol=1e-13)
     np.testing.assert_allclose(_host(mid.mass), want_mid.mass, rtol=1e-13)
-    _host(out2), _host(last.memory), _host(last.mass)
+    for a in (out2, last.memory, last.mass):
+        _host(a)  # asserts that it lives on device1
 
 
 def test_causal_step_stays_on_the_state_device(rng):
@@ -92,4 +93,5 @@ def test_causal_step_stays_on_the_state_device(rng):
     gq, gk, v = rng.dirichlet(np.ones(3)), rng.dirichlet(np.ones(3)), rng.normal(size=2)
     out, new = causal_step(state, _on(gq), _on(gk), _on(v), 0.0)
     np.testing.assert_allclose(_host(out), (gq @ gk) * v / (gq @ gk), rtol=1e-13)
-    _host(new.memory), _host(new.mass)
+    for a in (new.memory, new.mass):
+        _host(a)  # asserts that it lives on device1
