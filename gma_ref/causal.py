@@ -660,6 +660,7 @@ def _chunked_backward(
         grad = _chunked_backward(gamma_q, gamma_k, v / scale, d_out, eps, chunk_size, forward, False)
         return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
     memory, mass = _empty_state(xp, gamma_k, v)
+    mass = xp.zeros(mass.shape, dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
     lower = _lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
@@ -693,7 +694,8 @@ def _chunked_backward(
         dq_chunks.append(dq)
         memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
         mass = mass + xp.sum(gk, axis=-2)
-    s_v = xp.zeros_like(memory)  # Σ over later chunks of (Γ^Q)ᵀ P
+    # Σ over later chunks of (Γ^Q)ᵀ P, in the dtype of P (∂L/∂V has no V in it, as in the prefix form)
+    s_v = xp.zeros(memory.shape, dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
     s_z = xp.zeros_like(mass)  # Σ over later chunks of (Γ^Q)ᵀ c
     dk_chunks: list[Array] = []
     dv_chunks: list[Array] = []
@@ -712,16 +714,15 @@ def _chunked_backward(
     dk_chunks.reverse()
     dv_chunks.reverse()
 
-    dtype = xp.result_type(gamma_q, gamma_k, v, d_out)  # N = 0: the dtype the chunks would have
-
-    def cat(chunks: list[Array], like: Array, width: int) -> Array:
+    def cat(chunks: list[Array], like: Array, width: int, dtype: Any) -> Array:
         if chunks:
             return xp.concat(chunks, axis=-2) if len(chunks) > 1 else chunks[0]
         return xp.zeros(tuple(like.shape[:-1]) + (width,), dtype=dtype, device=device_of(like))
 
-    d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1])
-    d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1])
-    d_v = cat(dv_chunks, v, v.shape[-1])
+    # N = 0: the dtypes the chunks would have
+    d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
+    d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
+    d_v = cat(dv_chunks, v, v.shape[-1], xp.result_type(gamma_q, gamma_k, d_out))
     return GMAGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,7 @@ from gma_ref.causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
+from gma_ref.induced import gma_materialized_backward
 
 FORWARDS = {
     "prefix": lambda gq, gk, v, eps=1e-6, **kw: gma_causal_prefix(gq, gk, v, eps, **kw),
@@ -97,23 +100,20 @@ def test_prefix_without_a_memory_limit_takes_any_size(rng, monkeypatch, which, v
         np.testing.assert_array_equal(a, b)
 
 
-DTYPE_CASES = {
-    "all float32": (np.float32, np.float32, np.float32, np.float32),
-    "float64 cotangent": (np.float32, np.float32, np.float32, np.float64),
-}
+DTYPE_MIXES = list(itertools.product((np.float32, np.float64), repeat=4))  # dtypes of Γ^Q, Γ^K, V, d_out
 
 
-@pytest.mark.parametrize("case", sorted(DTYPE_CASES))
+@pytest.mark.parametrize("n", [3, 0])
 @pytest.mark.parametrize("form", sorted(BACKWARDS))
-def test_gradient_dtypes_do_not_depend_on_n(rng, form, case):
-    """For N = 0 every VJP returns gradients of the dtypes it returns for N > 0 (the promoted dtype of
-    its inputs and cotangent): an empty sequence is no reason to change dtype."""
+def test_gradient_dtypes_match_the_materialized_oracle(rng, form, n):
+    """For every mix of float32 and float64 inputs and cotangent, each VJP returns the gradient dtypes
+    of the materialized oracle (∂L/∂V without V's dtype in it, as it has no V in it), for N = 0 as for
+    N > 0: the forms are interchangeable, dtypes included."""
     gq, gk, v, g = _case(rng, n=3)
-    dtypes = DTYPE_CASES[case]
-    want = [np.result_type(*dtypes)] * 3
-    for n in (3, 0):
+    for dtypes in DTYPE_MIXES:
         args = [a[:n].astype(t) for a, t in zip((gq, gk, v, g), dtypes, strict=True)]
-        assert [grad.dtype for grad in BACKWARDS[form](*args)] == want, n
+        want = [grad.dtype for grad in gma_materialized_backward(*args, 1e-6, causal=True)]
+        assert [grad.dtype for grad in BACKWARDS[form](*args)] == want, dtypes
 
 
 def test_default_chunk_size_is_64(rng):
