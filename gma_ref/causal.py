@@ -217,7 +217,10 @@ def gma_causal_prefix_backward(
     For K = 1, Γ^Q cancels from O and ∂L/∂Γ^Q is exactly 0; it is returned
     as rounding of that size.
 
-    Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V.
+    Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V:
+    the first two in the promoted floating dtype of the inputs and ``d_out``,
+    ∂L/∂V in that of Γ^Q, Γ^K and ``d_out`` (V does not enter it), for every N
+    and as :func:`gma_ref.induced.gma_materialized_backward` returns them.
 
     Raises
     ------
@@ -531,7 +534,7 @@ def gma_causal_streaming_backward(
     start, never by subtraction) and yields ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i).
     Pass 2 runs backwards carrying the suffix sums S^V (K × d_v) and S^Z (K)
     of :func:`gma_causal_prefix_backward`, updated by addition only.
-    Accuracy and raises as :func:`gma_causal_prefix_backward`.
+    Accuracy, dtypes and raises as :func:`gma_causal_prefix_backward`.
     """
     return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, 1, "gma_causal_streaming", check_finite)
 
@@ -641,7 +644,7 @@ def gma_causal_chunked_backward(
     ∂L/∂Γ^K_c = W_cᵀ Γ^Q_c + V_c (S^V)ᵀ + 1 (S^Z)ᵀ.
 
     The output itself is never needed. A_c and W_c are kept from pass 1 for
-    pass 2 (2·N·C numbers); accuracy as :func:`gma_causal_prefix_backward`.
+    pass 2 (2·N·C numbers); accuracy and dtypes as :func:`gma_causal_prefix_backward`.
     Peak memory O(N(C + K + d_v) + K d_v): linear in N, never N·K·d_v.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
