@@ -94,6 +94,9 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_exact.py",
     ],
     "gma_ref/causal.py": [
+        "tests/test_causal_backward_contract.py",
+        "tests/test_causal_on_device.py",
+        "tests/test_causal_continuation.py",
         "tests/test_causal.py",
         "tests/test_causal_state_contract.py",
         "tests/test_causal_guards.py",
