@@ -1,4 +1,5 @@
 """Check flash-linear-attention's normalised linear attention as a causal GMA, through declarations alone.
+=======================================================================================================
 
 Causal GMA with responsibilities as features *is* normalised linear attention::
 

@@ -25,11 +25,13 @@ validates both as the forward does, and returns one named result per kind of
 operation (:class:`GMAGrad` for every form of the read/write core,
 :class:`AttentionGrad`, :class:`LayerGrad`, :class:`ScoresGrad`, :class:`ReadGrad`).
 Every causal form takes ``state=`` and returns ``(out, state)`` only with
-``return_state=True``.
+``return_state=True``; likewise :func:`gma_attention` returns ``(out, residuals)``
+(:class:`AttentionResiduals`, for :func:`gma_attention_backward` to reuse) only with
+``return_residuals=True``.
 """
 
 from ._array import DEFAULT_MAX_BYTES
-from .attention import FORMS, AttentionGrad, gma_attention, gma_attention_backward
+from .attention import FORMS, AttentionGrad, AttentionResiduals, gma_attention, gma_attention_backward
 from .bidirectional import (
     GMAGrad,
     ReadGrad,
@@ -93,6 +95,7 @@ __all__ = [
     "DEFAULT_EPS_SIGMA",
     "FORMS",
     "AttentionGrad",
+    "AttentionResiduals",
     "CausalState",
     "GMAGrad",
     "GMALayerParams",

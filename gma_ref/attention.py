@@ -12,26 +12,40 @@ core VJP of the chosen form, then Eq. 18 and the score VJPs for *both* the
 query and the key side. μ, ω and α are shared by Γ^Q and Γ^K, so their
 gradients are sums over query tokens *and* key tokens (Eqs. 19, 54, 60, 64
 written over one side only would be wrong).
+
+The backward recomputes Γ^Q and Γ^K from the inputs unless it is given the
+forward's :class:`AttentionResiduals` (``gma_attention(..., return_residuals=True)``,
+then ``gma_attention_backward(..., residuals=)``), as an autograd framework keeps
+what its forward saved; the residuals are checked cheaply against the inputs.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ._array import (
     Array,
+    broadcast_shapes,
     check_cotangent,
     check_floating,
     check_last_dim,
     check_positive_int,
     check_rank,
+    device_of,
     namespace,
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
-from .bidirectional import check_routing_inputs, gma_bidirectional, gma_bidirectional_backward, output_shape
+from .bidirectional import (
+    check_routing_inputs,
+    gma_bidirectional,
+    gma_bidirectional_backward,
+    latent_backward,
+    output_shape,
+)
 from .causal import (
     gma_causal_chunked,
     gma_causal_chunked_backward,
@@ -49,9 +63,9 @@ from .mixture import (
     variances_from_omega,
     variances_from_omega_backward,
 )
-from .posterior import responsibilities, responsibilities_backward
+from .posterior import responsibilities, responsibilities_and_guard, responsibilities_backward_guarded
 
-__all__ = ["FORMS", "gma_attention", "AttentionGrad", "gma_attention_backward"]
+__all__ = ["FORMS", "gma_attention", "AttentionResiduals", "AttentionGrad", "gma_attention_backward"]
 
 #: Forms of each variant: ``bidirectional`` (also cross, N_q ≠ N_k) and ``causal``.
 FORMS: dict[bool, tuple[str, ...]] = {
@@ -83,8 +97,15 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
     return lambda gq, gk, v, eps: gma_causal_chunked(gq, gk, v, eps, chunk_size, check_finite=False)
 
 
-def _core_backward(causal: bool, form: str, chunk_size: int) -> Callable[..., tuple[Array, Array, Array]]:
-    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass)."""
+def _core_backward(causal: bool, form: str, chunk_size: int, out: Array | None
+                   ) -> Callable[..., tuple[Array, Array, Array]]:
+    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass).
+
+    ``out``, the forward's output from the residuals, is used by the latent form (and checked there).
+    """
+    if form == "latent" and out is not None:
+        return lambda gq, gk, v, g, eps: latent_backward(gq, gk, v, g, eps, out, False, "residuals.out",
+                                                         "residuals=None to recompute it")
     if form == "materialized":
         return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps, causal=causal,
                                                                    check_finite=False)
@@ -117,7 +138,8 @@ def gma_attention(
     eps_sigma: float = DEFAULT_EPS_SIGMA,
     chunk_size: int = 64,
     check_finite: bool = True,
-) -> Array:
+    return_residuals: bool = False,
+) -> Array | tuple[Array, AttentionResiduals]:
     """GMA output from routing vectors and raw mixture parameters (Eqs. 3, 7/8b, 14, 15).
 
     Parameters
@@ -141,66 +163,92 @@ def gma_attention(
         C for the chunked form.
     check_finite : bool
         Raise on NaN/Inf inputs.
+    return_residuals : bool
+        Also return what the forward computed on the way (Γ^Q, Γ^K, the output and
+        the scores' guard verdicts) as :class:`AttentionResiduals`, for
+        :func:`gma_attention_backward` to reuse instead of recomputing.
 
     Returns
     -------
-    out : array ``(..., N_q, d_v)``, promoted floating dtype.
+    out : array ``(..., N_q, d_v)``, promoted floating dtype, or ``(out, residuals)``
+    with ``return_residuals`` (``residuals.out`` is ``out``).
 
     Raises
     ------
     TypeError, ValueError
-        As the functions it composes; ``TypeError`` unless ``causal`` is a bool;
-        ``ValueError`` for an unknown ``form``, and where the scores overflow
-        (routing vectors so far from the means, in units of σ, that
-        (x − μ)²/σ² is not finite): the responsibilities would be NaN.
+        As the functions it composes; ``TypeError`` unless ``causal`` and
+        ``return_residuals`` are bools; ``ValueError`` for an unknown ``form``, and
+        where the scores overflow (routing vectors so far from the means, in units
+        of σ, that (x − μ)²/σ² is not finite, or with σ² > 1 so far that (x − μ)² is
+        not): the responsibilities would be NaN.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
+    if not isinstance(return_residuals, bool):
+        raise TypeError(f"return_residuals must be True or False, got {return_residuals!r}")
     xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
-    gamma_q, gamma_k, _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite)
-    return _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
+    (gamma_q, rows_q), (gamma_k, rows_k), _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps,
+                                                          eps_sigma, check_finite)
+    out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
+    if not return_residuals:
+        return out
+    return out, AttentionResiduals(gamma_q, gamma_k, out, rows_q, rows_k)
+
+
+def _validated_mixture(
+    xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
+    eps_sigma: float, check_finite: bool,
+) -> tuple[Array, Array]:
+    """Validate the inputs as the forward does; return (σ², log π)."""
+    _check_routing_vectors(xp, q, k, v, means, check_finite)
+    variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal GMA needs N_q == N_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    return variances, log_priors
 
 
 def _routing(
     xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
     eps: float, eps_sigma: float, check_finite: bool,
-) -> tuple[Array, Array, Array, Array]:
-    """Validate the inputs as the forward does; return (Γ^Q, Γ^K, σ², log π)."""
-    _check_routing_vectors(xp, q, k, v, means, check_finite)
-    variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
-    if causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal GMA needs N_q == N_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    gamma_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
-    gamma_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
+) -> tuple[tuple[Array, Array], tuple[Array, Array], Array, Array]:
+    """Validate the inputs as the forward does; return ((Γ^Q, guard rows), (Γ^K, guard rows), σ², log π)."""
+    variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
+                                               check_finite)
+    side_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
+    side_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
+    gamma_q, gamma_k = side_q[0], side_k[0]
     check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
-    return gamma_q, gamma_k, variances, log_priors
+    return side_q, side_k, variances, log_priors
 
 
 def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_priors: Array,
-           check_finite: bool) -> Array:
-    """Γ for routing vectors ``x``; with ``check_finite``, a ValueError where the scores overflow.
+           check_finite: bool) -> tuple[Array, Array]:
+    """(Γ, the guard's rows) for routing vectors ``x``; with ``check_finite``, a ValueError where the scores overflow.
 
-    A cheap bound decides first: if d_r (max|x| + max|μ|)² / min σ² is finite, no
-    score can overflow. Otherwise Γ is computed with the library's overflow
+    A cheap bound decides first: if d_r (max|x| + max|μ|)² / min(min σ², 1) is below
+    an eighth of the largest float, no score can overflow. (The scores square x − c and
+    μ − c, c the centre of the means, before they divide by σ²: with σ² > 1 the
+    square itself is the larger.) Otherwise Γ is computed with the library's overflow
     warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
     """
     if not check_finite or x.size == 0:
-        return responsibilities(x, means, variances, log_priors, check_finite=False)
+        return responsibilities_and_guard(x, means, variances, log_priors)
     x_max, mu_max = float(xp.max(xp.abs(x))), float(xp.max(xp.abs(means)))
     reach = x_max + mu_max
-    bound = x.shape[-1] * (reach * reach) / float(xp.min(variances))  # float products overflow to inf, not raise
+    # float products overflow to inf, not raise
+    bound = x.shape[-1] * (reach * reach) / min(float(xp.min(variances)), 1.0)
     if bound < float(xp.finfo(x.dtype).max) / 8:
-        return responsibilities(x, means, variances, log_priors, check_finite=False)
+        return responsibilities_and_guard(x, means, variances, log_priors)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        gamma = responsibilities(x, means, variances, log_priors, check_finite=False)
+        gamma, rows = responsibilities_and_guard(x, means, variances, log_priors)
     if not bool(xp.all(xp.isfinite(gamma))):
         raise ValueError(
-            f"the scores of {name} overflow: (x − μ)²/σ² exceeds the range of {x.dtype} "
+            f"the scores of {name} overflow: (x − μ)²/σ², or (x − μ)² itself, exceeds the range of {x.dtype} "
             f"(max |{name}| = {x_max:.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
-            "responsibilities would be NaN; rescale the routing vectors or raise eps_sigma"
+            "responsibilities would be NaN; rescale the routing vectors (or raise eps_sigma if σ² < 1)"
         )
-    return gamma
+    return gamma, rows
 
 
 def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool) -> None:
@@ -235,6 +283,29 @@ def _shift_to_dominant(xp: Any, gamma: Array, d_gamma: Array) -> Array:
     return d_gamma - ref
 
 
+class AttentionResiduals(NamedTuple):
+    """What :func:`gma_attention` computed on the way to its output, kept for the backward.
+
+    ``out, res = gma_attention(..., return_residuals=True)``, then
+    ``gma_attention_backward(..., residuals=res)`` with the *same* inputs and options: the
+    backward reuses these instead of recomputing them, as an autograd framework keeps what
+    its forward saved. Nothing in it is copied; it holds the forward's own arrays, so it
+    must not be modified.
+    """
+
+    #: Γ^Q ``(..., N_q, K)``, the query responsibilities (Eq. 3).
+    gamma_q: Array
+    #: Γ^K ``(..., N_k, K)``, the key responsibilities.
+    gamma_k: Array
+    #: O ``(..., N_q, d_v)``, the output returned beside these residuals.
+    out: Array
+    #: Boolean ``(..., N_q)``: the rows of the query scores that the rounding guard of
+    #: :func:`gma_ref.posterior.scores` computed element-wise; the score VJP treats them the same way.
+    direct_rows_q: Array
+    #: Boolean ``(..., N_k)``: the same for the key scores.
+    direct_rows_k: Array
+
+
 class AttentionGrad(NamedTuple):
     """Cotangents of the inputs of :func:`gma_attention` (each the shape of its input)."""
 
@@ -261,6 +332,7 @@ def gma_attention_backward(
     eps_sigma: float = DEFAULT_EPS_SIGMA,
     chunk_size: int = 64,
     check_finite: bool = True,
+    residuals: AttentionResiduals | None = None,
 ) -> AttentionGrad:
     """All gradients of :func:`gma_attention` for the cotangent ``d_out`` = ∂L/∂O.
 
@@ -270,24 +342,57 @@ def gma_attention_backward(
     Returns :class:`AttentionGrad`. Same arguments as :func:`gma_attention`,
     validated as it validates them.
 
+    ``residuals``: the :class:`AttentionResiduals` that ``gma_attention(...,
+    return_residuals=True)`` returned for *these* inputs and options (q, k, v, μ, ω, α,
+    ``causal``, ``form``, ``eps``, ``eps_sigma``, ``chunk_size``), unmodified. The backward
+    then skips recomputing Γ^Q and Γ^K (the scores, their guard and softmax: about one
+    forward) and, for the latent form, the output; the gradients equal those without
+    ``residuals`` to rounding. The inputs are validated as without them; the residuals are
+    checked cheaply, in O(N (K + d_v)) time: type, dtypes and shapes against the inputs;
+    Γ^Q and Γ^K recomputed on a few rows (the first, the last and six between, per batch
+    entry) and compared to √(unit roundoff) of the scores' size; and, for the latent form,
+    ``out`` against the identity Σ_i (u_i + ε) O_i = (1ᵀ Γ^Q) Ṽ. These checks catch
+    residuals from other parameters, other options or another batch of tokens, but not
+    every stale residual: one whose Γ differs only on rows that were not sampled (e.g.
+    from inputs that differ in a few tokens) passes, and then **the gradients are those
+    of the other inputs, silently wrong**. Pass residuals only straight from the forward
+    of the same call.
+
     Raises
     ------
     TypeError, ValueError
         As :func:`gma_attention`; for ``d_out``: not real floating (``TypeError``),
-        not of the output's shape ``(..., N_q, d_v)``, NaN/Inf with ``check_finite``.
+        not of the output's shape ``(..., N_q, d_v)``, NaN/Inf with ``check_finite``;
+        for ``residuals``: not an :class:`AttentionResiduals` or a field not an array
+        of the inputs' namespace and dtype (``TypeError``), a field of the wrong shape,
+        NaN/Inf in Γ (or, for the latent form, in ``out``) with ``check_finite``, or
+        residuals that do not fit these inputs (``ValueError``, naming the field). With
+        ``check_finite=False`` non-finite values pass through, and a non-finite ``out``
+        is recomputed instead of checked.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     xp: Any = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits, d_out=d_out)
-    gamma_q, gamma_k, variances, log_priors = _routing(
-        xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite
-    )
+    if residuals is None:
+        (gamma_q, rows_q), (gamma_k, rows_k), variances, log_priors = _routing(
+            xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite
+        )
+        saved_out = None
+    else:
+        variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
+                                                   check_finite)
+        _check_residuals(xp, residuals, q, k, v, means, variances, log_priors, check_finite)
+        gamma_q, gamma_k, saved_out, rows_q, rows_k = residuals  # Γ ≥ 0, v and ε: checked by every core
+        if form == "latent" and not bool(xp.all(xp.isfinite(saved_out))):  # the only form that reads it
+            if check_finite:
+                _check_finite(xp, "residuals.out", saved_out)
+            saved_out = None  # non-finite values let through: its identity cannot be checked, recompute it
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
-    d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size)(gamma_q, gamma_k, v, d_out, eps)
-    side_q = responsibilities_backward(q, means, variances, gamma_q, _shift_to_dominant(xp, gamma_q, d_gamma_q),
-                                       log_priors, check_finite=False)
-    side_k = responsibilities_backward(k, means, variances, gamma_k, _shift_to_dominant(xp, gamma_k, d_gamma_k),
-                                       log_priors, check_finite=False)
+    d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out, eps)
+    side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, _shift_to_dominant(xp, gamma_q, d_gamma_q),
+                                               log_priors, rows_q)
+    side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, _shift_to_dominant(xp, gamma_k, d_gamma_k),
+                                               log_priors, rows_k)
     d_variances = side_q.d_variances + side_k.d_variances
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors
     return AttentionGrad(
@@ -298,3 +403,69 @@ def gma_attention_backward(
         d_omega=variances_from_omega_backward(omega, d_variances, check_finite=False),
         d_prior_logits=log_priors_from_logits_backward(log_priors, d_log_priors, check_finite=False),
     )
+
+
+#: Rows of Γ recomputed per batch entry to check saved residuals (the first, the last, evenly between).
+_SAMPLED_ROWS = 8
+
+
+def _check_residuals(xp: Any, res: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
+                     log_priors: Array, check_finite: bool) -> None:
+    """Check ``residuals`` against the validated inputs (see :func:`gma_attention_backward`)."""
+    if not isinstance(res, AttentionResiduals):
+        raise TypeError(
+            "residuals must be the AttentionResiduals that gma_attention(..., return_residuals=True) "
+            f"returned, got {type(res).__module__}.{type(res).__qualname__}"
+        )
+    namespace(q=q, **{f"residuals.{name}": a for name, a in res._asdict().items()})
+    side_q = _expected_gamma(xp, q, means, variances, log_priors)
+    side_k = _expected_gamma(xp, k, means, variances, log_priors)
+    out_dtype = xp.result_type(side_q[1], side_k[1], v.dtype)
+    batch = broadcast_shapes(side_q[0][:-2], side_k[0][:-2], tuple(v.shape[:-2]))
+    expected = {
+        "gamma_q": side_q, "gamma_k": side_k, "out": (batch + (q.shape[-2], v.shape[-1]), out_dtype),
+        "direct_rows_q": (side_q[0][:-1], xp.bool), "direct_rows_k": (side_k[0][:-1], xp.bool),
+    }
+    for name, (shape, dtype) in expected.items():
+        a = getattr(res, name)
+        if a.dtype != dtype:
+            raise TypeError(f"residuals.{name} must have dtype {dtype} (the forward's, for these inputs), "
+                            f"got {a.dtype}")
+        if tuple(a.shape) != shape:
+            raise ValueError(f"residuals.{name} must have shape {shape} (the forward's, for these inputs), "
+                             f"got {tuple(a.shape)}")
+    for name, x in (("gamma_q", q), ("gamma_k", k)):
+        gamma = getattr(res, name)
+        if check_finite:
+            _check_finite(xp, f"residuals.{name}", gamma)
+        _check_sampled_rows(xp, name, gamma, x, means, variances, log_priors)
+
+
+def _expected_gamma(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array
+                    ) -> tuple[tuple[int, ...], Any]:
+    """Shape and dtype of Γ = responsibilities(x, μ, σ², log π)."""
+    batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(means.shape[:-2]), tuple(variances.shape[:-2]),
+                             tuple(log_priors.shape[:-1]))
+    dtype = xp.result_type(x.dtype, means.dtype, variances.dtype, log_priors.dtype)
+    return batch + (x.shape[-2], means.shape[-2]), dtype
+
+
+def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array, variances: Array,
+                        log_priors: Array) -> None:
+    """Recompute a few rows of Γ; raise unless they match the saved ones to √u of the scores' size."""
+    n = x.shape[-2]
+    if gamma.size == 0:  # N = 0, or an empty batch
+        return
+    picks = sorted({round(i * (n - 1) / (_SAMPLED_ROWS - 1)) for i in range(_SAMPLED_ROWS)})
+    idx = xp.asarray(picks, device=device_of(x))
+    fresh, s = responsibilities(xp.take(x, idx, axis=-2), means, variances, log_priors, return_scores=True,
+                                check_finite=False)
+    saved = xp.take(gamma, idx, axis=-2)
+    size = 1.0 + xp.max(xp.abs(s), axis=-1, keepdims=True)
+    tol = math.sqrt(float(xp.finfo(gamma.dtype).eps))
+    if bool(xp.any(xp.abs(saved - fresh) > tol * size)):  # NaN/Inf are check_finite's to report
+        raise ValueError(
+            f"residuals.{name} is not Γ of these inputs: rows recomputed from {name[-1]}, the means, omega "
+            "and prior_logits differ from it. Pass the residuals that gma_attention(..., return_residuals=True) "
+            "returned for these inputs and options, unmodified, or residuals=None to recompute them"
+        )

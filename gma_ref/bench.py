@@ -350,7 +350,7 @@ def run_benchmarks(quick: bool = False, file: TextIO = sys.stdout) -> dict[str, 
     say()
     n_e2e = 512 if quick else 4096
     res["end_to_end"] = run_end_to_end((n_e2e,), (64,), ("float64",), repeats=1 if quick else 3, file=file,
-                                        blas_n=512 if quick else 2048)
+                                        blas_n=512 if quick else 2048, recompute=True)
     say("(more sizes, float32 and K = 256: gma-ref bench --end-to-end; see docs/benchmarks.md)")
     return res
 
@@ -369,13 +369,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["bidirectional", "causal"])
     parser.add_argument("--repeats", type=int, default=3, help="end-to-end timed repeats (best taken)")
     parser.add_argument("--no-torch", action="store_true", help="do not compare with PyTorch")
+    parser.add_argument("--recompute", action="store_true",
+                        help="end-to-end: also time forward + backward without saved residuals (Γ recomputed)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Run what the parsed options ask for: the end-to-end table alone, or the full benchmark."""
     if args.end_to_end:
         return run_end_to_end(tuple(args.n), tuple(args.k), tuple(args.dtype), tuple(args.form),
-                              repeats=args.repeats, use_torch=not args.no_torch)
+                              repeats=args.repeats, use_torch=not args.no_torch, recompute=args.recompute)
     return run_benchmarks(quick=args.quick)
 
 

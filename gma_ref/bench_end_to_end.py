@@ -1,14 +1,17 @@
 """End-to-end benchmark: routing vectors → Γ → output, and every gradient back to q, k, v, μ, ω, α.
 
 ``gma-ref bench --end-to-end`` times :func:`~gma_ref.attention.gma_attention` (the forward) and
-:func:`~gma_ref.attention.gma_attention_backward` (all six gradients; it recomputes Γ itself, as
-it takes no saved state) for the bidirectional (latent) and causal chunked forms, and — when
+:func:`~gma_ref.attention.gma_attention_backward` (all six gradients, reusing the forward's
+:class:`~gma_ref.attention.AttentionResiduals` as a training loop would; with ``recompute``, also
+without them, recomputing Γ) for the bidirectional (latent) and causal chunked forms, and — when
 PyTorch is importable — a PyTorch implementation of the same mathematics with autograd, in the
 same run and interleaved call by call, so that the printed ratios see the same machine load:
 
 * forward: gma-ref's forward against PyTorch's under ``torch.no_grad()``;
-* forward + backward: gma-ref's forward then backward against PyTorch's forward with autograd
-  then ``out.backward(d_out)``.
+* forward + backward: gma-ref's forward (``return_residuals=True``) then backward
+  (``residuals=``) against PyTorch's forward with autograd then ``out.backward(d_out)``;
+* with ``recompute``, also gma-ref's forward then backward without residuals (the backward
+  recomputes Γ^Q, Γ^K and the output: two forwards in all).
 
 PyTorch computes the scores the straightforward way, x²·(1/σ²)ᵀ − 2x·(μ/σ²)ᵀ + Σμ²/σ² on raw
 coordinates, and the causal chunked form with chunk-state prefix sums; both agree with gma-ref
@@ -75,7 +78,9 @@ def _inputs(n: int, k: int, d_r: int, d_v: int, dtype: Any, seed: int) -> dict[s
 _NAMES = ("q", "k", "v", "means", "omega", "prior_logits")
 
 
-def _gma_calls(a: dict[str, np.ndarray], causal: bool) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def _gma_calls(a: dict[str, np.ndarray], causal: bool
+               ) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], Any]]:
+    """(forward, forward + backward reusing the residuals, forward + backward recomputing them)."""
     args = [a[name] for name in _NAMES]
     kw = {"causal": causal, "chunk_size": _CHUNK}
 
@@ -83,9 +88,13 @@ def _gma_calls(a: dict[str, np.ndarray], causal: bool) -> tuple[Callable[[], Any
         return gma_attention(*args, check_finite=False, **kw)
 
     def both() -> tuple[Any, Any]:
+        out, res = gma_attention(*args, check_finite=False, return_residuals=True, **kw)
+        return out, gma_attention_backward(*args, a["d_out"], residuals=res, **kw)
+
+    def both_recompute() -> tuple[Any, Any]:
         return fwd(), gma_attention_backward(*args, a["d_out"], **kw)
 
-    return fwd, both
+    return fwd, both, both_recompute
 
 
 def _torch_gma(torch: Any, q, k, v, means, omega, prior_logits, causal: bool):
@@ -163,7 +172,7 @@ def _max_diff(ours: Any, theirs: Any) -> float:
     t_out, t_grads = theirs
     worst = 0.0
     for a, b in zip([out, *grads], [t_out, *t_grads], strict=True):
-        b = b.detach().numpy()
+        b = b.detach().numpy() if hasattr(b, "detach") else b
         worst = max(worst, float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-300))
     return worst
 
@@ -172,7 +181,7 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
                    dtypes: tuple[str, ...] = ("float64", "float32"), forms: tuple[str, ...] = ("bidirectional",
                                                                                               "causal"),
                    d: int = 64, repeats: int = 3, use_torch: bool = True, file: TextIO = sys.stdout,
-                   blas_n: int = 2048) -> dict[str, Any]:
+                   blas_n: int = 2048, recompute: bool = False) -> dict[str, Any]:
     """Run the end-to-end benchmark, print one table, return the rows.
 
     Parameters
@@ -184,11 +193,14 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
     repeats : timed repeats per call (best taken), interleaved between the implementations.
     use_torch : compare with PyTorch when it is importable.
     blas_n : size of the square GEMM that measures the BLAS peak.
+    recompute : also time forward + backward without residuals (column "recompute"), interleaved.
 
     Returns
     -------
     dict with ``"rows"`` (one dict per configuration: times in seconds, ratios, the tracemalloc
-    peak of forward + backward in bytes, the relative difference to PyTorch), ``"blas"`` (dtype →
+    peak of forward + backward in bytes, the relative difference to PyTorch; with ``recompute``,
+    ``"recompute"``, the time without residuals, and ``"recompute_rel_diff"``, the largest
+    difference between the gradients with and without residuals), ``"blas"`` (dtype →
     flop/s of the large GEMM) and ``"growth"`` ((form, dtype, K) → t(N)/t(N/8) of forward + backward).
     """
     torch = None
@@ -207,7 +219,8 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
     blas = {name: blas_rate(getattr(np, name), blas_n) for name in dtypes}
     say(f"BLAS peak ({blas_n}³ GEMM, same run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in blas.items()))
     head = (f"{'form':<14s} {'dtype':<8s} {'K':>4s} {'N':>6s} {'fwd s':>8s} {'torch':>8s} {'ratio':>6s} "
-            f"{'f+b s':>8s} {'torch':>8s} {'ratio':>6s} {'%BLAS':>6s} {'f+b MiB':>8s} {'vs torch':>9s}")
+            f"{'f+b s':>8s} {'torch':>8s} {'ratio':>6s} {'%BLAS':>6s} {'f+b MiB':>8s} {'vs torch':>9s}"
+            + (f" {'recompute':>9s}" if recompute else ""))
     say(head)
     say("-" * len(head))
     rows = []
@@ -220,7 +233,7 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
                     ours = _gma_calls(a, causal)
                     theirs = _torch_calls(torch, a, causal) if torch else None
                     peak = _peak_bytes(ours[1])
-                    t = {"fwd": [], "both": [], "t_fwd": [], "t_both": []}
+                    t = {"fwd": [], "both": [], "t_fwd": [], "t_both": [], "recompute": []}
                     for _ in range(repeats):
                         t["fwd"].append(_timed(ours[0]))
                         if theirs:
@@ -228,16 +241,22 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
                         t["both"].append(_timed(ours[1]))
                         if theirs:
                             t["t_both"].append(_timed(theirs[1]))
+                        if recompute:
+                            t["recompute"].append(_timed(ours[2]))
                     best = {key: min(v) if v else math.nan for key, v in t.items()}
-                    diff = _max_diff(ours[1](), theirs[1]()) if theirs else math.nan
+                    result = ours[1]()
+                    diff = _max_diff(result, theirs[1]()) if theirs else math.nan
                     frac = _forward_flops(n, k, d, d, causal) / best["fwd"] / blas[dtype]
                     row = {"form": form, "dtype": dtype, "k": k, "n": n, **best, "peak_bytes": peak,
                            "fwd_ratio": best["fwd"] / best["t_fwd"], "both_ratio": best["both"] / best["t_both"],
                            "blas_fraction": frac, "torch_rel_diff": diff}
+                    if recompute:
+                        row["recompute_rel_diff"] = _max_diff(result, ours[2]())
                     rows.append(row)
                     say(f"{form:<14s} {dtype:<8s} {k:>4d} {n:>6d} {best['fwd']:>8.3f} {best['t_fwd']:>8.3f} "
                         f"{row['fwd_ratio']:>6.2f} {best['both']:>8.3f} {best['t_both']:>8.3f} "
-                        f"{row['both_ratio']:>6.2f} {100 * frac:>5.1f}% {peak / _MIB:>8.1f} {diff:>9.1e}")
+                        f"{row['both_ratio']:>6.2f} {100 * frac:>5.1f}% {peak / _MIB:>8.1f} {diff:>9.1e}"
+                        + (f" {best['recompute']:>9.3f}" if recompute else ""))
     growth = {}
     for r in rows:
         small = next((s for s in rows if (s["form"], s["dtype"], s["k"], s["n"]) ==

@@ -255,18 +255,22 @@ def _read_backward(
 
 
 def check_saved_output(
-    xp: Any, out: Array, shape: tuple[int, ...], gamma_q: Array, memory: Array, mass: Array, eps: float, forward: str
+    xp: Any, out: Array, shape: tuple[int, ...], gamma_q: Array, memory: Array, mass: Array, eps: float, forward: str,
+    name: str = "out", instead: str = "out=None to recompute it",
 ) -> None:
     """Check a saved forward output ``out`` against Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ, in O(N (K + d_v)).
 
-    Raises ``TypeError``/``ValueError`` naming ``out`` for a wrong dtype or shape,
-    or when the identity fails by more than √(unit roundoff) of its scale (a
-    stale output, one from other inputs, or one modified after the forward).
+    Raises ``TypeError``/``ValueError`` naming ``out`` (or ``name``) for a wrong dtype or
+    shape, or when the identity fails by more than √(unit roundoff) of its scale (a
+    stale output, one from other inputs, or one modified after the forward); the
+    message suggests ``instead`` as the way out.
     """
     if not xp.isdtype(out.dtype, "real floating"):
-        raise TypeError(f"out must have a real floating dtype, got {out.dtype}")
+        raise TypeError(f"{name} must have a real floating dtype, got {out.dtype}")
     if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"out must be the output of {forward}, of shape {tuple(shape)}, got shape {tuple(out.shape)}")
+        raise ValueError(
+            f"{name} must be the output of {forward}, of shape {tuple(shape)}, got shape {tuple(out.shape)}"
+        )
     denom = xp.expand_dims(query_mass(gamma_q, mass) + eps, axis=-1)
     lhs = xp.sum(denom * out, axis=-2)  # Σ_i D_i O_i
     weights = xp.sum(gamma_q, axis=-2, keepdims=True)  # 1ᵀ Γ^Q
@@ -276,8 +280,8 @@ def check_saved_output(
     bad = xp.abs(lhs - rhs) > tol * scale
     if bool(xp.any(bad)) or not bool(xp.all(xp.isfinite(lhs))):
         raise ValueError(
-            f"out is not the output of {forward} for these inputs (Σ_i (u_i + ε) O_i differs from "
-            "(1ᵀ Γ^Q) Ṽ): pass the output the forward returned, unmodified, or out=None to recompute it"
+            f"{name} is not the output of {forward} for these inputs (Σ_i (u_i + ε) O_i differs from "
+            f"(1ᵀ Γ^Q) Ṽ): pass the output the forward returned, unmodified, or {instead}"
         )
 
 
@@ -354,7 +358,7 @@ def gma_bidirectional_backward(
     size: with one key (N_k = 1) and ε = 0 they are exactly 0 however small
     the routed mass u_i, instead of rounding divided by u_i. Values near the
     float maximum are divided by a power of two first (as in the forward). What remains is a
-    few units in the last place of Σ_i γ^Q_ik |G_i| (|V_j − R| + |O_i − R|) / D_i.
+    few units in the last place of ``Σ_i γ^Q_ik |G_i| (|V_j − R| + |O_i − R|) / D_i``.
 
     ``out``, the forward's saved output, skips one product of size N K d_v; it
     is checked as in :func:`read_memory_backward`.
@@ -365,7 +369,16 @@ def gma_bidirectional_backward(
         As :func:`gma_bidirectional`, and for ``d_out`` (real floating, the
         output's shape, finite with ``check_finite``) and ``out``.
     """
-    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, out=out)
+    return latent_backward(gamma_q, gamma_k, v, d_out, eps, out, check_finite)
+
+
+def latent_backward(
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array | None, check_finite: bool,
+    out_name: str = "out", out_instead: str = "out=None to recompute it",
+) -> GMAGrad:
+    """:func:`gma_bidirectional_backward`, for a caller that passes the saved output under another
+    name (``out_name`` in the messages, ``out_instead`` the remedy they suggest)."""
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, **{out_name: out})
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
     shape = output_shape(gamma_q, gamma_k, v)
     check_cotangent(xp, "d_out", d_out, shape, "the output of gma_bidirectional", check_finite)
@@ -375,7 +388,7 @@ def gma_bidirectional_backward(
         out = None if out is None else out / scale
     memory, mass = write_memory(gamma_k, v)
     if out is not None:
-        check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "gma_bidirectional")
+        check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "gma_bidirectional", out_name, out_instead)
     grad = _bidirectional_backward(xp, gamma_q, gamma_k, v, d_out, eps, out, memory, mass)
     if scale == 1.0:
         return grad

@@ -79,16 +79,15 @@ def _check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), f"the output of {forward}", check_finite)
 
 
-def _divide(xp: Any, num: Array, u: Array, eps: float) -> tuple[Array, Array, Array]:
-    """(num / (u + ε), the safe denominator, the mask of rows that see mass)."""
+def _divide(xp: Any, num: Array, u: Array, eps: float) -> Array:
+    """num / (u + ε) row by row; a row with u + ε = 0 (only possible with ε = 0) is 0."""
     denom = u + eps
     if eps > 0:  # every row sees mass: one scaling, no masking
-        seen = xp.ones(denom.shape, dtype=xp.bool, device=device_of(denom))
-        return num * xp.expand_dims(1.0 / denom, axis=-1), denom, seen
+        return num * xp.expand_dims(1.0 / denom, axis=-1)
     seen = denom > 0
     safe = xp.where(seen, denom, xp.ones_like(denom))
     out = num / xp.expand_dims(safe, axis=-1)
-    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out)), safe, seen
+    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out))
 
 
 def _flip_cumsum(xp: Any, a: Array, axis: int) -> Array:
@@ -158,7 +157,7 @@ def gma_causal_prefix(
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
     num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
     u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    out = _divide(xp, num, u, eps)[0]
+    out = _divide(xp, num, u, eps)
     if not return_state:
         return out
     if gamma_k.shape[-2] == 0:
@@ -207,18 +206,21 @@ def gma_causal_prefix_backward(
     into 1/u_i-sized gradients. The other pairs are still summed as products
     with P_i, so the error guaranteed is a few units in the last place of
 
-    * Σ_{j≤i} γ^K_jk |G_i| (|V_j| + |O_i|) / D_i for ∂L/∂γ^Q_ik,
-    * Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k (ε = 0) for ∂L/∂γ^K_jk,
+    * ``Σ_{j≤i} γ^K_jk |G_i| (|V_j| + |O_i|) / D_i`` for ∂L/∂γ^Q_ik,
+    * ``Σ_{i>j} γ^Q_ik |G_i| (|V_j| + |O_i|) / D_i ≤ N |G|_max |V|_max / Z^(j+1)_k`` (ε = 0) for ∂L/∂γ^K_jk,
 
     which exceeds the size of the exact answer only where that answer is a
     small difference of such terms (e.g. a query that reads slot k with
     γ^Q_ik ≈ 1e-11 and a slot k' with Z_k' ≈ 1e-28: ∂L/∂γ^Q_ik ≈ 1e-7 from
     terms of size 1e10). Scaled by γ, as the score gradient of Eq. 18 does,
-    the bounds become N |G|_max |V|_max units in the last place at worst.
+    the bounds become ``N |G|_max |V|_max`` units in the last place at worst.
     For K = 1, Γ^Q cancels from O and ∂L/∂Γ^Q is exactly 0; it is returned
     as rounding of that size.
 
-    Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V.
+    Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V:
+    the first two in the promoted floating dtype of the inputs and ``d_out``,
+    ∂L/∂V in that of Γ^Q, Γ^K and ``d_out`` (V does not enter it), for every N
+    and as :func:`gma_ref.induced.gma_materialized_backward` returns them.
 
     Raises
     ------
@@ -403,7 +405,7 @@ def _step(xp: Any, state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: 
     mass = state.mass + gamma_k_t
     num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
     u = xp.sum(gamma_q_t * mass, axis=-1)
-    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)[0]
+    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)
     return out[..., 0, :], CausalState(memory, mass)
 
 
@@ -516,7 +518,8 @@ def gma_causal_streaming(
         out = xp.stack(outs, axis=-2)
     else:
         shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(state.memory.shape[:-2])) + (0, v.shape[-1])
-        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v))
+        dtype = xp.result_type(gamma_q, gamma_k, v, state.memory, state.mass)  # as for N > 0
+        out = xp.zeros(shape, dtype=dtype, device=device_of(v))
     return (out, state) if return_state else out
 
 
@@ -531,7 +534,7 @@ def gma_causal_streaming_backward(
     start, never by subtraction) and yields ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i).
     Pass 2 runs backwards carrying the suffix sums S^V (K × d_v) and S^Z (K)
     of :func:`gma_causal_prefix_backward`, updated by addition only.
-    Accuracy and raises as :func:`gma_causal_prefix_backward`.
+    Accuracy, dtypes and raises as :func:`gma_causal_prefix_backward`.
     """
     return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, 1, "gma_causal_streaming", check_finite)
 
@@ -601,14 +604,14 @@ def gma_causal_chunked(
         a = _masked_affinity(xp, gq, gk)
         num = xp.matmul(a, vc) + xp.matmul(gq, memory)
         u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
-        outs.append(_divide(xp, num, u, eps)[0])
+        outs.append(_divide(xp, num, u, eps))
         memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
         mass = mass + xp.sum(gk, axis=-2)
     if outs:
         out = xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
     else:
         shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(memory.shape[:-2])) + (0, v.shape[-1])
-        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, v), device=device_of(v))
+        out = xp.zeros(shape, dtype=xp.result_type(gamma_q, gamma_k, v, memory, mass), device=device_of(v))  # as N > 0
     return (out, CausalState(memory, mass)) if return_state else out
 
 
@@ -641,7 +644,7 @@ def gma_causal_chunked_backward(
     ∂L/∂Γ^K_c = W_cᵀ Γ^Q_c + V_c (S^V)ᵀ + 1 (S^Z)ᵀ.
 
     The output itself is never needed. A_c and W_c are kept from pass 1 for
-    pass 2 (2·N·C numbers); accuracy as :func:`gma_causal_prefix_backward`.
+    pass 2 (2·N·C numbers); accuracy and dtypes as :func:`gma_causal_prefix_backward`.
     Peak memory O(N(C + K + d_v) + K d_v): linear in N, never N·K·d_v.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -660,6 +663,7 @@ def _chunked_backward(
         grad = _chunked_backward(gamma_q, gamma_k, v / scale, d_out, eps, chunk_size, forward, False)
         return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
     memory, mass = _empty_state(xp, gamma_k, v)
+    mass = xp.zeros(mass.shape, dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
     lower = _lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
@@ -693,7 +697,8 @@ def _chunked_backward(
         dq_chunks.append(dq)
         memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
         mass = mass + xp.sum(gk, axis=-2)
-    s_v = xp.zeros_like(memory)  # Σ over later chunks of (Γ^Q)ᵀ P
+    # Σ over later chunks of (Γ^Q)ᵀ P, in the dtype of P (∂L/∂V has no V in it, as in the prefix form)
+    s_v = xp.zeros(memory.shape, dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
     s_z = xp.zeros_like(mass)  # Σ over later chunks of (Γ^Q)ᵀ c
     dk_chunks: list[Array] = []
     dv_chunks: list[Array] = []
@@ -712,14 +717,15 @@ def _chunked_backward(
     dk_chunks.reverse()
     dv_chunks.reverse()
 
-    def cat(chunks: list[Array], like: Array, width: int) -> Array:
+    def cat(chunks: list[Array], like: Array, width: int, dtype: Any) -> Array:
         if chunks:
             return xp.concat(chunks, axis=-2) if len(chunks) > 1 else chunks[0]
-        return xp.zeros(tuple(like.shape[:-1]) + (width,), dtype=like.dtype, device=device_of(like))
+        return xp.zeros(tuple(like.shape[:-1]) + (width,), dtype=dtype, device=device_of(like))
 
-    d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1])
-    d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1])
-    d_v = cat(dv_chunks, v, v.shape[-1])
+    # N = 0: the dtypes the chunks would have
+    d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
+    d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
+    d_v = cat(dv_chunks, v, v.shape[-1], xp.result_type(gamma_q, gamma_k, d_out))
     return GMAGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),

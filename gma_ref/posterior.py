@@ -196,6 +196,12 @@ def _set_rows(xp: Any, a: Array, rows: Array, values: list[Array]) -> Array:
 
 def _scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None) -> Array:
     """Scores by the expanded form; rows its bound rejects recomputed element-wise (Eq. 50)."""
+    return _guarded_scores(xp, x, means, variances, log_priors)[0]
+
+
+def _guarded_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None
+                    ) -> tuple[Array, Array]:
+    """(scores, rows the guard recomputed element-wise), as :func:`_scores` computes them."""
     s, rows = _expanded_scores(xp, _expand(xp, x, means, variances), variances, log_priors)
     if s.size and bool(xp.any(rows)):
         base = _constant(xp, variances, log_priors)
@@ -205,7 +211,7 @@ def _scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array
             diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r)
             exact.append(xp.take(base, b, axis=0) - 0.5 * xp.sum(diff * diff / vs, axis=-1))
         s = _set_rows(xp, s, rows, exact)
-    return s
+    return s, rows
 
 
 def log_gaussian_density(
@@ -258,23 +264,23 @@ def scores(
         C_k = Σ_m w_km μ'²_km,
 
     and the whole score is one matrix product of the rows [x'², x', 1] with the rows
-    [−½ w_k, μ'_k w_k, b_k − ½ C_k] (b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|).
+    [−½ w_k, μ'_k w_k, b_k − ½ C_k] (``b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|``).
 
     *Why it is exact to rounding.* An inner product of length n = 2d_r + 1 is computed
     with an error of at most γ_n = n u / (1 − n u) times the sum of the absolute values of
     its terms (u the unit roundoff); forming x', x'², μ'w and C adds a few u more. That
-    sum is ½ A + Σ_m w |x'||μ'| + |b − ½ C| ≤ ½ (√A + √C)² + |b| by Cauchy–Schwarz, so
+    sum is ``½ A + Σ_m w |x'||μ'| + |b − ½ C| ≤ ½ (√A + √C)² + |b|`` by Cauchy–Schwarz, so::
 
         |ŝ_ik − s_ik| ≤ γ_{n+4} (½ (√A_ik + √C_k)² + |b_k|),
 
-    against γ_{d_r+4} (½ M_ik + |b_k|) for the direct sum of (x − μ)²/σ². The two differ
+    against ``γ_{d_r+4} (½ M_ik + |b_k|)`` for the direct sum of (x − μ)²/σ². The two differ
     only where (√A + √C)² ≫ M: x near μ_k while both are far from c in units of σ
     (tight, separated components; the variance floor). Centring removes any common offset
     (data at 1e4 or 1e8 costs nothing). Each row is checked a posteriori with the cheap
     bound 2 (A + C) ≥ (√A + √C)² (first with A_ik ≤ Σ_m x'²_im max_l w_lm, which costs a
     matrix–vector product; A itself, from one more matrix product, only if some row fails
     that): a row where some
-    entry has 2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π), R = 8, is recomputed
+    entry has ``2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π)``, R = 8, is recomputed
     element-wise, in cache-sized blocks, as Σ_m (x_im − μ_km)²/σ²_km. Every entry kept
     from the product therefore carries at most R times the error bound of the direct
     form. Tested against 40-digit mpmath in every hard regime (far from every mean,
@@ -330,16 +336,35 @@ def responsibilities(
     """
     s = scores(x, means, variances, log_priors, check_finite=check_finite)
     xp = namespace(s=s)
-    shifted = s - xp.max(s, axis=-1, keepdims=True) if s.shape[-2] else s
-    log_norm = xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
-    log_gamma = shifted - log_norm
-    gamma = xp.exp(log_gamma)
+    gamma, log_gamma = _softmax(xp, s)
     out: list[Array] = [gamma]
     if return_log:
         out.append(log_gamma)
     if return_scores:
         out.append(s)
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def _softmax(xp: Any, s: Array) -> tuple[Array, Array]:
+    """(Γ, log Γ) of the scores ``s`` (Eq. 3b), max-subtracted."""
+    shifted = s - xp.max(s, axis=-1, keepdims=True) if s.shape[-2] else s
+    log_norm = xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
+    log_gamma = shifted - log_norm
+    return xp.exp(log_gamma), log_gamma
+
+
+def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_priors: Array
+                               ) -> tuple[Array, Array]:
+    """Γ exactly as :func:`responsibilities` computes it, and the guard's verdict on its rows.
+
+    For callers that validated the inputs themselves (nothing is checked here) and will
+    differentiate Γ with :func:`responsibilities_backward_guarded`. Returns ``(gamma,
+    direct_rows)``: ``gamma`` ``(..., N, K)``; ``direct_rows`` boolean ``(..., N)``, true for
+    the rows whose scores the bound of :func:`scores` sent to the direct element-wise form.
+    """
+    xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
+    s, rows = _guarded_scores(xp, x, means, variances, log_priors)
+    return _softmax(xp, s)[0], rows
 
 
 # --------------------------------------------------------------------------- backward
@@ -418,8 +443,16 @@ def scores_backward(
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
     shape = _validate(xp, x, means, variances, log_priors, check_finite)
     check_cotangent(xp, "d_scores", d_scores, shape, "the scores", check_finite)
+    lp_shape = tuple(means.shape[:-1]) if log_priors is None else tuple(log_priors.shape)
+    return _scores_backward(xp, x, means, variances, d_scores, lp_shape, None)
+
+
+def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
+                     lp_shape: tuple[int, ...], rows: Array | None) -> ScoresGrad:
+    """:func:`scores_backward` on validated inputs; ``rows`` the guard's verdict, or None to take it here."""
     ex = _expand(xp, x, means, variances)
-    _, rows = _expanded_scores(xp, ex, variances, None)
+    if rows is None:
+        _, rows = _expanded_scores(xp, ex, variances, None)
     any_rows = bool(xp.any(rows)) if rows.size else False
     delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
     d_r, w, mc = x.shape[-1], ex.precisions, ex.means
@@ -436,7 +469,6 @@ def scores_backward(
                                                       d_x, d_means, sq_sum)
     delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
     d_variances = 0.5 * (sq_sum - xp.expand_dims(delta_sum, axis=-1) / variances)
-    lp_shape = tuple(means.shape[:-1]) if log_priors is None else tuple(log_priors.shape)
     return ScoresGrad(
         d_x=sum_to_shape(xp, d_x, tuple(x.shape)),
         d_means=sum_to_shape(xp, d_means, tuple(means.shape)),
@@ -506,6 +538,23 @@ def responsibilities_backward(
     check_cotangent(xp, "d_gamma", d_gamma, shape, "the responsibilities", check_finite)
     d_scores = softmax_backward(gamma, d_gamma)
     return scores_backward(x, means, variances, d_scores, log_priors, check_finite=False)
+
+
+def responsibilities_backward_guarded(
+    x: Array, means: Array, variances: Array, gamma: Array, d_gamma: Array, log_priors: Array,
+    direct_rows: Array,
+) -> ScoresGrad:
+    """:func:`responsibilities_backward` with the forward's guard verdict instead of a new one.
+
+    ``gamma`` and ``direct_rows`` are what :func:`responsibilities_and_guard` returned for these
+    inputs, which the caller validated (only ``d_gamma``'s shape is checked here). The score VJP
+    then skips the scores' matrix product and bound that :func:`scores_backward` spends on the
+    verdict. Any verdict gives the same gradients to rounding; one that clears a row the bound
+    rejects loses that row's accuracy guarantee.
+    """
+    xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
+    d_scores = softmax_backward(gamma, d_gamma)
+    return _scores_backward(xp, x, means, variances, d_scores, tuple(log_priors.shape), direct_rows)
 
 
 def _check_log_priors_is_array(log_priors: Array | None) -> None:

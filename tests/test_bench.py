@@ -58,3 +58,12 @@ def test_quick_benchmark_end_to_end_agrees_with_pytorch(quick_result):
         assert r["fwd"] > 0 and r["both"] > 0 and r["peak_bytes"] > 0
         if not math.isnan(r["torch_rel_diff"]):
             assert r["torch_rel_diff"] <= 1e-10, r
+
+
+def test_quick_benchmark_times_the_backward_with_and_without_residuals(quick_result):
+    """The end-to-end rows time forward + backward both ways; the two give the same output and gradients."""
+    res, text = quick_result
+    assert "recompute" in text
+    for r in res["end_to_end"]["rows"]:
+        assert r["recompute"] > 0, r
+        assert r["recompute_rel_diff"] <= 1e-12, r

@@ -74,6 +74,8 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_posterior_contracts.py",
         "tests/test_scores_guard.py",
         "tests/test_token_blocks.py",
+        "tests/test_scores_backward_contract.py",
+        "tests/test_attention_residuals.py",
         "tests/test_bad_input.py",
         "tests/test_gradients.py",
         "tests/test_backward_vs_sympy.py",
@@ -96,6 +98,9 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_exact.py",
     ],
     "gma_ref/causal.py": [
+        "tests/test_causal_backward_contract.py",
+        "tests/test_causal_on_device.py",
+        "tests/test_causal_continuation.py",
         "tests/test_causal.py",
         "tests/test_causal_state_contract.py",
         "tests/test_causal_guards.py",
@@ -110,6 +115,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_exact.py",
     ],
     "gma_ref/attention.py": [
+        "tests/test_attention_overflow_guard.py",
         "tests/test_attention_entry.py",
         "tests/test_attention_unchecked_inputs.py",
         "tests/test_empty_and_batched.py",
