@@ -388,7 +388,8 @@ def log_softmax_backward(gamma: Array, d_log_gamma: Array) -> Array:
     """δ for an upstream gradient at log Γ: δ_ik = h_ik − γ_ik Σ_j h_ij with h = ∂L/∂log Γ.
 
     Shapes ``(..., N, K)``. Rows of the result sum to 0. Raises ``TypeError``/``ValueError``
-    unless ``d_log_gamma`` is real floating of ``gamma``'s shape.
+    unless ``d_log_gamma`` is real floating of ``gamma``'s shape (finiteness is left to the
+    caller, as in :func:`softmax_backward`).
     """
     xp = namespace(gamma=gamma, d_log_gamma=d_log_gamma)
     check_cotangent(xp, "d_log_gamma", d_log_gamma, tuple(gamma.shape), "gamma", False)

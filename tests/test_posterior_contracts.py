@@ -327,3 +327,15 @@ def test_d_log_priors_takes_the_shape_of_the_components_without_log_priors(rng):
     got = scores_backward(x, means, var, delta).d_log_priors
     assert got.shape == (h, K)
     np.testing.assert_allclose(got, delta.sum(axis=1), rtol=1e-14)
+
+
+@pytest.mark.parametrize("fn", ["softmax_backward", "log_softmax_backward"])
+def test_softmax_backward_passes_leave_finiteness_to_their_callers(rng, fn):
+    """The δ helpers check shape and dtype only (the public backward passes check finiteness when asked):
+    a NaN in the cotangent makes its own row NaN and leaves every other row finite."""
+    f = {"softmax_backward": softmax_backward, "log_softmax_backward": log_softmax_backward}[fn]
+    gamma = np.full((N, K), 1.0 / K)
+    d = rng.normal(size=(N, K))
+    d[3, 0] = np.nan
+    out = f(gamma, d)
+    assert np.all(np.isnan(out[3])) and np.all(np.isfinite(np.delete(out, 3, axis=0)))
