@@ -63,7 +63,8 @@ _CANCELLATION_BUDGET = 8.0
 
 
 def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
-              check_finite: bool) -> None:
+              check_finite: bool) -> tuple[int, ...]:
+    """Check the arguments of the scores; return the shape of the scores (broadcast batch axes, N, K)."""
     names = {"x": x, "means": means, "variances": variances}
     if log_priors is not None:
         names["log_priors"] = log_priors
@@ -84,6 +85,14 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
     if log_priors is not None:
         check_rank("log_priors", log_priors, 1, "(..., K)")
         check_last_dim("log_priors", log_priors, k, "(..., K)", f"K of means {tuple(means.shape)}")
+    batches = {name: tuple(a.shape[:-2]) for name, a in names.items()}
+    if log_priors is not None:
+        batches["log_priors"] = tuple(log_priors.shape[:-1])
+    try:
+        batch = broadcast_shapes(*batches.values())
+    except ValueError:
+        given = ", ".join(f"{name} {shape}" for name, shape in batches.items())
+        raise ValueError(f"the leading batch axes do not broadcast together: {given}") from None
     if check_finite:
         for name, a in names.items():
             _check_finite(xp, name, a)
@@ -91,6 +100,7 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
         raise ValueError(
             f"variances must be > 0 (use variances_from_omega for Eq. 14), got min {float(xp.min(variances))}"
         )
+    return batch + (x.shape[-2], k)
 
 
 class _Expanded(NamedTuple):
@@ -144,8 +154,6 @@ def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array
     d_r = variances.shape[-1]
     own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
     offset = xp.expand_dims(budget * (base + 0.5 * own) - c, axis=-2)
-    if not (s.shape[-1] and s.shape[-2]):
-        return s, xp.zeros(s.shape[:-1], dtype=xp.bool, device=device_of(s))
     # First with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product): rows that pass need no A.
     a_row = xp.matmul(ex.features[..., :d_r], xp.expand_dims(xp.max(ex.precisions, axis=-2), axis=-1))[..., 0]
     rows = xp.max(budget * s - offset, axis=-1) > -a_row
@@ -228,7 +236,8 @@ def log_gaussian_density(
     TypeError
         Non-floating dtype, or arrays from different namespaces.
     ValueError
-        Mismatched d_r, K < 1, non-positive variances, NaN/Inf.
+        Mismatched d_r, K < 1, leading batch axes that do not broadcast together,
+        non-positive variances, NaN/Inf.
     """
     xp = namespace(x=x, means=means, variances=variances)
     _validate(xp, x, means, variances, None, check_finite)
@@ -378,9 +387,12 @@ def softmax_backward(gamma: Array, d_gamma: Array) -> Array:
 def log_softmax_backward(gamma: Array, d_log_gamma: Array) -> Array:
     """δ for an upstream gradient at log Γ: δ_ik = h_ik − γ_ik Σ_j h_ij with h = ∂L/∂log Γ.
 
-    Shapes ``(..., N, K)``. Rows of the result sum to 0.
+    Shapes ``(..., N, K)``. Rows of the result sum to 0. Raises ``TypeError``/``ValueError``
+    unless ``d_log_gamma`` is real floating of ``gamma``'s shape (finiteness is left to the
+    caller, as in :func:`softmax_backward`).
     """
     xp = namespace(gamma=gamma, d_log_gamma=d_log_gamma)
+    check_cotangent(xp, "d_log_gamma", d_log_gamma, tuple(gamma.shape), "gamma", False)
     return d_log_gamma - gamma * xp.sum(d_log_gamma, axis=-1, keepdims=True)
 
 
@@ -430,9 +442,8 @@ def scores_backward(
     """
     _check_log_priors_is_array(log_priors)
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
-    _validate(xp, x, means, variances, log_priors, check_finite)
-    check_cotangent(xp, "d_scores", d_scores, _scores_shape(x, means, variances, log_priors),
-                    "the scores", check_finite)
+    shape = _validate(xp, x, means, variances, log_priors, check_finite)
+    check_cotangent(xp, "d_scores", d_scores, shape, "the scores", check_finite)
     lp_shape = tuple(means.shape[:-1]) if log_priors is None else tuple(log_priors.shape)
     return _scores_backward(xp, x, means, variances, d_scores, lp_shape, None)
 
@@ -474,6 +485,8 @@ def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_
     Σ_i δ r and Σ_i δ r² summed into each batch entry (a one-hot matrix product, exact)."""
     n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
     full = tuple(d_x.shape[:-2])
+    # the rows were judged without log π, whose batch axes (if it has its own) the cotangent carries
+    rows = xp.broadcast_to(rows, full + (n,))
     n_batch = math.prod(full)
     d_flat = xp.reshape(xp.broadcast_to(d_scores, full + (n, k)), (-1, k))
     batch_ids = xp.arange(n_batch, device=device_of(x))
@@ -521,8 +534,7 @@ def responsibilities_backward(
     """
     _check_log_priors_is_array(log_priors)
     xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
-    _validate(xp, x, means, variances, log_priors, check_finite)
-    shape = _scores_shape(x, means, variances, log_priors)
+    shape = _validate(xp, x, means, variances, log_priors, check_finite)
     check_cotangent(xp, "gamma", gamma, shape, "the responsibilities", check_finite)
     check_cotangent(xp, "d_gamma", d_gamma, shape, "the responsibilities", check_finite)
     d_scores = softmax_backward(gamma, d_gamma)
@@ -552,16 +564,3 @@ def _check_log_priors_is_array(log_priors: Array | None) -> None:
             f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
         )
 
-
-def _scores_shape(x: Array, means: Array, variances: Array, log_priors: Array | None) -> tuple[int, ...]:
-    """Shape of s = scores(x, μ, σ², log π): the broadcast batch axes, then (N, K)."""
-    if x.ndim < 2 or means.ndim < 2 or variances.ndim < 2:
-        return (-1,)  # _validate names the argument of the wrong rank
-    batches = [tuple(x.shape[:-2]), tuple(means.shape[:-2]), tuple(variances.shape[:-2])]
-    if log_priors is not None and log_priors.ndim >= 1:
-        batches.append(tuple(log_priors.shape[:-1]))
-    try:
-        batch = broadcast_shapes(*batches)
-    except ValueError as exc:
-        raise ValueError(f"the batch axes of x, means, variances and log_priors do not broadcast: {exc}") from None
-    return batch + (x.shape[-2], means.shape[-2])

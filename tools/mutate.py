@@ -71,7 +71,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/posterior.py": [
         "tests/test_posterior.py",
+        "tests/test_posterior_contracts.py",
+        "tests/test_scores_guard.py",
         "tests/test_token_blocks.py",
+        "tests/test_scores_backward_contract.py",
+        "tests/test_attention_residuals.py",
         "tests/test_bad_input.py",
         "tests/test_gradients.py",
         "tests/test_backward_vs_sympy.py",
