@@ -229,7 +229,8 @@ def log_gaussian_density(
     Returns
     -------
     array ``(..., N, K)`` in the promoted floating dtype of the inputs. Finite
-    wherever the inputs are, even where the density itself underflows to 0.
+    wherever the inputs are and the squared distances fit the dtype (otherwise, with
+    ``check_finite``, a ValueError), even where the density itself underflows to 0.
 
     Raises
     ------
@@ -237,11 +238,12 @@ def log_gaussian_density(
         Non-floating dtype, or arrays from different namespaces.
     ValueError
         Mismatched d_r, K < 1, leading batch axes that do not broadcast together,
-        non-positive variances, NaN/Inf.
+        non-positive variances, NaN/Inf; with ``check_finite``, scores that overflow
+        (routing vectors so far from the means that (x − μ)²/σ² exceeds the largest float).
     """
     xp = namespace(x=x, means=means, variances=variances)
     _validate(xp, x, means, variances, None, check_finite)
-    return _scores(xp, x, means, variances, None)
+    return _checked_for_overflow(xp, _scores(xp, x, means, variances, None), x, variances, check_finite)
 
 
 def scores(
@@ -252,7 +254,8 @@ def scores(
     Shapes: ``x`` ``(..., N, d_r)``, ``means``/``variances`` ``(..., K, d_r)``,
     ``log_priors`` ``(..., K)`` (e.g. from :func:`~gma_ref.mixture.log_priors_from_logits`).
     Returns ``(..., N, K)`` in the promoted floating dtype. Raises as
-    :func:`log_gaussian_density`, and ``ValueError`` if ``log_priors`` has the wrong K.
+    :func:`log_gaussian_density` (including where a score overflows), and ``ValueError``
+    if ``log_priors`` has the wrong K.
 
     Notes
     -----
@@ -290,7 +293,22 @@ def scores(
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
     _validate(xp, x, means, variances, log_priors, check_finite)
-    return _scores(xp, x, means, variances, log_priors)
+    return _checked_for_overflow(xp, _scores(xp, x, means, variances, log_priors), x, variances, check_finite)
+
+
+def _checked_for_overflow(xp: Any, s: Array, x: Array, variances: Array, check_finite: bool) -> Array:
+    """``s``, or (with ``check_finite``, all inputs finite) a ValueError where a score overflowed.
+
+    Finite inputs give a non-finite score only when the squared distance (x − μ)²/σ²,
+    or (x − μ)² itself, exceeds the largest float: Γ would then be NaN in that row.
+    """
+    if check_finite and s.size and not bool(xp.all(xp.isfinite(s))):
+        raise ValueError(
+            f"the scores of x overflow: (x − μ)²/σ², or (x − μ)² itself, exceeds the range of {x.dtype} "
+            f"(max |x| = {float(xp.max(xp.abs(x))):.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
+            "responsibilities would be NaN; rescale the routing vectors (or raise the variance floor if σ² < 1)"
+        )
+    return s
 
 
 def responsibilities(

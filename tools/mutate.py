@@ -71,6 +71,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/posterior.py": [
         "tests/test_posterior.py",
+        "tests/test_score_overflow.py",
         "tests/test_posterior_contracts.py",
         "tests/test_scores_guard.py",
         "tests/test_token_blocks.py",
@@ -116,6 +117,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/attention.py": [
         "tests/test_attention_overflow_guard.py",
+        "tests/test_attention_residuals.py",
         "tests/test_attention_entry.py",
         "tests/test_attention_unchecked_inputs.py",
         "tests/test_empty_and_batched.py",
