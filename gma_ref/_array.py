@@ -115,6 +115,20 @@ def check_cotangent(
         check_finite(xp, name, a)
 
 
+def check_component_vector(xp: Any, name: str, a: Array, check_finite_: bool) -> None:
+    """Check a per-component array ``(..., K)`` (logits, log-priors, concentrations).
+
+    ``TypeError`` unless real floating; ``ValueError`` if it has no axis, K = 0, or
+    (with ``check_finite_``) NaN/Inf.
+    """
+    check_floating(xp, name, a)
+    check_rank(name, a, 1, "(..., K)")
+    if a.shape[-1] < 1:
+        raise ValueError(f"{name} must have K >= 1 components, got shape {tuple(a.shape)}")
+    if check_finite_:
+        check_finite(xp, name, a)
+
+
 def check_rank(name: str, a: Array, min_ndim: int, layout: str) -> None:
     """Raise ``ValueError`` unless ``a.ndim >= min_ndim``; ``layout`` is e.g. ``'(..., N, d_r)'``."""
     if a.ndim < min_ndim:

@@ -265,24 +265,6 @@ def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, 
             _check_finite(xp, name, a)
 
 
-def _shift_to_dominant(xp: Any, gamma: Array, d_gamma: Array) -> Array:
-    """∂L/∂Γ minus, in each row, its value at the row's largest responsibility.
-
-    Eq. 18, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij), does not change when a constant
-    is added to a row of g (rows of Γ sum to 1). With the dominant component m
-    at g_im = 0, δ_im = −γ_im Σ_{j≠m} γ_ij g_ij is formed from the small
-    responsibilities alone, instead of as g_im − Σ_j γ_ij g_ij, where γ_im
-    rounded to 1 cancels g_im and loses all of a difference of size 1 − γ_im
-    (e.g. 1e-30 when Γ is one-hot to that level, variances at the floor).
-    """
-    if gamma.shape[-2] == 0:
-        return d_gamma
-    top = gamma == xp.max(gamma, axis=-1, keepdims=True)
-    n_top = xp.sum(xp.astype(top, gamma.dtype), axis=-1, keepdims=True)
-    ref = xp.sum(xp.where(top, d_gamma, xp.zeros_like(d_gamma)), axis=-1, keepdims=True) / n_top
-    return d_gamma - ref
-
-
 class AttentionResiduals(NamedTuple):
     """What :func:`gma_attention` computed on the way to its output, kept for the backward.
 
@@ -389,9 +371,9 @@ def gma_attention_backward(
             saved_out = None  # non-finite values let through: its identity cannot be checked, recompute it
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
     d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out, eps)
-    side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, _shift_to_dominant(xp, gamma_q, d_gamma_q),
+    side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, d_gamma_q,
                                                log_priors, rows_q)
-    side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, _shift_to_dominant(xp, gamma_k, d_gamma_k),
+    side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, d_gamma_k,
                                                log_priors, rows_k)
     d_variances = side_q.d_variances + side_k.d_variances
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors

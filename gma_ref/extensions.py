@@ -37,6 +37,7 @@ from scipy import special
 
 from ._array import (
     Array,
+    check_component_vector,
     check_cotangent,
     check_floating,
     check_positive_int,
@@ -89,12 +90,7 @@ def _from_host(xp: Any, like: Array, values: np.ndarray) -> Array:
 
 
 def _check_concentrations(xp: Any, a: Array, check_finite: bool) -> None:
-    check_floating(xp, "a", a)
-    check_rank("a", a, 1, "(..., K)")
-    if a.shape[-1] < 1:
-        raise ValueError(f"a must have K >= 1 components, got shape {tuple(a.shape)}")
-    if check_finite:
-        _check_finite(xp, "a", a)
+    check_component_vector(xp, "a", a, check_finite)
     if a.size and not bool(xp.all(a > 0)):
         raise ValueError(f"a must be > 0 (Dirichlet concentrations), got min {float(xp.min(a))}")
 

@@ -13,7 +13,15 @@ softplus as ``logaddexp(0, ω)`` and log π as ``α − max α − log Σ exp(α
 
 from __future__ import annotations
 
-from ._array import Array, check_cotangent, check_floating, check_positive_scalar, check_rank, namespace
+from ._array import (
+    Array,
+    check_component_vector,
+    check_cotangent,
+    check_floating,
+    check_positive_scalar,
+    check_rank,
+    namespace,
+)
 from ._array import check_finite as _check_finite
 
 __all__ = [
@@ -134,12 +142,7 @@ def log_priors_from_logits(prior_logits: Array, *, check_finite: bool = True) ->
         Zero-dimensional, K = 0, or NaN/Inf.
     """
     xp = namespace(prior_logits=prior_logits)
-    check_floating(xp, "prior_logits", prior_logits)
-    check_rank("prior_logits", prior_logits, 1, "(..., K)")
-    if prior_logits.shape[-1] < 1:
-        raise ValueError(f"prior_logits must have K >= 1 components, got shape {tuple(prior_logits.shape)}")
-    if check_finite:
-        _check_finite(xp, "prior_logits", prior_logits)
+    check_component_vector(xp, "prior_logits", prior_logits, check_finite)
     shifted = prior_logits - xp.max(prior_logits, axis=-1, keepdims=True)
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
 
@@ -154,12 +157,7 @@ def log_priors_from_logits_backward(log_priors: Array, d_log_priors: Array, *, c
     ``log_priors``' shape or (``check_finite``) with NaN/Inf.
     """
     xp = namespace(log_priors=log_priors, d_log_priors=d_log_priors)
-    check_floating(xp, "log_priors", log_priors)
-    check_rank("log_priors", log_priors, 1, "(..., K)")
-    if log_priors.shape[-1] < 1:
-        raise ValueError(f"log_priors must have K >= 1 components, got shape {tuple(log_priors.shape)}")
-    if check_finite:
-        _check_finite(xp, "log_priors", log_priors)
+    check_component_vector(xp, "log_priors", log_priors, check_finite)
     check_cotangent(xp, "d_log_priors", d_log_priors, tuple(log_priors.shape), "log_priors", check_finite)
     priors = xp.exp(log_priors)
     return d_log_priors - priors * xp.sum(d_log_priors, axis=-1, keepdims=True)

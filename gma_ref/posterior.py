@@ -388,16 +388,38 @@ def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_pri
 # --------------------------------------------------------------------------- backward
 
 
+def _shift_to_dominant(xp: Any, gamma: Array, d_gamma: Array) -> Array:
+    """∂L/∂Γ minus, in each row, its value at the row's largest responsibility.
+
+    Eq. 18, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij), does not change when a constant
+    is added to a row of g (rows of Γ sum to 1). With the dominant component m
+    at g_im = 0, δ_im = −γ_im Σ_{j≠m} γ_ij g_ij is formed from the small
+    responsibilities alone, instead of as g_im − Σ_j γ_ij g_ij, where γ_im
+    rounded to 1 cancels g_im and loses all of a difference of size 1 − γ_im
+    (e.g. 1e-30 when Γ is one-hot to that level, variances at the floor).
+    """
+    if gamma.size == 0:  # no row to shift (and no maximum over K = 0 components)
+        return d_gamma
+    top = gamma == xp.max(gamma, axis=-1, keepdims=True)
+    n_top = xp.sum(xp.astype(top, gamma.dtype), axis=-1, keepdims=True)
+    n_top = xp.where(n_top > 0, n_top, xp.ones_like(n_top))  # a NaN row has no maximum: left unshifted
+    ref = xp.sum(xp.where(top, d_gamma, xp.zeros_like(d_gamma)), axis=-1, keepdims=True) / n_top
+    return d_gamma - ref
+
+
 def softmax_backward(gamma: Array, d_gamma: Array) -> Array:
     """Gradient entering the scores, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij) (Eq. 18).
 
     ``gamma`` and ``d_gamma`` (g = ∂L/∂Γ) have shape ``(..., N, K)``; returns
     ``d_scores`` (δ) of the same shape. Each row of δ sums to 0 (Σ_k δ_ik = 0),
-    which is what turns Eq. 63 into Eq. 64. Raises ``TypeError``/``ValueError``
+    which is what turns Eq. 63 into Eq. 64. g is first shifted, row by row, to 0 at
+    the row's largest responsibility (:func:`_shift_to_dominant`): the same δ, without
+    the cancellation where γ rounds to 1. Raises ``TypeError``/``ValueError``
     unless ``d_gamma`` is real floating of ``gamma``'s shape.
     """
     xp = namespace(gamma=gamma, d_gamma=d_gamma)
     check_cotangent(xp, "d_gamma", d_gamma, tuple(gamma.shape), "gamma", False)
+    d_gamma = _shift_to_dominant(xp, gamma, d_gamma)
     centre = xp.sum(gamma * d_gamma, axis=-1, keepdims=True)
     return gamma * (d_gamma - centre)
 
@@ -462,8 +484,7 @@ def scores_backward(
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
     shape = _validate(xp, x, means, variances, log_priors, check_finite)
     check_cotangent(xp, "d_scores", d_scores, shape, "the scores", check_finite)
-    lp_shape = tuple(means.shape[:-1]) if log_priors is None else tuple(log_priors.shape)
-    return _scores_backward(xp, x, means, variances, d_scores, lp_shape, None)
+    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), None)
 
 
 def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
@@ -556,7 +577,7 @@ def responsibilities_backward(
     check_cotangent(xp, "gamma", gamma, shape, "the responsibilities", check_finite)
     check_cotangent(xp, "d_gamma", d_gamma, shape, "the responsibilities", check_finite)
     d_scores = softmax_backward(gamma, d_gamma)
-    return scores_backward(x, means, variances, d_scores, log_priors, check_finite=False)
+    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), None)
 
 
 def responsibilities_backward_guarded(
@@ -574,6 +595,11 @@ def responsibilities_backward_guarded(
     xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
     d_scores = softmax_backward(gamma, d_gamma)
     return _scores_backward(xp, x, means, variances, d_scores, tuple(log_priors.shape), direct_rows)
+
+
+def _log_priors_shape(means: Array, log_priors: Array | None) -> tuple[int, ...]:
+    """The shape ∂L/∂log π comes back in: that of ``log_priors``, or ``means.shape[:-1]``."""
+    return tuple(means.shape[:-1]) if log_priors is None else tuple(log_priors.shape)
 
 
 def _check_log_priors_is_array(log_priors: Array | None) -> None:

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._array import Array
-from ..attention import _shift_to_dominant
 from ..bidirectional import gma_bidirectional_backward, read_memory, write_memory
 from ..causal import gma_causal_chunked, gma_causal_chunked_backward
 from ..mixture import (
@@ -217,10 +216,8 @@ def long_reference(
             d_gq, d_gk, d_v = gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size)
         else:
             d_gq, d_gk, d_v = gma_bidirectional_backward(gamma_q, gamma_k, v, d_out, eps)
-        side_q = responsibilities_backward(q, means, variances, gamma_q, _shift_to_dominant(xp, gamma_q, d_gq),
-                                           log_priors)
-        side_k = responsibilities_backward(k, means, variances, gamma_k, _shift_to_dominant(xp, gamma_k, d_gk),
-                                           log_priors)
+        side_q = responsibilities_backward(q, means, variances, gamma_q, d_gq, log_priors)
+        side_k = responsibilities_backward(k, means, variances, gamma_k, d_gk, log_priors)
         tensors.update({
             "d_q": side_q.d_x, "d_k": side_k.d_x, "d_v": d_v, "d_means": side_q.d_means + side_k.d_means,
             "d_omega": variances_from_omega_backward(omega, side_q.d_variances + side_k.d_variances),
