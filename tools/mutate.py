@@ -71,6 +71,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/posterior.py": [
         "tests/test_posterior.py",
+        "tests/test_softmax_backward_shift.py",
         "tests/test_score_overflow.py",
         "tests/test_posterior_contracts.py",
         "tests/test_scores_guard.py",
@@ -82,6 +83,8 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_backward_vs_sympy.py",
         "tests/test_gradient_identities.py",
         "tests/test_scores_accuracy.py",
+        "tests/test_attention_overflow_guard.py",
+        "tests/test_exact.py",
     ],
     "gma_ref/bidirectional.py": [
         "tests/test_bidirectional.py",
