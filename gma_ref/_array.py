@@ -21,6 +21,7 @@ import array_api_compat
 
 __all__ = [
     "Array",
+    "n_elements",
     "namespace",
     "check_floating",
     "check_finite",
@@ -84,10 +85,10 @@ def check_floating(xp: Any, name: str, a: Array) -> None:
 
 def check_finite(xp: Any, name: str, a: Array) -> None:
     """Raise ``ValueError`` if ``a`` holds NaN or +-Inf (the ``check_finite`` switch)."""
-    if a.size != 0 and not bool(xp.all(xp.isfinite(a))):
+    if n_elements(a) != 0 and not bool(xp.all(xp.isfinite(a))):
         n_bad = int(xp.sum(xp.astype(xp.logical_not(xp.isfinite(a)), xp.int64)))
         raise ValueError(
-            f"{name} must be finite, got {n_bad} NaN/Inf entries of {a.size}; "
+            f"{name} must be finite, got {n_bad} NaN/Inf entries of {n_elements(a)}; "
             "pass check_finite=False to skip this check"
         )
 
@@ -255,8 +256,20 @@ def _gib(n: int) -> str:
 
 def check_nonnegative_array(xp: Any, name: str, a: Array, what: str) -> None:
     """Raise ``ValueError`` if ``a`` has a negative entry (NaN entries are left to the finiteness check)."""
-    if a.size != 0 and bool(xp.any(a < 0)):
+    if n_elements(a) != 0 and bool(xp.any(a < 0)):
         raise ValueError(f"{name} must be non-negative ({what}), got minimum {float(xp.min(a))!r}")
+
+
+def n_elements(a: Array) -> int:
+    """The number of elements of ``a`` (the standard's ``a.size``, which PyTorch spells ``a.numel()``).
+
+    ``a.size`` is a bound method on a torch tensor, so ``a.size == 0`` is silently ``False`` there;
+    every emptiness test in :mod:`gma_ref` goes through this function instead.
+    """
+    n = array_api_compat.size(a)
+    if n is None:  # a lazy array with an unknown dimension
+        raise ValueError(f"the size of an array of shape {tuple(a.shape)} is not known")
+    return int(n)
 
 
 def value_scale(xp: Any, v: Array, n_terms: int) -> float:
@@ -271,7 +284,7 @@ def value_scale(xp: Any, v: Array, n_terms: int) -> float:
     below the threshold (max |V| · (n_terms + 1) < max float / 4) nothing is
     scaled and results are bit-for-bit those of the unscaled computation.
     """
-    if v.size == 0:
+    if n_elements(v) == 0:
         return 1.0
     top = float(xp.max(xp.abs(v)))
     if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(v.dtype).max) / 4:

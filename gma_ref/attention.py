@@ -35,6 +35,7 @@ from ._array import (
     check_positive_int,
     check_rank,
     device_of,
+    n_elements,
     namespace,
     sum_to_shape,
 )
@@ -231,7 +232,7 @@ def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_pri
     square itself is the larger.) Otherwise Γ is computed with the library's overflow
     warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
     """
-    if not check_finite or x.size == 0:
+    if not check_finite or n_elements(x) == 0:
         return responsibilities_and_guard(x, means, variances, log_priors)
     x_max, mu_max = float(xp.max(xp.abs(x))), float(xp.max(xp.abs(means)))
     reach = x_max + mu_max
@@ -436,7 +437,7 @@ def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array
                         log_priors: Array) -> None:
     """Recompute a few rows of Γ; raise unless they match the saved ones to √u of the scores' size."""
     n = x.shape[-2]
-    if gamma.size == 0:  # N = 0, or an empty batch
+    if n_elements(gamma) == 0:  # N = 0, or an empty batch
         return
     picks = sorted({round(i * (n - 1) / (_SAMPLED_ROWS - 1)) for i in range(_SAMPLED_ROWS)})
     idx = xp.asarray(picks, device=device_of(x))

@@ -49,6 +49,7 @@ from gma_ref._array import (
     check_positive_int,
     check_positive_scalar,
     check_rank,
+    n_elements,
     namespace,
     result_float_dtype,
 )
@@ -111,20 +112,20 @@ def _batch_shape(named: dict[str, Array]) -> tuple[int, ...]:
 
 
 def _check_nonnegative(xp: Any, name: str, a: Array) -> None:
-    if a.size != 0 and bool(xp.any(a < 0)):
+    if n_elements(a) != 0 and bool(xp.any(a < 0)):
         n_bad = int(xp.sum(xp.astype(a < 0, xp.int64)))
         raise ValueError(
             f"{name} must be a non-negative feature map (entries >= 0), got {n_bad} "
-            f"negative entries of {a.size}"
+            f"negative entries of {n_elements(a)}"
         )
 
 
 def _check_gates(xp: Any, a: Array) -> None:
-    if a.size != 0 and not bool(xp.all(xp.logical_and(a > 0, a <= 1))):
+    if n_elements(a) != 0 and not bool(xp.all(xp.logical_and(a > 0, a <= 1))):
         n_bad = int(xp.sum(xp.astype(xp.logical_not(xp.logical_and(a > 0, a <= 1)), xp.int64)))
         raise ValueError(
             f"gates must lie in (0, 1] (forget gates alpha_t of GLA), got {n_bad} entries "
-            f"of {a.size} outside (0, 1]"
+            f"of {n_elements(a)} outside (0, 1]"
         )
 
 

@@ -49,7 +49,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from ._array import Array, check_floating, check_positive_int, namespace
+from ._array import Array, check_floating, check_positive_int, n_elements, namespace
 from ._array import check_finite as _check_finite
 
 __all__ = [
@@ -90,7 +90,7 @@ def _check_gamma(xp: Any, gamma_q: Array, check_finite: bool, check_simplex: boo
     k = gamma_q.shape[-1]
     if k < 1:
         raise ValueError(f"gamma_q must have K >= 1 components, got shape {tuple(gamma_q.shape)}")
-    if gamma_q.size == 0:
+    if n_elements(gamma_q) == 0:
         raise ValueError(f"gamma_q must hold at least one token, got shape {tuple(gamma_q.shape)}")
     if check_finite:
         _check_finite(xp, "gamma_q", gamma_q)

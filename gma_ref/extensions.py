@@ -43,6 +43,7 @@ from ._array import (
     check_positive_int,
     check_positive_scalar,
     check_rank,
+    n_elements,
     namespace,
 )
 from ._array import check_finite as _check_finite
@@ -91,7 +92,7 @@ def _from_host(xp: Any, like: Array, values: np.ndarray) -> Array:
 
 def _check_concentrations(xp: Any, a: Array, check_finite: bool) -> None:
     check_component_vector(xp, "a", a, check_finite)
-    if a.size and not bool(xp.all(a > 0)):
+    if n_elements(a) and not bool(xp.all(a > 0)):
         raise ValueError(f"a must be > 0 (Dirichlet concentrations), got min {float(xp.min(a))}")
 
 
@@ -263,7 +264,7 @@ def stick_breaking_priors(v: Array, *, check_finite: bool = True) -> tuple[Array
         raise ValueError(f"v must have K_max >= 1 sticks, got shape {tuple(v.shape)}")
     if check_finite:
         _check_finite(xp, "v", v)
-    if v.size and not bool(xp.all((v >= 0) & (v <= 1))):
+    if n_elements(v) and not bool(xp.all((v >= 0) & (v <= 1))):
         raise ValueError(
             f"v must lie in [0, 1], got min {float(xp.min(v))} and max {float(xp.max(v))}"
         )

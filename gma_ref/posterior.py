@@ -38,6 +38,7 @@ from ._array import (
     check_last_dim,
     check_rank,
     device_of,
+    n_elements,
     namespace,
     sum_to_shape,
 )
@@ -96,7 +97,7 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
     if check_finite:
         for name, a in names.items():
             _check_finite(xp, name, a)
-    if variances.size and not bool(xp.all(variances > 0)):
+    if n_elements(variances) and not bool(xp.all(variances > 0)):
         raise ValueError(
             f"variances must be > 0 (use variances_from_omega for Eq. 14), got min {float(xp.min(variances))}"
         )
@@ -203,7 +204,7 @@ def _guarded_scores(xp: Any, x: Array, means: Array, variances: Array, log_prior
                     ) -> tuple[Array, Array]:
     """(scores, rows the guard recomputed element-wise), as :func:`_scores` computes them."""
     s, rows = _expanded_scores(xp, _expand(xp, x, means, variances), variances, log_priors)
-    if s.size and bool(xp.any(rows)):
+    if n_elements(s) and bool(xp.any(rows)):
         base = _constant(xp, variances, log_priors)
         base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
         exact = []
@@ -302,7 +303,7 @@ def _checked_for_overflow(xp: Any, s: Array, x: Array, variances: Array, check_f
     Finite inputs give a non-finite score only when the squared distance (x − μ)²/σ²,
     or (x − μ)² itself, exceeds the largest float: Γ would then be NaN in that row.
     """
-    if check_finite and s.size and not bool(xp.all(xp.isfinite(s))):
+    if check_finite and n_elements(s) and not bool(xp.all(xp.isfinite(s))):
         raise ValueError(
             f"the scores of x overflow: (x − μ)²/σ², or (x − μ)² itself, exceeds the range of {x.dtype} "
             f"(max |x| = {float(xp.max(xp.abs(x))):.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
@@ -398,7 +399,7 @@ def _shift_to_dominant(xp: Any, gamma: Array, d_gamma: Array) -> Array:
     rounded to 1 cancels g_im and loses all of a difference of size 1 − γ_im
     (e.g. 1e-30 when Γ is one-hot to that level, variances at the floor).
     """
-    if gamma.size == 0:  # no row to shift (and no maximum over K = 0 components)
+    if n_elements(gamma) == 0:  # no row to shift (and no maximum over K = 0 components)
         return d_gamma
     top = gamma == xp.max(gamma, axis=-1, keepdims=True)
     n_top = xp.sum(xp.astype(top, gamma.dtype), axis=-1, keepdims=True)
@@ -493,7 +494,7 @@ def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores
     ex = _expand(xp, x, means, variances)
     if rows is None:
         _, rows = _expanded_scores(xp, ex, variances, None)
-    any_rows = bool(xp.any(rows)) if rows.size else False
+    any_rows = bool(xp.any(rows)) if n_elements(rows) else False
     delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
     d_r, w, mc = x.shape[-1], ex.precisions, ex.means
     both = xp.matmul(delta, xp.concat([mc * w, w], axis=-1))  # [δ (μ'w), δ w], (..., N, 2 d_r)
