@@ -25,6 +25,7 @@ import random
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, TextIO
 
 import numpy as np
@@ -32,7 +33,9 @@ import sympy as sp
 
 __all__ = [
     "Check",
+    "Derivation",
     "Exp",
+    "NumericSpec",
     "check_equal",
     "delta_from_paper",
     "linear_loss",
@@ -47,6 +50,7 @@ __all__ = [
     "run_module",
     "vanishes",
     "sym_matrix",
+    "mixture_symbols",
 ]
 
 
@@ -430,3 +434,74 @@ def score_display(scores: sp.Matrix) -> dict[sp.Expr, sp.Symbol]:
     return exp_display(
         [(scores[i, k], f"p_{i + 1}{k + 1}") for i in range(scores.rows) for k in range(scores.cols)]
     )
+
+
+def mixture_symbols(n: int, d_r: int, n_comp: int) -> dict[str, Any]:
+    """The symbols of one token set and its mixture: ``x`` ``(n, d_r)``, ``mu`` ``(n_comp, d_r)``,
+    positive ``var`` ``(n_comp, d_r)`` (σ²), ``lp`` (``n_comp`` log-priors) and the cotangent
+    ``g`` ``(n, n_comp)`` of Γ. Each score derivation starts from these and replaces the one it studies
+    (σ² by softplus(ω) + ε_σ, log π by log softmax(α), ...)."""
+    return {
+        "x": sym_matrix("x", n, d_r),
+        "mu": sym_matrix("mu", n_comp, d_r),
+        "var": sym_matrix("sigma2", n_comp, d_r, positive=True),
+        "lp": [sp.Symbol(f"logpi_{k + 1}", real=True) for k in range(n_comp)],
+        "g": sym_matrix("g", n, n_comp),
+    }
+
+
+Outputs = Sequence[tuple[Sequence[sp.Expr], tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class NumericSpec:
+    """What a derivation evaluates numerically: its arguments, its gradient(s) and its forward.
+
+    ``inputs`` as in :func:`make_numeric`; ``gradients`` and ``forward`` are lists of
+    ``(expressions, shape)``, one per returned array.
+    """
+
+    inputs: Sequence[tuple[str, Sequence[sp.Symbol], tuple[int, ...]]]
+    gradients: Outputs
+    forward: Outputs
+
+
+class Derivation:
+    """The scaffolding every derivation module shares, written once.
+
+    A module supplies its printed ``title`` and ``intro``, ``derive() -> list[Check]``, a
+    ``numeric() -> NumericSpec`` (the symbolic derivative and forward to lambdify) and,
+    optionally, ``display() -> mapping`` (printing-only substitutions). This object gives
+    it the NumPy functions built from the derivative (:meth:`numeric_gradient`,
+    :meth:`numeric_forward`, lambdified once, on first use), :meth:`display_map` and :meth:`main`
+    (``python -m derivations.<name>``). The module names them in its own vocabulary, e.g.
+    ``numeric_loss = DERIVATION.numeric_forward``.
+    """
+
+    def __init__(self, title: str, intro: str, derive: Callable[[], list[Check]],
+                 numeric: Callable[[], NumericSpec],
+                 display: Callable[[], Mapping[Any, Any] | None] | None = None) -> None:
+        self.title, self.intro, self.derive = title, intro, derive
+        self._spec = numeric
+        self._display = display
+
+    @cache  # noqa: B019 - one Derivation per module, alive as long as the module
+    def _functions(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        spec = self._spec()
+        return make_numeric(spec.inputs, spec.gradients), make_numeric(spec.inputs, spec.forward)
+
+    def numeric_gradient(self, *args: Any) -> Any:
+        """The symbolic derivative evaluated with NumPy (arguments and shapes: the module's ``numeric_gradient``)."""
+        return self._functions()[0](*args)
+
+    def numeric_forward(self, *args: Any) -> Any:
+        """The forward of the derivation evaluated with NumPy; arguments as :meth:`numeric_gradient`."""
+        return self._functions()[1](*args)
+
+    def display_map(self) -> Mapping[Any, Any] | None:
+        """Printing-only substitutions (``Exp(s_ik)`` → ``p_ik``), or ``None``."""
+        return self._display() if self._display is not None else None
+
+    def main(self) -> int:
+        """Print the derivation; return 0 when every check passes."""
+        return run_module(self.title, self.intro, self.derive, self.display_map())

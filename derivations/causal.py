@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from derivations._common import Check, check_equal, make_numeric, run_module, sym_matrix
+from derivations._common import Check, Derivation, NumericSpec, check_equal, sym_matrix
 
 __all__ = ["N", "K", "D_V", "derive", "display_map", "main", "numeric_gradient", "numeric_loss"]
 
@@ -138,8 +138,7 @@ def derive() -> list[Check]:
     return checks
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
+def _numeric() -> NumericSpec:
     st = _setup()
     inputs = [
         ("gamma_q", list(st["gq"]), (N, K)),
@@ -148,12 +147,11 @@ def _numeric() -> tuple[Any, Any]:
         ("d_out", list(st["G"]), (N, D_V)),
         ("eps", [st["eps"]], ()),
     ]
-    grad = make_numeric(inputs, [
+    return NumericSpec(inputs, [
         (list(st["d_gq"]), (N, K)),
         (list(st["d_gk"]), (N, K)),
         (list(st["d_v"]), (N, D_V)),
-    ])
-    return grad, make_numeric(inputs, [([st["loss"]], ())])
+    ], [([st["loss"]], ())])
 
 
 def numeric_gradient(
@@ -171,24 +169,14 @@ def numeric_gradient(
     Returns:
         ``(d_gamma_q, d_gamma_k, d_v)`` with the shapes of the inputs.
     """
-    return _numeric()[0](gamma_q, gamma_k, v, d_out, eps)
+    return DERIVATION.numeric_gradient(gamma_q, gamma_k, v, d_out, eps)
 
 
-def numeric_loss(
-    gamma_q: np.ndarray, gamma_k: np.ndarray, v: np.ndarray, d_out: np.ndarray, eps: float
-) -> np.ndarray:
-    """Forward of the derivation, ``Σ_ic G_ic O_ic``; arguments as :func:`numeric_gradient`."""
-    return _numeric()[1](gamma_q, gamma_k, v, d_out, eps)
-
-
-def display_map() -> None:
-    """No printing substitutions: the expressions are already in the forward's symbols."""
-    return None
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric)
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

@@ -9,13 +9,11 @@ Run ``python -m derivations.cross``.
 from __future__ import annotations
 
 import sys
-from functools import cache
-from typing import Any
 
 import numpy as np
 
-from derivations._common import Check, run_module
-from derivations.write_read import derive_sizes, make_numeric_vjp
+from derivations._common import Check, Derivation, NumericSpec
+from derivations.write_read import derive_sizes, numeric_spec
 
 __all__ = ["N_Q", "N_K", "K", "D_V", "derive", "display_map", "main", "numeric_gradient", "numeric_loss"]
 
@@ -34,9 +32,8 @@ def derive() -> list[Check]:
     return derive_sizes(N_Q, N_K, K, D_V, "cross ")
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
-    return make_numeric_vjp(N_Q, N_K, K, D_V)
+def _numeric() -> NumericSpec:
+    return numeric_spec(N_Q, N_K, K, D_V)
 
 
 def numeric_gradient(
@@ -54,24 +51,14 @@ def numeric_gradient(
     Returns:
         ``(d_gamma_q, d_gamma_k, d_v)`` with the shapes of the inputs.
     """
-    return _numeric()[0](gamma_q, gamma_k, v, d_out, eps)
+    return DERIVATION.numeric_gradient(gamma_q, gamma_k, v, d_out, eps)
 
 
-def numeric_loss(
-    gamma_q: np.ndarray, gamma_k: np.ndarray, v: np.ndarray, d_out: np.ndarray, eps: float
-) -> np.ndarray:
-    """Forward of the derivation, ``Σ_ic G_ic O_ic``; arguments as :func:`numeric_gradient`."""
-    return _numeric()[1](gamma_q, gamma_k, v, d_out, eps)
-
-
-def display_map() -> None:
-    """No printing substitutions: the expressions are already in the forward's symbols."""
-    return None
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric)
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

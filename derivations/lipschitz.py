@@ -21,10 +21,10 @@ import sympy as sp
 
 from derivations._common import (
     Check,
+    Derivation,
+    NumericSpec,
     check_equal,
-    make_numeric,
     mixture_scores,
-    run_module,
     score_display,
     softmax_rows,
     sym_matrix,
@@ -80,8 +80,7 @@ def derive() -> list[Check]:
     return checks
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
+def _numeric() -> NumericSpec:
     st = _setup()
     inputs = [
         ("x", list(st["x"]), (D_R,)),
@@ -89,8 +88,7 @@ def _numeric() -> tuple[Any, Any]:
         ("variances", list(st["var"]), (K, D_R)),
         ("log_priors", list(st["lp"]), (K,)),
     ]
-    return (make_numeric(inputs, [(list(st["jac"]), (K, D_R))]),
-            make_numeric(inputs, [(list(st["gamma"]), (K,))]))
+    return NumericSpec(inputs, [(list(st["jac"]), (K, D_R))], [(list(st["gamma"]), (K,))])
 
 
 def numeric_jacobian(
@@ -107,25 +105,14 @@ def numeric_jacobian(
     Returns:
         ``(..., 2, 2)`` Jacobian J_γ, rows k (components), columns m (coordinates).
     """
-    return _numeric()[0](x, means, variances, log_priors)
+    return DERIVATION.numeric_gradient(x, means, variances, log_priors)
 
 
-def numeric_responsibilities(
-    x: np.ndarray, means: np.ndarray, variances: np.ndarray, log_priors: np.ndarray
-) -> np.ndarray:
-    """Forward of the derivation, γ(x) with shape ``(..., 2)``; arguments as
-    :func:`numeric_jacobian`."""
-    return _numeric()[1](x, means, variances, log_priors)
-
-
-def display_map() -> dict[Any, Any]:
-    """Printing-only map from ``Exp(s_ik)`` to ``p_ik``."""
-    return score_display(_setup()["s"])
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric, lambda: score_display(_setup()["s"]))
+numeric_responsibilities = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ import sympy as sp
 
 from derivations._common import (
     Check,
+    Derivation,
+    NumericSpec,
     check_equal,
     delta_from_paper,
     linear_loss,
-    make_numeric,
     mixture_scores,
-    run_module,
+    mixture_symbols,
     score_display,
     softmax_rows,
     sym_matrix,
@@ -42,11 +43,10 @@ L = Σ_ik g_ik γ_ik. Printed with p_ik = exp(s_ik).
 
 @cache
 def _setup() -> dict[str, Any]:
-    x = sym_matrix("x", N, D_R)
-    mu = sym_matrix("mu", K, D_R)
-    var = sym_matrix("sigma2", K, D_R, positive=True)
+    sym = mixture_symbols(N, D_R, K)  # log π is replaced by log softmax(α)
+    x, mu, var = sym["x"], sym["mu"], sym["var"]
     alpha = [sp.Symbol(f"alpha_{k + 1}", real=True) for k in range(K)]
-    g = sym_matrix("g", N, K)
+    g = sym["g"]
     total = sum(sp.exp(a) for a in alpha)
     pi = [sp.exp(a) / total for a in alpha]
     s = mixture_scores(x, mu, var, [sp.log(p) for p in pi])
@@ -98,8 +98,7 @@ def derive() -> list[Check]:
     return checks
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
+def _numeric() -> NumericSpec:
     st = _setup()
     inputs = [
         ("x", list(st["x"]), (N, D_R)),
@@ -108,8 +107,7 @@ def _numeric() -> tuple[Any, Any]:
         ("prior_logits", list(st["alpha"]), (K,)),
         ("d_gamma", list(st["g"]), (N, K)),
     ]
-    return (make_numeric(inputs, [(list(st["d_alpha"]), (K,))]),
-            make_numeric(inputs, [([st["loss"]], ())]))
+    return NumericSpec(inputs, [(list(st["d_alpha"]), (K,))], [([st["loss"]], ())])
 
 
 def numeric_gradient(
@@ -131,28 +129,14 @@ def numeric_gradient(
     Returns:
         ``(..., 3)`` d_prior_logits.
     """
-    return _numeric()[0](x, means, variances, prior_logits, d_gamma)
+    return DERIVATION.numeric_gradient(x, means, variances, prior_logits, d_gamma)
 
 
-def numeric_loss(
-    x: np.ndarray,
-    means: np.ndarray,
-    variances: np.ndarray,
-    prior_logits: np.ndarray,
-    d_gamma: np.ndarray,
-) -> np.ndarray:
-    """Forward of the derivation, ``Σ_ik g_ik γ_ik``; arguments as :func:`numeric_gradient`."""
-    return _numeric()[1](x, means, variances, prior_logits, d_gamma)
-
-
-def display_map() -> dict[Any, Any]:
-    """Printing-only map from ``Exp(s_ik)`` to ``p_ik``."""
-    return score_display(_setup()["s"])
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric, lambda: score_display(_setup()["s"]))
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

@@ -22,12 +22,13 @@ import sympy as sp
 
 from derivations._common import (
     Check,
+    Derivation,
+    NumericSpec,
     check_equal,
     delta_from_paper,
     linear_loss,
-    make_numeric,
     mixture_scores,
-    run_module,
+    mixture_symbols,
     score_display,
     softmax_rows,
     sym_matrix,
@@ -47,11 +48,8 @@ query q_i = (X W_Q)_i or a key k_i = (X W_K)_i. Printed with p_ik = exp(s_ik).
 
 @cache
 def _setup() -> dict[str, Any]:
-    x = sym_matrix("x", N, D_R)
-    mu = sym_matrix("mu", K, D_R)
-    var = sym_matrix("sigma2", K, D_R, positive=True)
-    lp = [sp.Symbol(f"logpi_{k + 1}", real=True) for k in range(K)]
-    g = sym_matrix("g", N, K)
+    sym = mixture_symbols(N, D_R, K)
+    x, mu, var, lp, g = sym["x"], sym["mu"], sym["var"], sym["lp"], sym["g"]
     s = mixture_scores(x, mu, var, lp)
     gamma = softmax_rows(s)
     loss = linear_loss(gamma, g)
@@ -124,8 +122,7 @@ def derive() -> list[Check]:
     return checks
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
+def _numeric() -> NumericSpec:
     st = _setup()
     inputs = [
         ("x", list(st["x"]), (N, D_R)),
@@ -134,8 +131,7 @@ def _numeric() -> tuple[Any, Any]:
         ("log_priors", list(st["lp"]), (K,)),
         ("d_gamma", list(st["g"]), (N, K)),
     ]
-    return (make_numeric(inputs, [(list(st["d_x"]), (N, D_R))]),
-            make_numeric(inputs, [([st["loss"]], ())]))
+    return NumericSpec(inputs, [(list(st["d_x"]), (N, D_R))], [([st["loss"]], ())])
 
 
 def numeric_gradient(
@@ -157,28 +153,14 @@ def numeric_gradient(
     Returns:
         ``(..., 2, 2)`` d_x.
     """
-    return _numeric()[0](x, means, variances, log_priors, d_gamma)
+    return DERIVATION.numeric_gradient(x, means, variances, log_priors, d_gamma)
 
 
-def numeric_loss(
-    x: np.ndarray,
-    means: np.ndarray,
-    variances: np.ndarray,
-    log_priors: np.ndarray,
-    d_gamma: np.ndarray,
-) -> np.ndarray:
-    """Forward of the derivation, ``Σ_ik g_ik γ_ik``; arguments as :func:`numeric_gradient`."""
-    return _numeric()[1](x, means, variances, log_priors, d_gamma)
-
-
-def display_map() -> dict[Any, Any]:
-    """Printing-only map from ``Exp(s_ik)`` to ``p_ik``."""
-    return score_display(_setup()["s"])
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric, lambda: score_display(_setup()["s"]))
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

@@ -23,14 +23,14 @@ import sympy as sp
 
 from derivations._common import (
     Check,
+    Derivation,
+    NumericSpec,
     check_differs,
     check_equal,
     delta_from_paper,
     linear_loss,
-    make_numeric,
     mixture_scores,
     random_point,
-    run_module,
     score_display,
     softmax_rows,
     sym_matrix,
@@ -138,8 +138,7 @@ def derive() -> list[Check]:
     return checks
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
+def _numeric() -> NumericSpec:
     st = _setup()
     inputs = [
         ("q", list(st["q"]), (N_Q, D_R)),
@@ -151,12 +150,11 @@ def _numeric() -> tuple[Any, Any]:
         ("d_gamma_k", list(st["gk"]), (N_K, K)),
         ("eps_sigma", [st["eps_sigma"]], ()),
     ]
-    grad = make_numeric(inputs, [
+    return NumericSpec(inputs, [
         (list(st["d_mu"]), (K, D_R)),
         (list(st["d_omega"]), (K, D_R)),
         (list(st["d_alpha"]), (K,)),
-    ])
-    return grad, make_numeric(inputs, [([st["loss"]], ())])
+    ], [([st["loss"]], ())])
 
 
 def numeric_gradient(
@@ -185,33 +183,15 @@ def numeric_gradient(
         ``(d_means, d_omega, d_prior_logits)`` with shapes ``(..., 2, 2)``, ``(..., 2, 2)``,
         ``(..., 2)``.
     """
-    return _numeric()[0](q, k, means, omega, prior_logits, d_gamma_q, d_gamma_k, eps_sigma)
+    return DERIVATION.numeric_gradient(q, k, means, omega, prior_logits, d_gamma_q, d_gamma_k, eps_sigma)
 
 
-def numeric_loss(
-    q: np.ndarray,
-    k: np.ndarray,
-    means: np.ndarray,
-    omega: np.ndarray,
-    prior_logits: np.ndarray,
-    d_gamma_q: np.ndarray,
-    d_gamma_k: np.ndarray,
-    eps_sigma: float,
-) -> np.ndarray:
-    """Forward of the derivation, ``Σ g^Q ∘ Γ^Q + Σ g^K ∘ Γ^K``; arguments as
-    :func:`numeric_gradient`."""
-    return _numeric()[1](q, k, means, omega, prior_logits, d_gamma_q, d_gamma_k, eps_sigma)
-
-
-def display_map() -> dict[Any, Any]:
-    """Printing-only map from ``Exp(s_ik)`` to ``p_ik`` (query rows first, then key rows)."""
-    st = _setup()
-    return score_display(sp.Matrix.vstack(st["s_q"], st["s_k"]))
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric,
+                        lambda: score_display(sp.Matrix.vstack(_setup()["s_q"], _setup()["s_k"])))
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

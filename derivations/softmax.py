@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import sys
 from functools import cache
-from typing import Any
 
 import numpy as np
 import sympy as sp
 
 from derivations._common import (
     Check,
+    Derivation,
     Exp,
+    NumericSpec,
     check_equal,
-    make_numeric,
-    run_module,
     softmax_rows,
 )
 
@@ -111,15 +110,12 @@ def derive() -> list[Check]:
     return checks
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
+def _numeric() -> NumericSpec:
     s, g, gamma = _symbols()
     delta = _delta_derived()
     loss = sum(g[j] * gamma[j] for j in range(K))
     inputs = [("scores", list(s), (K,)), ("d_gamma", list(g), (K,))]
-    grad = make_numeric(inputs, [(list(delta), (K,))])
-    fwd = make_numeric(inputs, [([loss], ())])
-    return grad, fwd
+    return NumericSpec(inputs, [(list(delta), (K,))], [([loss], ())])
 
 
 def numeric_gradient(scores: np.ndarray, d_gamma: np.ndarray) -> np.ndarray:
@@ -132,22 +128,14 @@ def numeric_gradient(scores: np.ndarray, d_gamma: np.ndarray) -> np.ndarray:
     Returns:
         ``(..., 3)`` d_scores. No max-subtraction: keep ``|scores|`` moderate (< 300).
     """
-    return _numeric()[0](scores, d_gamma)
+    return DERIVATION.numeric_gradient(scores, d_gamma)
 
 
-def numeric_loss(scores: np.ndarray, d_gamma: np.ndarray) -> np.ndarray:
-    """Forward of the derivation: ``Σ_k g_k softmax(s)_k`` per leading index, shape ``(...)``."""
-    return _numeric()[1](scores, d_gamma)
-
-
-def display_map() -> dict[Any, Any]:
-    """Printing-only map from ``Exp(s_ik)`` to ``p_ik``."""
-    return DISPLAY
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric, lambda: DISPLAY)
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ import sympy as sp
 
 from derivations._common import (
     Check,
+    Derivation,
+    NumericSpec,
     check_equal,
     delta_from_paper,
     linear_loss,
-    make_numeric,
     mixture_scores,
-    run_module,
+    mixture_symbols,
     score_display,
     softmax_rows,
     sym_matrix,
@@ -52,13 +53,10 @@ def sigmoid(w: sp.Expr) -> sp.Expr:
 
 @cache
 def _setup() -> dict[str, Any]:
-    x = sym_matrix("x", N, D_R)
-    mu = sym_matrix("mu", K, D_R)
+    sym = mixture_symbols(N, D_R, K)  # σ² is replaced by softplus(ω) + ε_σ (var_free keeps the free σ²)
+    x, mu, var_free, lp, g = sym["x"], sym["mu"], sym["var"], sym["lp"], sym["g"]
     omega = sym_matrix("omega", K, D_R)
-    var_free = sym_matrix("sigma2", K, D_R, positive=True)
     eps_sigma = sp.Symbol("epsilon_sigma", positive=True)
-    lp = [sp.Symbol(f"logpi_{k + 1}", real=True) for k in range(K)]
-    g = sym_matrix("g", N, K)
     var = omega.applyfunc(lambda w: softplus(w) + eps_sigma)
     s = mixture_scores(x, mu, var, lp)
     s_free = mixture_scores(x, mu, var_free, lp)
@@ -115,8 +113,7 @@ def derive() -> list[Check]:
     return checks
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
+def _numeric() -> NumericSpec:
     st = _setup()
     inputs = [
         ("x", list(st["x"]), (N, D_R)),
@@ -126,8 +123,7 @@ def _numeric() -> tuple[Any, Any]:
         ("d_gamma", list(st["g"]), (N, K)),
         ("eps_sigma", [st["eps_sigma"]], ()),
     ]
-    return (make_numeric(inputs, [(list(st["d_omega"]), (K, D_R))]),
-            make_numeric(inputs, [([st["loss"]], ())]))
+    return NumericSpec(inputs, [(list(st["d_omega"]), (K, D_R))], [([st["loss"]], ())])
 
 
 def numeric_gradient(
@@ -151,30 +147,15 @@ def numeric_gradient(
     Returns:
         ``(..., 3, 2)`` d_omega.
     """
-    return _numeric()[0](x, means, omega, log_priors, d_gamma, eps_sigma)
+    return DERIVATION.numeric_gradient(x, means, omega, log_priors, d_gamma, eps_sigma)
 
 
-def numeric_loss(
-    x: np.ndarray,
-    means: np.ndarray,
-    omega: np.ndarray,
-    log_priors: np.ndarray,
-    d_gamma: np.ndarray,
-    eps_sigma: float,
-) -> np.ndarray:
-    """Forward of the derivation, ``Σ_ik g_ik γ_ik``; arguments as :func:`numeric_gradient`."""
-    return _numeric()[1](x, means, omega, log_priors, d_gamma, eps_sigma)
-
-
-def display_map() -> dict[Any, Any]:
-    """Printing-only map from ``Exp(s_ik)`` to ``p_ik``."""
-    st = _setup()
-    return {**score_display(st["s"]), **score_display(st["s_free"])}
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric,
+                        lambda: {**score_display(_setup()["s"]), **score_display(_setup()["s_free"])})
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":

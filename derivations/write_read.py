@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from derivations._common import Check, check_equal, make_numeric, run_module, sym_matrix
+from derivations._common import Check, Derivation, NumericSpec, check_equal, sym_matrix
 
 __all__ = [
     "N",
@@ -163,7 +163,7 @@ def derive() -> list[Check]:
     return derive_sizes(N, N, K, D_V, "")
 
 
-def make_numeric_vjp(n_q: int, n_k: int, n_comp: int, d_v: int) -> tuple[Any, Any]:
+def numeric_spec(n_q: int, n_k: int, n_comp: int, d_v: int) -> tuple[Any, Any]:
     """NumPy VJP and loss functions for the given sizes (see :func:`numeric_gradient`)."""
     st = build(n_q, n_k, n_comp, d_v)
     inputs = [
@@ -173,17 +173,15 @@ def make_numeric_vjp(n_q: int, n_k: int, n_comp: int, d_v: int) -> tuple[Any, An
         ("d_out", list(st["G"]), (n_q, d_v)),
         ("eps", [st["eps"]], ()),
     ]
-    grad = make_numeric(inputs, [
+    return NumericSpec(inputs, [
         (list(st["d_gq"]), (n_q, n_comp)),
         (list(st["d_gk"]), (n_k, n_comp)),
         (list(st["d_v"]), (n_k, d_v)),
-    ])
-    return grad, make_numeric(inputs, [([st["loss"]], ())])
+    ], [([st["loss"]], ())])
 
 
-@cache
-def _numeric() -> tuple[Any, Any]:
-    return make_numeric_vjp(N, N, K, D_V)
+def _numeric() -> NumericSpec:
+    return numeric_spec(N, N, K, D_V)
 
 
 def numeric_gradient(
@@ -201,24 +199,14 @@ def numeric_gradient(
     Returns:
         ``(d_gamma_q, d_gamma_k, d_v)`` with the shapes of the inputs.
     """
-    return _numeric()[0](gamma_q, gamma_k, v, d_out, eps)
+    return DERIVATION.numeric_gradient(gamma_q, gamma_k, v, d_out, eps)
 
 
-def numeric_loss(
-    gamma_q: np.ndarray, gamma_k: np.ndarray, v: np.ndarray, d_out: np.ndarray, eps: float
-) -> np.ndarray:
-    """Forward of the derivation, ``Σ_ic G_ic O_ic``; arguments as :func:`numeric_gradient`."""
-    return _numeric()[1](gamma_q, gamma_k, v, d_out, eps)
-
-
-def display_map() -> None:
-    """No printing substitutions: the expressions are already in the forward's symbols."""
-    return None
-
-
-def main() -> int:
-    """Print the derivation; return 0 when every check passes."""
-    return run_module(TITLE, INTRO, derive, display_map())
+DERIVATION = Derivation(TITLE, INTRO, derive, _numeric)
+numeric_loss = DERIVATION.numeric_forward
+"""The forward of the derivation with NumPy; arguments as :func:`numeric_gradient`."""
+display_map = DERIVATION.display_map
+main = DERIVATION.main
 
 
 if __name__ == "__main__":
