@@ -39,12 +39,17 @@ __all__ = [
     "UNIT_ROUNDOFF",
     "UNDERFLOW",
     "TINY_ACC",
+    "SMALLEST_NORMAL",
+    "SUBNORMAL_SPACING",
     "NU_MAX",
     "TOLERANCES",
+    "GRAIN_MULTIPLE",
     "LAYER_TOLERANCES",
     "Tolerance",
     "Comparison",
     "unit_scale",
+    "granularity",
+    "t_store",
     "compare_tensor",
 ]
 
@@ -61,6 +66,23 @@ UNDERFLOW: dict[str, float] = {
 #: t = u · tiny, which the gradient floors account for (:func:`gma_ref.testing.reference.reference`).
 TINY_ACC: dict[str, float] = {"float64": 2.0**-1022, "float32": 2.0**-126, "float16": 2.0**-126,
                               "bfloat16": 2.0**-126}
+
+#: Spacing of the subnormal numbers of each dtype (its smallest subnormal): the granularity of a kernel that keeps
+#: subnormals (one rounding errs by half of it; the whole spacing is used, since half of float64's is not a float64).
+SUBNORMAL_SPACING: dict[str, float] = {
+    "float64": 2.0**-1074,
+    "float32": 2.0**-149,
+    "float16": 2.0**-24,
+    "bfloat16": 2.0**-133,
+}
+
+#: Smallest normal number of each dtype: what a value below it loses when the kernel flushes subnormals to 0.
+SMALLEST_NORMAL: dict[str, float] = {
+    "float64": 2.0**-1022,
+    "float32": 2.0**-126,
+    "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
+}
 
 #: Unit roundoff u = 2^-p of each dtype (p = significand bits including the implicit one), i.e. half of ε_mach.
 UNIT_ROUNDOFF: dict[str, float] = {
@@ -93,6 +115,12 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+#: Multiple of the granularity allowance G in the bound τ (ν · scale + GRAIN_MULTIPLE · G): 8× the largest multiple a
+#: correct kernel of gma_ref.testing.rounding_family needed over the default cases, rounded up to a power of two
+#: (docs/oracle.md, "The tolerance table").
+GRAIN_MULTIPLE: float = 16.0
+
+
 #: τ per dtype for layer mode (``check(..., mode='layer')``): the larger of :data:`TOLERANCES` and 8× the largest
 #: error/ν measured for correct layers over ≥ 200 layer cases (rounded up to a power of two). See docs/oracle.md.
 LAYER_TOLERANCES: dict[str, Tolerance] = {
@@ -103,17 +131,39 @@ LAYER_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
-def unit_scale(dtype: str, kappa: float, read_condition: float = 0.0, proj_condition: float = 0.0) -> float:
+def unit_scale(dtype: str, kappa: float, read_condition: float = 0.0, proj_condition: float = 0.0,
+               flush_subnormals: bool = False) -> float:
     """ν = u_store + u_acc · κ + t_store · λ (+ u_store · κ_P in layer mode) for ``dtype``.
 
     κ is the score condition factor, λ the read condition and κ_P the projection
     condition factor of a layer case (the routing vectors X W are formed by the
-    candidate and stored at its precision; 0 in the attention mode).
+    candidate and stored at its precision; 0 in the attention mode). With
+    ``flush_subnormals`` a stored value below the normal range loses all of it, so
+    t_store is the smallest normal number instead of half the smallest subnormal.
     """
     u_store = UNIT_ROUNDOFF[dtype]
     u_acc = UNIT_ROUNDOFF["float64"] if dtype == "float64" else UNIT_ROUNDOFF["float32"]
-    return (u_store + u_acc * max(float(kappa), 1.0) + UNDERFLOW[dtype] * float(read_condition)
+    return (u_store + u_acc * max(float(kappa), 1.0) + t_store(dtype, flush_subnormals) * float(read_condition)
             + u_store * float(proj_condition))
+
+
+def t_store(dtype: str, flush_subnormals: bool = False) -> float:
+    """Absolute error of a stored value below the normal range: half the smallest subnormal, or (flushed) the
+    smallest normal number. Raises ``KeyError`` for an unknown dtype."""
+    return SMALLEST_NORMAL[dtype] if flush_subnormals else UNDERFLOW[dtype]
+
+
+def granularity(dtype: str, flush_subnormals: bool = False) -> tuple[float, float]:
+    """(η_store, η_acc): the absolute error of one rounding at the bottom of ``dtype`` and of its compute precision.
+
+    Rounding to nearest in the subnormal range errs by at most half the subnormal
+    spacing (:data:`SUBNORMAL_SPACING`, used whole); a kernel that flushes subnormals to
+    0 (and reads subnormal inputs as 0) errs by up to the smallest normal number
+    (:data:`SMALLEST_NORMAL`). The compute precision is float64 for float64 and
+    float32 otherwise. Raises ``KeyError`` for an unknown dtype.
+    """
+    table = SMALLEST_NORMAL if flush_subnormals else SUBNORMAL_SPACING
+    return table[dtype], table["float64" if dtype == "float64" else "float32"]
 
 
 @dataclass
@@ -167,12 +217,19 @@ def compare_tensor(
     floor: float = 0.0,
     tolerance: Tolerance | None = None,
     proj_condition: float = 0.0,
+    grain: Any = 0.0,
+    flush_subnormals: bool = False,
 ) -> Comparison:
     """Compare ``actual`` with the float64 reference ``expected`` (same shape, same namespace).
 
     ``dtype`` names the dtype under test (a key of :data:`TOLERANCES`), ``kappa`` the
     case's score condition factor, ``read_condition`` its λ, ``floor`` the tensor's cancellation-free scale.
-    ``tolerance`` overrides the calibrated τ; ``proj_condition`` is κ_P of a layer case. Returns
+    ``tolerance`` overrides the calibrated τ; ``proj_condition`` is κ_P of a layer case. ``grain`` is the
+    absolute error a correct kernel may make in the tensor from the granularity of floating point, in
+    units of η_acc (a float, or an array of the tensor's shape:
+    :attr:`~gma_ref.testing.reference.Reference.grains`): G = grain · η_acc + η_store
+    (:func:`granularity`, per ``flush_subnormals``). The error is then bounded by
+    τ (ν · scale + G), i.e. G / ν is added to the scales of both figures. Returns
     :class:`Comparison`; a shape mismatch raises ``ValueError``.
     """
     import numpy as np
@@ -180,8 +237,11 @@ def compare_tensor(
     if tuple(actual.shape) != tuple(expected.shape):
         raise ValueError(f"{name}: shape {tuple(actual.shape)} does not match the reference {tuple(expected.shape)}")
     tol = tolerance if tolerance is not None else TOLERANCES[dtype]
-    nu = unit_scale(dtype, kappa, read_condition, proj_condition)
+    nu = unit_scale(dtype, kappa, read_condition, proj_condition, flush_subnormals)
     a, r = _to_host(actual), _to_host(expected)
+    eta_store, eta_acc = granularity(dtype, flush_subnormals)
+    units = np.broadcast_to(_to_host(grain) if hasattr(grain, "shape") else np.float64(grain), r.shape)
+    grain_nu = GRAIN_MULTIPLE * (units * (eta_acc / nu) + eta_store / nu)  # G / ν, no subnormal products
     n = r.size
     if n == 0:
         return Comparison(name, 0.0, tol.norm * nu, 0.0, tol.elem * nu, None, None, None, 0, True)
@@ -197,11 +257,12 @@ def compare_tensor(
     r0 = np.where(ref_finite, r, 0.0)
     ref_norm = _norm(r0)
     tiny = float(np.finfo(np.float64).smallest_subnormal)
-    scale_norm = max(ref_norm, math.sqrt(n) * floor, tiny)
+    # the granularity allowance G (absolute) enters as G / ν on top of each scale: |a − r| ≤ τ (ν · scale + G)
+    scale_norm = max(ref_norm, math.sqrt(n) * floor, tiny) + _norm(grain_nu)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         norm_error = _norm(diff) / scale_norm
         s_t = max(ref_norm / math.sqrt(n), floor, tiny)
-        elem = np.abs(diff) / (np.abs(r0) + s_t)
+        elem = np.abs(diff) / (np.abs(r0) + s_t + grain_nu)
     flat = int(np.argmax(elem))
     idx = tuple(int(i) for i in np.unravel_index(flat, r.shape))
     elem_error = float(elem.reshape(-1)[flat])
