@@ -115,9 +115,9 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
-#: Multiple of the granularity allowance G in the bound τ (ν · scale + GRAIN_MULTIPLE · G): 8× the largest multiple a
-#: correct kernel of gma_ref.testing.rounding_family needed over the default cases, rounded up to a power of two
-#: (docs/oracle.md, "The tolerance table").
+#: Multiple m of the propagated granularity allowance (G = m · grain · η_acc): the smallest power of two
+#: that leaves every correct kernel of gma_ref.testing.rounding_family below 1/4 of the threshold over the default
+#: cases (docs/oracle.md, "The tolerance table and how it was derived").
 GRAIN_MULTIPLE: float = 16.0
 
 
@@ -227,9 +227,11 @@ def compare_tensor(
     ``tolerance`` overrides the calibrated τ; ``proj_condition`` is κ_P of a layer case. ``grain`` is the
     absolute error a correct kernel may make in the tensor from the granularity of floating point, in
     units of η_acc (a float, or an array of the tensor's shape:
-    :attr:`~gma_ref.testing.reference.Reference.grains`): G = grain · η_acc + η_store
-    (:func:`granularity`, per ``flush_subnormals``). The error is then bounded by
-    τ (ν · scale + G), i.e. G / ν is added to the scales of both figures. Returns
+    :attr:`~gma_ref.testing.reference.Reference.grains`): G = m · grain · η_acc (+ η_store with
+    ``flush_subnormals``: a stored result below the normal range may be 0), with m = :data:`GRAIN_MULTIPLE`
+    and η_store, η_acc from :func:`granularity`.
+    The error is then bounded by τ (ν · scale + G), i.e. G / ν is added to the scales of both
+    figures. Returns
     :class:`Comparison`; a shape mismatch raises ``ValueError``.
     """
     import numpy as np
@@ -241,7 +243,9 @@ def compare_tensor(
     a, r = _to_host(actual), _to_host(expected)
     eta_store, eta_acc = granularity(dtype, flush_subnormals)
     units = np.broadcast_to(_to_host(grain) if hasattr(grain, "shape") else np.float64(grain), r.shape)
-    grain_nu = GRAIN_MULTIPLE * (units * (eta_acc / nu) + eta_store / nu)  # G / ν, no subnormal products
+    # G / ν, formed without subnormal products. Without flushing, the rounding of the stored result (η_store / 2) is
+    # already within τ ν · t_store / u_store, the scale below which no tensor is compared (below)
+    grain_nu = GRAIN_MULTIPLE * units * (eta_acc / nu) + (eta_store / nu if flush_subnormals else 0.0)
     n = r.size
     if n == 0:
         return Comparison(name, 0.0, tol.norm * nu, 0.0, tol.elem * nu, None, None, None, 0, True)
