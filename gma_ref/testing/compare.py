@@ -3,9 +3,9 @@
 For a tensor T with candidate values a and float64 reference r (evaluated on
 the candidate's own rounded inputs), two figures are computed:
 
-* the **norm error** e = ‖a − r‖₂ / max(‖r‖₂, √n · f_T), the RMS error ratio,
+* the **norm error** e = ‖a − r‖₂ / (max(‖r‖₂, √n · f_T) + ‖G_T‖₂ / ν), the RMS error ratio,
   with f_T the tensor's cancellation-free scale (:mod:`gma_ref.testing.reference`);
-* the **element error** e_∞ = max_i |a_i − r_i| / (|r_i| + s_T), s_T = max(RMS(r), f_T):
+* the **element error** e_∞ = max_i |a_i − r_i| / (|r_i| + s_T + G_T,i / ν), s_T = max(RMS(r), f_T):
   a relative error for large elements and an absolute one, at the tensor's own
   scale, for elements near 0. Its argmax is the reported worst element.
 
@@ -17,10 +17,55 @@ where u_store is the unit roundoff of the dtype under test (2⁻⁵³, 2⁻²⁴
 2⁻⁸ for float64, float32, float16, bfloat16), u_acc that of the precision a
 correct kernel accumulates and evaluates scores in (float64 for float64
 inputs, float32 otherwise), κ the score condition factor of the case, t_store
-half the smallest subnormal of the dtype and λ the read condition of the case
+half the smallest subnormal of the dtype (its smallest normal number for a kernel
+that declares ``flush_subnormals``) and λ the read condition of the case
 (:mod:`gma_ref.testing.reference`). τ (``TOLERANCES``) was set at a multiple of the largest value observed for
 correct implementations over ≥ 200 generated cases per dtype (see
 docs/oracle.md and :func:`gma_ref.testing.calibrate`).
+
+**The granularity term G.** The model ``fl(x ∘ y) = (x ∘ y)(1 + δ)``, |δ| ≤ u, behind
+u_acc · κ and the floors holds in the normal range only. In general (IEEE arithmetic)
+
+    fl(x ∘ y) = (x ∘ y)(1 + δ) + θ,    |δ| ≤ u,  |θ| ≤ η,
+
+with η the absolute granularity of the precision: half its subnormal spacing with
+gradual underflow (the whole spacing is used: :data:`SUBNORMAL_SPACING`), or its
+smallest normal number when subnormals are flushed to zero (:data:`SMALLEST_NORMAL`;
+the inputs' subnormals are then read as 0 too). θ does not scale with the value, so
+it is invisible in ν · scale when the values are large, and it is all there is when
+they are tiny: in the backward pass every value is proportional to the cotangent g,
+and with g at the subnormal edge (the ``tiny_grad`` regime) the θ of the many
+intermediates that fall below the normal range are as large as the values. One θ
+introduced at an intermediate y moves a gradient T by |∂T/∂y| θ; over all the
+intermediates a correct kernel forms,
+
+    |a_T − r_T| ≤ τ ν · scale_T + G_T,    G_T = η Σ_y |∂T/∂y|   (+ η_store when flushing),
+
+summed linearly (a flush errs towards 0 every time, so the θ need not cancel).
+G_T is the cancellation-free magnitude of T (the floors' chain: |Γ|, |v|, |r|, 1/D)
+carried from η instead of from the values — the same condition terms as the relative
+rounding — elementwise, in units of η_acc (:mod:`gma_ref.testing.reference` documents
+each step). The intermediates counted are the adjoints the chain rule defines
+(∂L/∂num = g/D, ∂L/∂D, ∂L/∂A, ∂L/∂Γ, δ, the terms of the score gradients) and the
+products of the cotangent formed *before* the read's division by D (g·v, g·O), whose θ
+the division amplifies by 1/D: so the read divided before or after its products, with
+or without the shift of Eq. 18, flushed or not, is covered.
+
+A product with the *unnormalised* numerator num = D · O is of size |g| D; forming it
+and dividing by D² amplifies its θ by 1/D² rather than 1/D — **amplified underflow**,
+fla's normalise backward −Σ(do · o)/D². The textbook induced-weights backward does the
+same for one term; its excess over G is a factor ~1/D in one query's ∂L/∂D. The
+multiple m = :data:`GRAIN_MULTIPLE` of G is calibrated on a family of correct kernels
+that round differently (:mod:`gma_ref.testing.rounding_family`) at the default ε = 1e-6
+(D ≥ 1e-6), where that kernel stays a factor ~7 inside the bound; at fla's ε = 1e-10
+(D ≈ 6e-9) the same form fails it by ~1.6e3 (tests/planted_impls.py
+``FlaNormaliseBackward``). So the bound is::
+
+    |a − r| ≤ τ (ν · scale + G),   G = m · grain · η_acc (+ η_store when flushing)
+
+i.e. G / ν is added to the scales of both figures. Without flushing, the rounding of
+a stored result (η_store / 2) is already inside τ ν t_store / u_store, the scale below
+which no tensor is compared.
 
 Both figures must be within their bound, and any non-finite value where the
 reference is finite fails outright. NumPy is used for host-side reduction of

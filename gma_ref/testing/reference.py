@@ -24,6 +24,13 @@
   gradients that are ~0 only because large terms cancel (Σ_k ∂L/∂α_k = 0,
   saturated responsibilities, a query that sees no key mass) are compared
   against the size of those terms, not against their tiny sum.
+* ``grains`` — per gradient, elementwise, the absolute error a correct kernel may
+  make from the granularity of floating point (subnormal spacing, or a flush to 0):
+  one η in every intermediate of the backward pass, carried to the gradients by the
+  same cancellation-free magnitudes as the floors (:func:`_grad_grains`), in units of
+  η. The floors bound rounding relative to normal numbers; this bounds what falls
+  below them (a cotangent at the subnormal edge). The derivation is in
+  :mod:`gma_ref.testing.compare`.
 """
 
 from __future__ import annotations
