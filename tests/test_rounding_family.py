@@ -117,3 +117,14 @@ def test_grain_raises_the_scale_by_g_over_nu():
     assert not compare_tensor("d", a, r, dtype="float32").passed  # τ ν (scale) + τ η_store ≈ 200 η
     assert compare_tensor("d", a, r, dtype="float32", grain=4.0).passed  # + τ m 4 η = 4096 η
     assert not compare_tensor("d", r + 1e5 * eta * GRAIN_MULTIPLE, r, dtype="float32", grain=4.0).passed
+
+
+def test_flushing_kernels_read_condition_uses_the_smallest_normal():
+    """With flush_subnormals, t_store in ν = u_store + u_acc κ + t_store λ is the smallest normal number (a stored
+    responsibility below it is 0), not half the smallest subnormal."""
+    from gma_ref.testing.compare import t_store, unit_scale
+
+    u = 2.0**-24
+    assert unit_scale("float32", 1.0, read_condition=8.0, flush_subnormals=True) == u + u + 2.0**-126 * 8.0
+    assert unit_scale("float32", 1.0, read_condition=8.0) == u + u + 2.0**-150 * 8.0
+    assert t_store("float16", True) == 2.0**-14 and t_store("float16") == 2.0**-25
