@@ -2,18 +2,22 @@
 
 The kernels of :mod:`gma_ref.testing.rounding_family` compute GMA exactly in exact
 arithmetic and differ only in where they round and what underflows. Measured margins
-(largest error / threshold over the default check, forward + gradients, 29 cases):
+(largest error / threshold over the default check, forward + gradients, 29 cases, with
+the granularity multiple m = 128):
 
 | kernel | float64 | float32 | bfloat16 |
 |---|---|---|---|
-| InducedWeightsKernel | 0.061 | 0.14 | 0.066 |
-| ExpandedSoftmaxKernel | 0.059 | 0.046 | 0.066 |
-| DivisionBeforeKernel | 0.059 | 0.046 | 0.066 |
-| DivisionAfterKernel | 0.060 | 0.046 | 0.066 |
+| InducedWeightsKernel | 0.059 | 0.046 | 0.070 |
+| ExpandedSoftmaxKernel | 0.059 | 0.046 | 0.070 |
+| DivisionBeforeKernel | 0.059 | 0.046 | 0.070 |
+| DivisionAfterKernel | 0.060 | 0.046 | 0.070 |
 | FlushToZeroKernel (declares flush_subnormals) | 0.059 | 0.046 | 0.066 |
 
-Before the granularity term the induced-weights kernel failed 3/29 float64 cases at 2.1× and
-2/29 float32 cases at 3.8× the threshold (all ``tiny_grad``).
+Over the default plus 200 generated cases the induced-weights kernel reaches 0.45 (float64),
+0.18 (float32), 0.12 (bfloat16); the others stay at the NumPy kernel's figures. Before the
+granularity term the induced-weights kernel failed 3/29 float64 cases at 2.1× and 2/29
+float32 cases at 3.8× the threshold (all ``tiny_grad``). The planted fla-like normalise
+backward fails the default float32 check at 210× (float64: 94×).
 """
 
 from __future__ import annotations
@@ -67,21 +71,20 @@ def test_induced_weights_kernel_needs_the_granularity_term(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flush_to_zero_needs_its_declaration(dtype):
     """The flush-to-zero kernel passes because it declares flush_subnormals: undeclared, float64 and float32 fail
-    the tiny_grad cases (a flushed gradient is 0 where the reference is ~1e-38) by orders of magnitude."""
+    the tiny_grad cases (a flushed gradient is 0 where the reference is ~1e-38): measured 4.7e10× (float64),
+    88× (float32), 22× (bfloat16)."""
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     kernel = FlushToZeroKernel(dtype)
     assert kernel.gma_declaration.flush_subnormals is True
     report = check(kernel, replace(kernel.gma_declaration, flush_subnormals=False), dtype=dtype, grad=True)
-    if dtype == "bfloat16":  # bfloat16's own spacing (2^-133) is near float32's smallest normal (2^-126)
-        return
     assert not report.passed and all("tiny_grad" in c for c in report.failed_cases()), report.format()
-    assert _worst(report) > 100
+    assert _worst(report) > 10
 
 
 def test_fla_like_normalise_backward_is_flagged_by_orders_of_magnitude():
     """Amplified underflow (fla's −Σ(do·o)/D² with the unnormalised o, D ≈ 6e-9): the default float32 check
-    fails it by more than 100× the threshold (measured 1.6e3×), in the tiny_grad case only."""
+    fails it by more than 100× the threshold (measured 210×), in the tiny_grad case only."""
     report = check(FlaNormaliseBackward("float32"), grad=True)
     assert not report.passed and report.exit_code == 1
     assert report.failed_cases() and all("tiny_grad" in c for c in report.failed_cases())
@@ -115,7 +118,7 @@ def test_grain_raises_the_scale_by_g_over_nu():
     eta = 2.0**-149
     a = r + 500 * eta
     assert not compare_tensor("d", a, r, dtype="float32").passed  # τ ν (scale) + τ η_store ≈ 200 η
-    assert compare_tensor("d", a, r, dtype="float32", grain=4.0).passed  # + τ m 4 η = 4096 η
+    assert compare_tensor("d", a, r, dtype="float32", grain=4.0).passed  # + τ m 4 η = 32768 η
     assert not compare_tensor("d", r + 1e5 * eta * GRAIN_MULTIPLE, r, dtype="float32", grain=4.0).passed
 
 
