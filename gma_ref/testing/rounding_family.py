@@ -23,8 +23,7 @@ the harness:
   with flush-to-zero); it declares ``flush_subnormals=True``.
 
 :data:`FAMILY` lists them. This module is NumPy-specific on purpose (it emulates
-kernels); it imports only :mod:`gma_ref.testing.emulated` and
-:mod:`gma_ref.testing.adapters`.
+kernels); of the harness it imports only :mod:`gma_ref.testing.emulated`.
 """
 
 from __future__ import annotations
