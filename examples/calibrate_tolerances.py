@@ -5,7 +5,7 @@ Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
 
 Run from the repository root::
 
-    python examples/calibrate_tolerances.py [--cases 200] [--multiple 8] [--bugs]
+    python examples/calibrate_tolerances.py [--cases 200] [--multiple 8] [--bugs] [--family]
 
 For every dtype, each correct implementation available here (the NumPy kernel
 with emulated storage, :class:`gma_ref.testing.NumpyKernel`, and the PyTorch
@@ -14,7 +14,12 @@ default cases plus ``--cases`` generated ones with τ = 1, so every error figure
 is in units of ν = u_store + u_acc·κ + t_store·λ. The suggested τ is
 ``--multiple`` × the largest figure seen, rounded up to a power of two. With
 ``--bugs`` it also runs the default float32 check (float64 for the float64-only
-bug) on every planted bug and prints its largest error / threshold ratio.
+bug) on every planted bug and prints its largest error / threshold ratio. With
+``--family`` the correct kernels of :mod:`gma_ref.testing.rounding_family` (which
+round in different orders, one flushing subnormals to zero) join the calibration
+runs, and the granularity multiple m (``GRAIN_MULTIPLE``) is derived: the smallest
+power of two at which every family kernel stays below half the threshold over the
+default and ``--cases`` generated cases of float64, float32 and bfloat16.
 """
 
 from __future__ import annotations
@@ -27,7 +32,46 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gma_ref.testing import TOLERANCES, NumpyKernel, calibrate, check  # noqa: E402
+from gma_ref.testing import TOLERANCES, NumpyKernel, calibrate, check, compare  # noqa: E402
+from gma_ref.testing.rounding_family import FAMILY  # noqa: E402
+
+
+def worst_ratio(report) -> float:
+    """Largest error / threshold of a report's accuracy checks."""
+    return max((x.value / x.threshold for x in report.results if x.metric in ("norm", "elem") and x.threshold),
+               default=0.0)
+
+
+def grain_multiple(dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"), target: float = 0.5,
+                   n_cases: int = 200) -> float:
+    """Smallest power of two m at which every family kernel stays below ``target`` × the threshold; prints the table.
+
+    Each kernel runs the default check of each dtype plus ``n_cases`` generated cases. A larger m
+    never raises a figure, so a kernel below ``target`` at some m is not run again until the end.
+    """
+    saved = compare.GRAIN_MULTIPLE
+
+    def measure(pairs):
+        return {(cls, d): worst_ratio(check(cls(d), dtype=d, grad=True, n_cases=n_cases, contract=False))
+                for cls, d in pairs}
+
+    pending = [(cls, d) for cls in FAMILY for d in dtypes]
+    try:
+        for e in range(0, 11):
+            compare.GRAIN_MULTIPLE = 2.0**e
+            worst = measure(pending)
+            pending = [p for p, w in worst.items() if w >= target]
+            print(f"m = {2.0 ** e:g}: {len(pending)} kernel/dtype pairs at or above {target} of the threshold"
+                  + (f", largest {max(worst.values()):.3g}" if worst else ""))
+            if not pending:
+                final = measure([(cls, d) for cls in FAMILY for d in dtypes])
+                print("\n| kernel | " + " | ".join(dtypes) + " |\n|---|" + "---|" * len(dtypes))
+                for cls in FAMILY:
+                    print(f"| {cls.__name__} | " + " | ".join(f"{final[(cls, d)]:.3g}" for d in dtypes) + " |")
+                return 2.0**e
+    finally:
+        compare.GRAIN_MULTIPLE = saved
+    raise RuntimeError("no multiple up to 1024 passes the family")
 
 
 def main() -> None:
@@ -36,7 +80,10 @@ def main() -> None:
     ap.add_argument("--multiple", type=float, default=8.0, help="tau = multiple x observed max (power of 2)")
     ap.add_argument("--bugs", action="store_true", help="also measure the planted bugs' margins")
     ap.add_argument("--dtypes", default="float64,float32,float16,bfloat16")
+    ap.add_argument("--family", action="store_true", help="calibrate on the rounding family too, and derive m")
     args = ap.parse_args()
+    if args.family:
+        print(f"granularity multiple m = {grain_multiple(n_cases=args.cases):g} (in use: {compare.GRAIN_MULTIPLE:g})\n")
     impls = []
     have_torch = importlib.util.find_spec("torch") is not None
     if have_torch:
@@ -50,6 +97,8 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         cals = []
         runs = [("numpy-kernel", lambda d=dtype: NumpyKernel(d))] + [(n, lambda f=f: f()) for n, f in impls]
+        if args.family and dtype != "float16":
+            runs += [(cls.__name__, lambda d=dtype, c=cls: c(d)) for cls in FAMILY]
         for name, make in runs:
             t0 = time.perf_counter()
             # float16 skips ~35 % of random cases as ill-conditioned (queries that see almost no key
@@ -76,12 +125,12 @@ def main() -> None:
         t = TOLERANCES[dtype]
         print(f"| {dtype} | {wn:.3g} | {we:.3g} | {sug.norm:g} | {sug.elem:g} | {t.norm:g}, {t.elem:g} |")
     if args.bugs:
-        from tests.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS
+        from tests.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS, FlaNormaliseBackward
 
         print()
         print("| implementation | kind | dtype | failed cases | largest error / threshold | first failing check |")
         print("|---|---|---|---|---|---|")
-        for cls in (*FLOAT32_BUGS, *FLOAT64_BUGS, *CONTROLS):
+        for cls in (*FLOAT32_BUGS, *FLOAT64_BUGS, FlaNormaliseBackward, *CONTROLS):
             k = cls()
             r = check(k, dtype=k.storage, grad=True)
             ratios = [x.value / x.threshold for x in r.results if x.metric in ("norm", "elem") and x.threshold]

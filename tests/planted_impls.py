@@ -10,11 +10,13 @@ follow; they are built only when torch is importable.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from gma_ref.testing import Declaration, NumpyKernel, NumpyLayer
+from gma_ref.testing.rounding_family import InducedWeightsKernel
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -205,6 +207,30 @@ class KeyGradFromQuerySide(NumpyKernel):
         else:
             grads["d_k"] = np.zeros_like(grads["d_k"])
         return grads
+
+
+class FlaNormaliseBackward(InducedWeightsKernel):
+    """Amplified underflow, written like flash-linear-attention's normalise backward (fla-core 0.6.0).
+
+    fla divides the unnormalised output o = A V by D = q·z + 1e-10 and, backward, forms
+    ∂L/∂D = −Σ (do · o) / D² with that unnormalised o, in the storage dtype. With a
+    cotangent at the subnormal edge (``tiny_grad``) and a query that sees little key mass
+    (D ≈ u ≪ 1), do · o underflows and 1/D² (~1e16) amplifies the lost digits. Like fla it
+    is built with ε = 1e-10 and declares it; reordered as −Σ (do / D)(o / D) it is correct.
+    """
+
+    def __init__(self, storage="float32", chunk_size=16):
+        super().__init__(storage, chunk_size)
+        self.gma_declaration = replace(self.gma_declaration, eps=1e-10)
+
+    def read_backward(self, gq, gk, v, g, eps, mask):
+        a = (gq @ np.swapaxes(gk, -1, -2)) * mask
+        o = self.store(a @ v)  # the unnormalised output, stored
+        den = a.sum(axis=-1) + self.compute(eps)
+        d_o = g / den[..., None]
+        d_den = -self.store(self.store(g) * o).sum(axis=-1) / (den * den)
+        d_a = (d_o @ np.swapaxes(v, -1, -2) + d_den[..., None]) * mask
+        return d_a @ gk, np.swapaxes(d_a, -1, -2) @ gq, np.swapaxes(a, -1, -2) @ d_o
 
 
 # --------------------------------------------------------------------------- correct rewrites (controls)

@@ -82,6 +82,10 @@ class Declaration:
         mapped to the nearest admissible size (an N = 1 edge case becomes N = ``n_multiple``).
     n_max, k_max, d_max : int or None
         Largest admissible N (N_q and N_k), K, and d_r/d_v (``None``: no limit).
+    flush_subnormals : bool
+        The kernel flushes subnormal results to 0 and reads subnormal inputs as 0 (a common
+        GPU setting): the tolerance's absolute granularity is then the smallest normal number
+        instead of half the smallest subnormal (docs/oracle.md, "The metric and the tolerances").
     """
 
     variants: tuple[str, ...] = ("bidirectional", "causal", "cross")
@@ -102,6 +106,7 @@ class Declaration:
     k_max: int | None = None
     d_multiple: int = 1
     d_max: int | None = None
+    flush_subnormals: bool = False
 
     def __post_init__(self) -> None:
         if self.namespace not in NAMESPACES:
@@ -134,6 +139,8 @@ class Declaration:
                 raise ValueError(f"{name} must be None (no limit) or an int >= 1, got {val!r}")
             if val < getattr(self, mult):
                 raise ValueError(f"{name} = {val} admits no size: it is below {mult} = {getattr(self, mult)}")
+        if not isinstance(self.flush_subnormals, bool):
+            raise ValueError(f"flush_subnormals must be a bool, got {self.flush_subnormals!r}")
 
     @property
     def constrained(self) -> bool:

@@ -59,7 +59,7 @@ def assert_gma_close(
         d_ref = to_reference(d_out, xp)
     ref = reference(xp, ref_in, causal=causal, eps=eps, eps_sigma=eps_sigma, d_out=d_ref,
                     underflow=UNDERFLOW.get(dtype, 0.0),
-                    tiny=TINY_ACC.get(dtype, 0.0))
+                    tiny=TINY_ACC.get(dtype, 0.0), grains=True)
     actual = {"out": out}
     if vjp is not None:
         grads = vjp(*inputs.values(), d_out, **opts)
@@ -75,7 +75,7 @@ def assert_gma_close(
             continue
         c = compare_tensor(name, to_reference(a, xp), ref.tensors[name], dtype=dtype if dtype in UNDERFLOW else
                            "float64", kappa=ref.kappa, read_condition=ref.read_condition,
-                           floor=ref.floors.get(name, 0.0), tolerance=tolerance)
+                           floor=ref.floors.get(name, 0.0), tolerance=tolerance, grain=ref.grains.get(name, 0.0))
         if c.nonfinite or (not ill and not c.passed):
             problems.append(
                 f"{name}: norm error {c.norm_error:.3g} (bound {c.norm_bound:.3g}), element error "

@@ -24,6 +24,13 @@
   gradients that are ~0 only because large terms cancel (Σ_k ∂L/∂α_k = 0,
   saturated responsibilities, a query that sees no key mass) are compared
   against the size of those terms, not against their tiny sum.
+* ``grains`` — per gradient, elementwise, the absolute error a correct kernel may
+  make from the granularity of floating point (subnormal spacing, or a flush to 0):
+  one η in every intermediate of the backward pass, carried to the gradients by the
+  same cancellation-free magnitudes as the floors (:func:`_grad_grains`), in units of
+  η. The floors bound rounding relative to normal numbers; this bounds what falls
+  below them (a cotangent at the subnormal edge). The derivation is in
+  :mod:`gma_ref.testing.compare`.
 """
 
 from __future__ import annotations
@@ -61,7 +68,11 @@ class Reference:
     absolute scales (floats); ``kappa`` is the score condition factor. For a
     layer (:func:`layer_reference`) the names are ``'out'``, ``'d_x'``, ``'d_y'``,
     ``'d_w_q'`` … ``'d_prior_logits'``, and ``proj_condition`` is the projection
-    condition factor κ_P (0 for the attention mode).
+    condition factor κ_P (0 for the attention mode). ``grains`` maps gradient names to
+    the elementwise absolute error G a correct kernel may make from the granularity of
+    floating point (:func:`_grad_grains`; empty when not asked for); ``flush_subnormals``
+    records whether the candidate declared it flushes subnormals (set by the harness; the
+    comparison then takes the smallest normal number as the storage granularity).
     """
 
     tensors: dict[str, Array]
@@ -70,6 +81,8 @@ class Reference:
     read_condition: float = 1.0
     xp: Any = field(repr=False, default=None)
     proj_condition: float = 0.0
+    grains: dict[str, Array] = field(default_factory=dict, repr=False)
+    flush_subnormals: bool = False
 
 
 def _safe_max(xp: Any, a: Array, axis: Any, keepdims: bool = True) -> Array:
@@ -145,6 +158,8 @@ def reference(
     floors: bool = True,
     underflow: float = 0.0,
     tiny: float = 0.0,
+    grains: bool = False,
+    grain_in: float = 0.0,
 ) -> Reference:
     """Float64 reference of GMA on ``inputs`` (q, k, v, means, omega, prior_logits) of namespace ``xp``.
 
@@ -161,7 +176,11 @@ def reference(
     normal number of that dtype (t / u): every score gradient δ counts at least
     that much in the floors, since a correct kernel holds δ only to an absolute
     t when it is subnormal (a tiny cotangent), and the mixture gradients sum
-    many of them. Raises as :func:`gma_ref.gma_attention`.
+    many of them. With ``grains`` and a cotangent, :attr:`Reference.grains` holds each
+    gradient's granularity allowance in units of η, the absolute error of one rounding at
+    the bottom of the compute precision (:func:`_grad_grains`); ``grain_in`` is the error of
+    reading the cotangent in the same units (1 for a kernel that reads subnormals as 0, else 0).
+    Raises as :func:`gma_ref.gma_attention`.
     """
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     means, omega, prior_logits = inputs["means"], inputs["omega"], inputs["prior_logits"]
@@ -177,6 +196,7 @@ def reference(
                 _kappa(xp, k, means, variances, log_priors, gamma_k))
     lam = _read_condition(xp, gamma_q, gamma_k, causal, eps)
     fl: dict[str, float] = {"out": _rms(xp, v), "memory": 0.0, "mass": 0.0}
+    grain: dict[str, Array] = {}
     if d_out is not None:
         g = gma_attention_backward(q, k, v, means, omega, prior_logits, d_out, **kw)
         tensors.update(g._asdict())
@@ -185,7 +205,10 @@ def reference(
             denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
             fl.update(_grad_floors(xp, q, k, v, means, omega, variances, gamma_q + underflow, gamma_k + underflow,
                                    d_out, out, causal, denom, tiny))
-    return Reference(tensors=tensors, floors=fl, kappa=kappa, read_condition=lam, xp=xp)
+            if grains:
+                grain = _grad_grains(xp, q, k, v, means, omega, variances, log_priors, gamma_q, gamma_k, out,
+                                     causal, denom, 1.0, grain_in)
+    return Reference(tensors=tensors, floors=fl, kappa=kappa, read_condition=lam, xp=xp, grains=grain)
 
 
 def _mass_seen(xp: Any, gamma_k: Array, causal: bool) -> Array:
@@ -272,6 +295,79 @@ def _grad_magnitudes(xp: Any, q: Array, k: Array, v: Array, means: Array, omega:
         "d_omega": xp.hypot(sq[2], sk[2]) * sigmoid(omega),
         "d_prior_logits": xp.hypot(sq[3], sk[3]),
     }
+
+
+
+def _grad_grains(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
+                 log_priors: Array, gamma_q: Array, gamma_k: Array, out: Array, causal: bool, denom: Array,
+                 eta: float, eta_in: float = 0.0) -> dict[str, Array]:
+    """Elementwise granularity allowance G of every gradient: η carried through the backward pass.
+
+    Every intermediate of the backward pass that a correct kernel forms may err by an
+    absolute η (one rounding below the normal range, or a value flushed to 0), whatever
+    the size of its true value; ``eta_in`` is the error of reading the cotangent (a
+    subnormal read as 0). The errors are carried to the gradients through the same
+    maps as the values, with magnitudes and linear sums (an upper bound: flushing
+    errs in one direction, so the errors need not cancel):
+
+    * p = g / D (∂L/∂num), also formed as (g·v)/D — the products before the division
+      err by η, amplified by 1/D: e_p = (η + η_in)/D + η, one per query ``(..., N_q, 1)``;
+    * c = −Σ_c p_c O_c (∂L/∂D), also formed as −Σ_c (g·O)_c / D: e_c = e_p Σ_c |O_c| + d_v η (1/D + 1);
+    * ∂L/∂A_ij = Σ_c p_ic v_jc + c_i: e_A = e_p ‖v_j‖₁ + e_c + (d_v + 1) η (1/D + 1), masked;
+    * ∂L/∂Γ^Q = (∂L/∂A) Γ^K, ∂L/∂Γ^K = (∂L/∂A)ᵀ Γ^Q: e_A carried by |Γ|, + η per term summed;
+    * δ = γ (g − Σ γ g) (Eq. 18): e_δ = γ (e_g + Σ γ e_g) + (K + 2) η;
+    * the score gradients (Eqs. 19, 52–57, 62) carry e_δ by |r|, (r² + 1/σ²)/2 and 1, + η per term.
+
+    ``denom`` is u + ε ``(..., N_q)``. Forms the (N_q × N_k) induced weights: meant for the
+    harness's small cases.
+    """
+    mt = xp.matrix_transpose
+    n_q, n_k, n_c, d_v = gamma_q.shape[-2], gamma_k.shape[-2], gamma_q.shape[-1], v.shape[-1]
+    affinity = xp.matmul(gamma_q, mt(gamma_k))
+    mask = xp.ones_like(affinity)
+    if causal:
+        idx = xp.arange(n_q, device=getattr(affinity, "device", None))
+        mask = xp.astype(xp.expand_dims(idx, axis=-1) >= xp.expand_dims(idx, axis=0), affinity.dtype) * mask
+    inv = 1.0 / xp.where(denom > 0, denom, xp.ones_like(denom))  # (..., N_q)
+    e_p = (eta + eta_in) * inv + eta
+    e_c = e_p * xp.sum(xp.abs(out), axis=-1) + d_v * eta * (inv + 1.0)
+    own = e_c + (d_v + 1) * eta * (inv + 1.0)
+    e_a = (xp.expand_dims(e_p, axis=-1) * xp.expand_dims(xp.sum(xp.abs(v), axis=-1), axis=-2)
+           + xp.expand_dims(own, axis=-1)) * mask  # (..., N_q, N_k)
+    e_gq = xp.matmul(e_a, gamma_k) + n_k * eta
+    e_gk = xp.matmul(mt(e_a), gamma_q) + n_q * eta
+
+    def delta(gamma: Array, e_g: Array) -> Array:
+        return gamma * (e_g + xp.sum(gamma * e_g, axis=-1, keepdims=True)) + (n_c + 2) * eta
+
+    sq = _grain_side(xp, q, means, variances, delta(gamma_q, e_gq), eta)
+    sk = _grain_side(xp, k, means, variances, delta(gamma_k, e_gk), eta)
+    e_lp = sq[3] + sk[3]
+    e_dv = xp.matmul(mt(affinity * mask), xp.expand_dims(e_p, axis=-1)) + n_q * eta  # (..., N_k, 1)
+    return {
+        "d_q": sq[0],
+        "d_k": sk[0],
+        "d_v": xp.broadcast_to(e_dv, tuple(v.shape)),
+        "d_means": sq[1] + sk[1],
+        "d_omega": (sq[2] + sk[2]) * sigmoid(omega) + eta,
+        "d_prior_logits": e_lp + xp.exp(log_priors) * xp.sum(e_lp, axis=-1, keepdims=True) + eta,
+    }
+
+
+def _grain_side(xp: Any, x: Array, means: Array, variances: Array, e_delta: Array, eta: float
+                ) -> tuple[Array, Array, Array, Array]:
+    """Granularity allowances of (∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π) of one side, from e_δ ``(..., N, K)``."""
+    r = xp.abs(xp.expand_dims(x, axis=-2) - xp.expand_dims(means, axis=-3)) / xp.expand_dims(variances, axis=-3)
+    er = xp.expand_dims(e_delta, axis=-1) * r  # (..., N, K, d_r)
+    extra = er.ndim - 1 - means.ndim
+    axes = tuple(range(extra)) + (er.ndim - 3,)
+    terms = math.prod(er.shape[a] for a in axes)
+    e_x = xp.sum(er, axis=-2) + means.shape[-2] * eta
+    e_mu = xp.sum(er, axis=axes) + terms * eta
+    half = 0.5 * xp.expand_dims(e_delta, axis=-1) * (r * r + 1.0 / xp.expand_dims(variances, axis=-3))
+    e_var = xp.sum(half, axis=axes) + terms * eta
+    e_lp = xp.sum(e_delta, axis=tuple(range(extra)) + (e_delta.ndim - 2,)) + terms * eta
+    return e_x, e_mu, e_var, e_lp
 
 
 # --------------------------------------------------------------------------- the multi-head layer

@@ -53,7 +53,7 @@ from .cases import (
     generate_layer_cases,
     layer_case_arrays,
 )
-from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, UNDERFLOW, Tolerance, compare_tensor, unit_scale
+from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, Tolerance, compare_tensor, t_store, unit_scale
 from .long import LONG_SIZES, LONG_THRESHOLD, LONG_TOLERANCES, long_cases, long_reference
 from .reference import GRAD_NAMES, INPUT_NAMES, LAYER_INPUT_NAMES, layer_reference, reference
 
@@ -316,7 +316,8 @@ def _accuracy(case_id: str, check_name: str, name: str, actual: Any, ref: Any, x
                                detail=f"cannot be read as float64: {_exc_line(exc)}"))
         return out
     c = compare_tensor(name, a, expected, dtype=dtype, kappa=ref.kappa, read_condition=ref.read_condition,
-                       floor=ref.floors.get(name, 0.0), tolerance=tolerance, proj_condition=ref.proj_condition)
+                       floor=ref.floors.get(name, 0.0), tolerance=tolerance, proj_condition=ref.proj_condition,
+                       grain=ref.grains.get(name, 0.0), flush_subnormals=ref.flush_subnormals)
     out.append(CheckResult(case_id, "contract", name, "finite", float(c.nonfinite), 0.0, c.nonfinite == 0,
                            detail="" if c.nonfinite == 0 else f"{c.nonfinite} NaN/Inf where the reference is finite"))
     out.append(CheckResult(case_id, check_name, name, "norm", c.norm_error, c.norm_bound,
@@ -374,9 +375,11 @@ def run_case(
     ref_fn = layer_reference if layer else (long_reference if long else reference)
     ref = ref_fn(xp, {n: ref_in[n] for n in names}, causal=case.causal, eps=case.eps,
                  eps_sigma=case.eps_sigma, d_out=ref_in["d_out"] if vjp is not None else None,
-                 chunk_size=case.chunk_size, underflow=UNDERFLOW[dtype],
-                 **({"tiny": TINY_ACC[dtype]} if ref_fn is not layer_reference else {}))
-    nu = unit_scale(dtype, ref.kappa, ref.read_condition, ref.proj_condition)
+                 chunk_size=case.chunk_size, underflow=t_store(dtype, declaration.flush_subnormals),
+                 **({"tiny": TINY_ACC[dtype]} if ref_fn is not layer_reference else {}),
+                 **({"grains": True, "grain_in": float(declaration.flush_subnormals)} if ref_fn is reference else {}))
+    ref.flush_subnormals = declaration.flush_subnormals
+    nu = unit_scale(dtype, ref.kappa, ref.read_condition, ref.proj_condition, declaration.flush_subnormals)
     if nu > NU_MAX:
         return [CheckResult(cid, "conditioning", "case", "nu", nu, NU_MAX, True,
                             detail=f"ill-conditioned at {dtype}: not checkable, skipped")], ref
