@@ -14,7 +14,6 @@ Nothing here imports torch, jax or cupy at module import time.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +41,12 @@ __all__ = [
 NAMESPACES: tuple[str, ...] = ("numpy", "torch", "jax", "cupy")
 #: What an implementation computes: one GMA (``'attention'``) or the multi-head layer (``'layer'``).
 MODES: tuple[str, ...] = ("attention", "layer")
+#: Largest admissible ``n_multiple``, ``k_multiple``, ``d_multiple``: beyond them even the smallest
+#: case would not fit the harness's O(N_q N_k) reference in memory.
+MAX_MULTIPLE: dict[str, int] = {"n_multiple": 512, "k_multiple": 128, "d_multiple": 512}
+#: Admissible range of a declared ``eps`` and ``eps_sigma``: outside it the generated cases leave
+#: float64 (ε) or a dtype's range (ε_σ scales the routing vectors by √ε_σ).
+EPS_RANGE: dict[str, tuple[float, float]] = {"eps": (1e-300, 1e10), "eps_sigma": (1e-300, 1e4)}
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,19 @@ class Declaration:
         The read stabiliser ε and the variance floor ε_σ the kernel is built with. ``None``
         (default): any value, the harness passes each case's own. A float: the kernel's
         fixed value; every case is generated with it (the ``tiny_eps`` regime then drives
-        the read mass u_i near *that* ε).
+        the read mass u_i near *that* ε). Admissible: :data:`EPS_RANGE` (ε in [1e-300, 1e10],
+        ε_σ in [1e-300, 1e4]).
     n_multiple, k_multiple, d_multiple : int
         Sequence lengths (N_q and N_k), component counts K and the dimensions d_r, d_v
         the kernel accepts are multiples of these (default 1: any). Generated cases are
         mapped to the nearest admissible size (an N = 1 edge case becomes N = ``n_multiple``).
+        At most :data:`MAX_MULTIPLE` (512, 128, 512).
     n_max, k_max, d_max : int or None
         Largest admissible N (N_q and N_k), K, and d_r/d_v (``None``: no limit).
+
+    Raises ``TypeError`` for a flag (``grad``, ``returns_state``, ``accepts_chunk_size``,
+    ``deterministic``) that is not a bool, ``ValueError`` for any other field out of its
+    range; either names the field.
     """
 
     variants: tuple[str, ...] = ("bidirectional", "causal", "cross")
@@ -115,17 +126,22 @@ class Declaration:
         _check_names("variants", self.variants, ("bidirectional", "causal", "cross"))
         _check_names("dtypes", self.dtypes, ("float64", "float32", "float16", "bfloat16"))
         _check_names("devices", self.devices, ("cpu", "cuda"))
-        for name in ("eps", "eps_sigma"):
+        for name in ("grad", "returns_state", "accepts_chunk_size", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
+        for name, (lo, hi) in EPS_RANGE.items():
             val = getattr(self, name)
             if val is None:
                 continue
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
-                raise ValueError(f"{name} must be None (any value) or a finite float > 0, got {val!r}")
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not (lo <= val <= hi):
+                raise ValueError(f"{name} must be None (any value) or a float in [{lo:g}, {hi:g}], got {val!r}")
             object.__setattr__(self, name, float(val))
-        for name in ("n_multiple", "k_multiple", "d_multiple"):
+        for name, top in MAX_MULTIPLE.items():
             val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
+            if isinstance(val, bool) or not isinstance(val, int) or not 1 <= val <= top:
+                raise ValueError(f"{name} must be an int from 1 to {top}, got {val!r}")
         for name, mult in (("n_max", "n_multiple"), ("k_max", "k_multiple"), ("d_max", "d_multiple")):
             val = getattr(self, name)
             if val is None:
