@@ -21,7 +21,6 @@ what its forward saved; the residuals are checked cheaply against the inputs.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
