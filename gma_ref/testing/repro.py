@@ -201,11 +201,14 @@ def shrink_and_write(impl: Callable[..., Any], case: Case, decl: Declaration, di
                      vjp: Callable[..., Any] | None, device: str, xp: Any, tolerance: Any = None,
                      timeout: float | None = None, written: set[Case] | None = None,
                      budget_s: float = SHRINK_BUDGET_S, failures: list[str] | None = None,
-                     smallest_only: bool = False) -> str | None:
+                     smallest_only: bool = False, step_s: float | None = None,
+                     stats: dict[str, Any] | None = None) -> str | None:
     """Shrink the failing ``case`` of ``impl`` (:func:`shrink_case`) and write its reproducer; returns the path.
 
-    ``budget_s`` bounds the whole shrink: each call gets at most the time left (and at
-    most ``timeout``); after a call that hangs no further step is tried. ``failures``:
+    ``budget_s`` bounds the whole shrink: each call gets at most the time left, at most
+    ``timeout`` and at most ``step_s`` (a smaller case should not take longer than the
+    original); after a call that hangs no further step is tried. ``stats`` (a dict)
+    receives ``steps`` (cases tried) and ``hung`` (a call was abandoned). ``failures``:
     the report lines of ``case`` itself (used when it does not shrink). ``smallest_only``
     (an out-of-memory failure): only the smallest admissible case is tried, and nothing is
     written (returns ``None``) when it does not fail — the full case is not re-run.
@@ -216,20 +219,22 @@ def shrink_and_write(impl: Callable[..., Any], case: Case, decl: Declaration, di
     from .capture import captured_output
     from .runner import _Timeout, _with_timeout, run_case
 
-    deadline, hung = time.perf_counter() + budget_s, []
+    deadline = time.perf_counter() + budget_s
+    stats = {} if stats is None else stats
+    stats.update(steps=0, hung=False)
     lines: dict[Case, list[str]] = {case: list(failures or [])}
 
     def still_fails(c: Case) -> bool:
-        left = deadline - time.perf_counter()
-        if hung or left <= 0:
+        limit = min(x for x in (deadline - time.perf_counter(), timeout, step_s) if x is not None)
+        if stats["hung"] or limit <= 0:
             return False
+        stats["steps"] += 1
         try:
             with captured_output():
                 res, _ = _with_timeout(lambda: run_case(impl, c, decl, vjp=vjp, device=device, xp=xp, contract=True,
-                                                        tolerance=tolerance), left if timeout is None
-                                       else min(timeout, left))
+                                                        tolerance=tolerance), limit)
         except _Timeout:
-            hung.append(c)
+            stats["hung"] = True
             return False
         except Exception:  # noqa: BLE001 - a case the harness cannot run is not a smaller reproducer
             return False

@@ -878,6 +878,7 @@ def _run_cases(report: Report, impl: Callable[..., Any], decl: Declaration, case
     for i, case in enumerate(case_list):
         first = case.variant not in seen_variant
         seen_variant.add(case.variant)
+        t_case = time.perf_counter()
         res = _run_one(report, impl, case, decl, dict(opts, contract=contract and first), timeout)
         if res is None:
             report.results.append(CheckResult(case.case_id, "call", "case", "timeout", None, timeout, False,
@@ -897,7 +898,7 @@ def _run_cases(report: Report, impl: Callable[..., Any], decl: Declaration, case
         report.results += res
         report.case_ids.append(case.case_id)
         if shrinker is not None and any(not r.passed for r in res):
-            shrinker.add(case, res)
+            shrinker.add(case, res, time.perf_counter() - t_case)
 
 
 def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declaration, opts: dict[str, Any],
@@ -929,48 +930,63 @@ SHRINK_TOTAL_S: float = 60.0
 
 
 class _Shrinker:
-    """Shrink up to three failing cases of a run into reproducers, within a total time budget."""
+    """Shrink up to three failing cases of a run into reproducers, within a total time budget.
+
+    A step of the shrink may take at most ten times the failing case's own time (and one
+    second at least); after a call that hangs, nothing more is shrunk in the run.
+    """
 
     def __init__(self, impl: Callable[..., Any], decl: Declaration, directory: str, report: Report,
                  opts: dict[str, Any], timeout: float | None) -> None:
         self.impl, self.decl, self.directory, self.report = impl, decl, directory, report
         self.opts, self.timeout = opts, timeout
         self.count, self.spent, self.written = 0, 0.0, set()  # shrunk so far; seconds; shrunk forms (seed aside)
+        self.left_out, self.hung = 0, False
 
-    def add(self, case: Case, res: list[CheckResult]) -> None:
-        from .repro import SHRINK_BUDGET_S, shrink_and_write
-
+    def add(self, case: Case, res: list[CheckResult], case_s: float) -> None:
         if self.count >= 3:
             return
-        left = SHRINK_TOTAL_S - self.spent
-        if left <= 0:
+        if self.hung or self.spent >= SHRINK_TOTAL_S:
+            self.left_out += 1
             return
         metrics = {r.metric for r in res if not r.passed}
         self.count += 1
-        t0 = time.perf_counter()
+        t0, stats = time.perf_counter(), {}
         try:
-            path = shrink_and_write(
-                self.impl, case, self.decl, self.directory, name=self.report.implementation, vjp=self.opts["vjp"],
-                device=self.opts["device"], xp=self.opts["xp"], tolerance=self.opts["tolerance"],
-                timeout=self.timeout, written=self.written, budget_s=min(SHRINK_BUDGET_S, left),
-                failures=[r.format(full=True).strip() for r in res if not r.passed],
-                smallest_only="memory" in metrics)
+            path = self._write(case, res, "memory" in metrics, max(1.0, 10.0 * case_s), stats)
         except OSError as exc:
             path = None
             self.report.notes.append(f"reproducer of {case.case_id} not written: {type(exc).__name__}: {exc}")
         finally:
             self.spent += time.perf_counter() - t0
+        self.hung = bool(stats.get("hung"))
+        if self.hung:
+            self.report.notes.append(f"shrinking {case.case_id}: a smaller case did not finish in time (the call "
+                                     "was abandoned); nothing more is shrunk in this run")
         if path is not None:
             self.report.reproducers.append(path)
         elif "memory" in metrics:
             self.report.notes.append(f"{case.case_id} ran out of memory and does not fail at the smallest sizes: "
                                      "no reproducer (re-run the case itself)")
 
+    def _write(self, case: Case, res: list[CheckResult], smallest_only: bool, step_s: float,
+               stats: dict[str, Any]) -> str | None:
+        from .repro import SHRINK_BUDGET_S, shrink_and_write
+
+        return shrink_and_write(
+            self.impl, case, self.decl, self.directory, name=self.report.implementation, vjp=self.opts["vjp"],
+            device=self.opts["device"], xp=self.opts["xp"], tolerance=self.opts["tolerance"], timeout=self.timeout,
+            written=self.written, budget_s=min(SHRINK_BUDGET_S, SHRINK_TOTAL_S - self.spent),
+            failures=[r.format(full=True).strip() for r in res if not r.passed], smallest_only=smallest_only,
+            step_s=step_s, stats=stats)
+
     def summarise(self) -> None:
+        from .repro import SHRINK_BUDGET_S
+
         if self.count:
-            over = "; budget spent, later failures not shrunk" if self.spent >= SHRINK_TOTAL_S else ""
+            over = f"; {self.left_out} later failing case(s) not shrunk" if self.left_out else ""
             self.report.notes.append(f"shrinking: {self.count} failing case(s) in {self.spent:.1f} s "
-                                     f"(budget {SHRINK_TOTAL_S:g} s per run{over})")
+                                     f"(budget {SHRINK_TOTAL_S:g} s per run, {SHRINK_BUDGET_S:g} s per case{over})")
 
 
 class _Timeout(Exception):
