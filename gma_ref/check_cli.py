@@ -6,7 +6,7 @@
                   [--mode layer] [--cases N] [--seed S] [--json] [--verbose] [--timeout S]
                   [--traceback] [--repro DIR | --no-repro] [--case-file FILE]
                   [--eps E] [--eps-sigma E] [--n-multiple M] [--n-max M] [--k-multiple M] [--k-max M]
-                  [--d-multiple M] [--d-max M]
+                  [--d-multiple M] [--d-max M] [--tied-head-width]
 
 ``package.module:function`` is imported; a callable attribute that is a class
 is instantiated without arguments. Its ``gma_declaration`` (a
@@ -116,10 +116,13 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        ("d", "dimensions d_r, d_v")):
         c.add_argument(f"--{what}-multiple", type=_positive_int, metavar="M", help=f"{desc} must be multiples of M")
         c.add_argument(f"--{what}-max", type=_positive_int, metavar="M", help=f"largest admissible {desc}")
+    c.add_argument("--tied-head-width", action="store_true", default=None,
+                   help="layer mode: the head width is tied, d_r = d_v = d_model / H")
     return p
 
 
-_CONSTRAINTS = ("eps", "eps_sigma", "n_multiple", "n_max", "k_multiple", "k_max", "d_multiple", "d_max")
+_CONSTRAINTS = ("eps", "eps_sigma", "n_multiple", "n_max", "k_multiple", "k_max", "d_multiple", "d_max",
+                "tied_head_width")
 
 
 def _nonnegative_int(text: str) -> int:

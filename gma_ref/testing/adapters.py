@@ -71,11 +71,18 @@ class Declaration:
     deterministic : bool
         Two calls on the same inputs give bitwise-identical outputs. When
         ``False`` a difference is reported but does not fail.
+    extra : dict
+        Free-form notes. ``extra["unsupported"]``, a dict from an undeclared variant, dtype,
+        device or mode name (or ``"grad"``) to the reason, is printed in that skip line.
     mode : ``'attention'`` or ``'layer'``
         ``'attention'``: ``impl(q, k, v, means, omega, prior_logits, ...)`` → ``(B, H, N_q, d_v)``.
         ``'layer'``: the multi-head layer, ``impl(x, y, w_q, w_k, w_v, w_o, means, omega,
         prior_logits, ...)`` → ``(B, N_q, d_model)`` with ``y = None`` for self-attention
         (docs/oracle.md, "Layer mode"). ``returns_state`` does not apply to layers.
+    tied_head_width : bool
+        Layer mode: the layer's head width is tied, d_r = d_v = d_model / H (as in most
+        multi-head layers); the layer cases are generated that way
+        (:func:`~gma_ref.testing.cases.tie_head_width`).
     eps, eps_sigma : float or None
         The read stabiliser ε and the variance floor ε_σ the kernel is built with. ``None``
         (default): any value, the harness passes each case's own. A float: the kernel's
@@ -105,6 +112,7 @@ class Declaration:
     deterministic: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     mode: str = "attention"
+    tied_head_width: bool = False
     eps: float | None = None
     eps_sigma: float | None = None
     n_multiple: int = 1
@@ -126,7 +134,7 @@ class Declaration:
         _check_names("variants", self.variants, ("bidirectional", "causal", "cross"))
         _check_names("dtypes", self.dtypes, ("float64", "float32", "float16", "bfloat16"))
         _check_names("devices", self.devices, ("cpu", "cuda"))
-        for name in ("grad", "returns_state", "accepts_chunk_size", "deterministic"):
+        for name in ("grad", "returns_state", "accepts_chunk_size", "deterministic", "tied_head_width"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.extra, dict):
@@ -154,7 +162,7 @@ class Declaration:
     @property
     def constrained(self) -> bool:
         """True when the declaration fixes ε or ε_σ or restricts a size."""
-        return (self.eps is not None or self.eps_sigma is not None
+        return (self.eps is not None or self.eps_sigma is not None or self.tied_head_width
                 or (self.n_multiple, self.k_multiple, self.d_multiple) != (1, 1, 1)
                 or any(x is not None for x in (self.n_max, self.k_max, self.d_max)))
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .adapters import Declaration
-from .cases import Case, admissible_size, case_arrays, constrain_case, layer_case_arrays
+from .cases import Case, admissible_size, case_arrays, constrain_case, layer_case_arrays, tie_head_width
 
 __all__ = ["CaseFile", "load_case_file", "write_reproducer", "shrink_case", "shrink_and_write"]
 
@@ -186,6 +186,8 @@ def shrink_case(case: Case, still_fails: Callable[[Case], bool], decl: Declarati
             cand = constrain_case(raw, eps=decl.eps, eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple,
                                   n_max=decl.n_max, k_multiple=decl.k_multiple, k_max=decl.k_max,
                                   d_multiple=decl.d_multiple, d_max=decl.d_max, chunked=False)[0]
+            if decl.tied_head_width:
+                cand = tie_head_width(cand, decl.d_multiple, decl.d_max)[0]
             if cand in tried or (cand.variant == "cross" and cand.n_q == cand.n_k and case.n_q != case.n_k):
                 continue
             tried.add(cand)

@@ -53,6 +53,7 @@ from .cases import (
     generate_cases,
     generate_layer_cases,
     layer_case_arrays,
+    tie_head_width,
 )
 from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, UNDERFLOW, Tolerance, compare_tensor, unit_scale
 from .long import LONG_SIZES, LONG_THRESHOLD, LONG_TOLERANCES, long_cases, long_reference
@@ -798,12 +799,14 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
     active = tuple(v for v in want if v in decl.variants)
     for v in want:
         if v not in decl.variants:
-            report.skipped.append(Skip(f"variant {v}", "not declared", requested=variants is not None))
+            report.skipped.append(Skip(f"variant {v}", "not declared" + _declared_reason(decl, v),
+                                       requested=variants is not None))
     for what, got, declared, requested in (("dtype", dtype, decl.dtypes, dtype_req),
                                            ("mode", mode, (decl.mode,), mode_req),
                                            ("device", device, decl.devices, device_req)):
         if got not in declared:
-            report.skipped.append(Skip(f"{what} {got}", f"not declared (declared {declared})", requested=requested))
+            report.skipped.append(Skip(f"{what} {got}", f"not declared (declared {declared})"
+                                       + _declared_reason(decl, got), requested=requested))
             active = ()
     from .adapters import candidate_dtype
 
@@ -821,12 +824,19 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
     return report, decl, active, xp, _plan_vjp(report, impl, decl, vjp, grad, grad_req)
 
 
+def _declared_reason(decl: Declaration, name: str) -> str:
+    """``': <why>'`` from ``Declaration(extra={'unsupported': {name: why}})``, else ``''``."""
+    why = decl.extra.get("unsupported", {})
+    return f": {safe_text(why[name])}" if isinstance(why, dict) and name in why else ""
+
+
 def _plan_vjp(report: Report, impl: Callable[..., Any], decl: Declaration, vjp: Any, grad: bool, grad_req: bool
               ) -> Any:
     """The VJP to check with (``None``: no gradient checks), noting why in the skip list."""
     if grad:
         if not decl.grad:
-            report.skipped.append(Skip("gradients", "not declared (grad=False)", requested=grad_req))
+            report.skipped.append(Skip("gradients", "not declared (grad=False)" + _declared_reason(decl, "grad"),
+                                       requested=grad_req))
             return None
         the_vjp, why = _resolve_vjp(impl, decl, vjp)
         if the_vjp is None:
@@ -845,6 +855,11 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
         report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
     if scale not in ("short", "long"):
         raise ValueError(f"scale must be 'short' or 'long', got {scale!r}")
+    if cases is None and scale == "long" and layer:
+        report.skipped.append(Skip("long cases", "long-sequence cases exist for attention mode only (a layer's "
+                                   "long sequences are its attention's: check that with mode='attention')",
+                                   requested=True))
+        return []
     if cases is None and scale == "long":
         cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
     if cases is None:
@@ -1051,6 +1066,9 @@ def _constrain(case_list: list[Case], decl: Declaration, report: Report) -> list
             case, eps=decl.eps, eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple, n_max=decl.n_max,
             k_multiple=decl.k_multiple, k_max=decl.k_max, d_multiple=decl.d_multiple, d_max=decl.d_max,
             chunked=decl.accepts_chunk_size)
+        if decl.tied_head_width:
+            new, tied = tie_head_width(new, decl.d_multiple, decl.d_max)
+            notes = notes + tied
         out.append(new)
         for note in notes:
             if (case.variant, note) not in seen:
