@@ -264,3 +264,10 @@ class SlowAndWrong(_Base):
     def misbehave(self, *args: Any, **kw: Any) -> Any:
         threading.Event().wait(0.2)
         return 2 * self.correct(*args, **kw)
+
+
+class Float16(NumpyKernel):
+    """The correct kernel with float16 storage (to run case files at float16)."""
+
+    def __init__(self) -> None:
+        super().__init__("float16")

@@ -273,6 +273,20 @@ def test_case_file_with_nan_inputs_is_refused(case_file):
     assert proc.returncode == 3 == report["exit_code"] and "NaN" in report["error"]
 
 
+def test_case_file_inputs_must_stay_finite_at_the_dtype(case_file):
+    """A case file with values beyond float16's range, run at float16, is refused before the kernel is called
+    (ValueError naming the input), as a generated input would be; the CLI exits 4 with JSON."""
+    from gma_ref.testing import NumpyKernel
+
+    path = case_file("big", q=np.full_like(case_arrays(load_case_file(case_file()).case)["q"], 1e6))
+    kernel = NumpyKernel("float16")
+    with pytest.raises(ValueError, match="input q is not finite after rounding to float16"):
+        check(kernel, case_file=path, dtype="float16")
+    proc = _cli("tests.adversarial_impls:Float16", "--case-file", path, "--dtype", "float16", "--json")
+    report = _strict_json(proc.stdout)
+    assert proc.returncode == 4 == report["exit_code"] and "not finite after rounding" in report["error"]
+
+
 def test_load_case_file_raises_only_value_error(case_file, tmp_path):
     """Not a zip, a truncated file, no meta, no q, a wrong shape, a missing file: each a ValueError naming it."""
     good = pathlib.Path(case_file())
