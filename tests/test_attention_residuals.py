@@ -327,8 +327,10 @@ def test_residuals_of_empty_inputs(rng, n_q, n_k, batch):
 def test_sampled_rows_are_compared_in_probability_space(rng):
     """The recomputed rows of Γ must match to min(c u (1 + |s_ik| + max_k |s_ik|), 1/2) Γ_ik + c u with
     c = 4 (d_r + 4): 3% less is accepted, 3% more refused (the chunked form, which does not read residuals.out,
-    isolates the Γ check)."""
-    args = _inputs(rng, n_q=20, n_k=20)
+    isolates the Γ check). Scores of size ~100 make the relative part dominate, three batch entries keep d_r and
+    the batch size apart."""
+    q, k, v, means, omega, alpha = _inputs(rng, n_q=20, n_k=20, batch=(3,))
+    args = (10.0 * q, 10.0 * k, v, 10.0 * means, omega, alpha)
     kw = {"causal": True, "form": "chunked", "chunk_size": 4}
     _, res = _forward(args, **kw)
     var, lp = variances_from_omega(args[4]), log_priors_from_logits(args[5])
@@ -377,3 +379,19 @@ def test_swapped_gamma_q_and_gamma_k_are_refused_when_scores_are_large(rng, caus
     swapped = res._replace(gamma_q=res.gamma_k, gamma_k=res.gamma_q)
     with pytest.raises(ValueError, match=r"residuals.gamma_[qk] is not Γ"):
         gma_attention_backward(*args, d_out, residuals=swapped, **kw)
+
+
+def test_a_probability_twice_the_recomputed_one_is_refused_however_large_the_scores(rng):
+    """Where |s| is so large that c u |s| exceeds 1/2 (float32, σ² = 1e-3, a component far from the token), the
+    relative tolerance stops at 1/2: a saved Γ_ik of 1e-3 where the recomputed one is ~0 is refused."""
+    args = _large_scores_float32(rng)
+    kw = {"causal": False, "form": "latent"}
+    _, res = _forward(args, **kw)
+    s = gma_ref.scores(args[0], args[3], variances_from_omega(args[4]), log_priors_from_logits(args[5]))
+    cu = 4.0 * (args[0].shape[-1] + 4) * np.finfo(np.float32).eps / 2
+    b, i, j = np.unravel_index(np.argmax(np.abs(s[:, :1])), s[:, :1].shape)  # row 0 is always sampled
+    assert cu * abs(s[b, i, j]) > 0.5 and res.gamma_q[b, i, j] < 1e-6
+    gq = res.gamma_q.copy()
+    gq[b, i, j] = 1e-3
+    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
+        _backward(rng, args, res._replace(gamma_q=gq), **kw)
