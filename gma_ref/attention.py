@@ -21,7 +21,6 @@ what its forward saved; the residuals are checked cheaply against the inputs.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -333,7 +332,8 @@ def gma_attention_backward(
     ``residuals`` to rounding. The inputs are validated as without them; the residuals are
     checked cheaply, in O(N (K + d_v)) time: type, dtypes and shapes against the inputs;
     Γ^Q and Γ^K recomputed on a few rows (the first, the last and six between, per batch
-    entry) and compared to √(unit roundoff) of the scores' size; and, for the latent form,
+    entry) and compared in probability space, to the scores' rounding (c·u·|s|, at most half of
+    the probability, so Γ of other rows never passes); and, for the latent form,
     ``out`` against the identity Σ_i (u_i + ε) O_i = (1ᵀ Γ^Q) Ṽ. These checks catch
     residuals from other parameters, other options or another batch of tokens, but not
     every stale residual: one whose Γ differs only on rows that were not sampled (e.g.
@@ -435,7 +435,18 @@ def _expected_gamma(xp: Any, x: Array, means: Array, variances: Array, log_prior
 
 def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array, variances: Array,
                         log_priors: Array) -> None:
-    """Recompute a few rows of Γ; raise unless they match the saved ones to √u of the scores' size."""
+    """Recompute a few rows of Γ; raise unless they match the saved ones in probability space.
+
+    A score s_ik computed in a dtype of unit roundoff u is off by at most about
+    c·u·|s_ik| with c = 4 (d_r + 4) (Higham's γ_n bound of its d_r-term sum, with room
+    for the guard's forms), and so is the log-normaliser by c·u·|max_k s_ik|; Γ_ik moves by
+    that times Γ_ik. The saved and the recomputed Γ_ik must therefore agree to
+    ``min(c u (1 + |s_ik| + |max_k s_ik|), 1/2) · max(|saved|, |fresh|) + c u``. The
+    relative part is capped at 1/2, so no tolerance lets a probability pass for another
+    one more than twice as large (or 0 for 1): Γ of other rows — Γ^Q for Γ^K, stale
+    tokens — is refused however large the scores, while a fresh recomputation, which
+    differs only by the scores' rounding, stays inside.
+    """
     n = x.shape[-2]
     if n_elements(gamma) == 0:  # N = 0, or an empty batch
         return
@@ -444,9 +455,10 @@ def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array
     fresh, s = responsibilities(xp.take(x, idx, axis=-2), means, variances, log_priors, return_scores=True,
                                 check_finite=False)
     saved = xp.take(gamma, idx, axis=-2)
-    size = 1.0 + xp.max(xp.abs(s), axis=-1, keepdims=True)
-    tol = math.sqrt(float(xp.finfo(gamma.dtype).eps))
-    if bool(xp.any(xp.abs(saved - fresh) > tol * size)):  # NaN/Inf are check_finite's to report
+    cu = 4.0 * (x.shape[-1] + 4) * float(xp.finfo(gamma.dtype).eps) / 2.0
+    top = xp.max(s, axis=-1, keepdims=True)
+    tol = xp.minimum(cu * (1.0 + xp.abs(s) + xp.abs(top)), 0.5) * xp.maximum(xp.abs(saved), fresh) + cu
+    if bool(xp.any(xp.abs(saved - fresh) > tol)):  # NaN/Inf are check_finite's to report
         raise ValueError(
             f"residuals.{name} is not Γ of these inputs: rows recomputed from {name[-1]}, the means, omega "
             "and prior_logits differ from it. Pass the residuals that gma_attention(..., return_residuals=True) "

@@ -6,7 +6,7 @@
                   [--mode layer] [--cases N] [--seed S] [--json] [--verbose] [--timeout S]
                   [--traceback] [--repro DIR | --no-repro] [--case-file FILE]
                   [--eps E] [--eps-sigma E] [--n-multiple M] [--n-max M] [--k-multiple M] [--k-max M]
-                  [--d-multiple M] [--d-max M]
+                  [--d-multiple M] [--d-max M] [--tied-head-width]
 
 ``package.module:function`` is imported; a callable attribute that is a class
 is instantiated without arguments. Its ``gma_declaration`` (a
@@ -22,10 +22,14 @@ to skip): ``DIR/<case>.npz`` with the inputs and the declaration, and the one-li
 command ``gma-ref check package.module:function --case-file DIR/<case>.npz`` that
 re-runs just that case.
 
-Exit status: 0 all checks passed; 1 a mismatch, a timeout, or nothing could be
-checked; 2 everything checked passed but something explicitly requested was
-skipped (not declared); 3 the implementation could not be loaded (or the case
-file not read); 4 a usage error (bad option or value).
+Exit status: 0 all checks passed; 1 a mismatch, a timeout, a failure of any kind
+of the implementation (it raised, exited, ran out of memory, returned the wrong
+thing), or nothing could be checked; 2 everything checked passed but something
+explicitly requested was skipped (not declared); 3 the implementation could not
+be loaded (or the case file not read); 4 a usage error (bad option or value, an
+unwritable --repro DIR); 130 interrupted (Ctrl-C), after the partial report.
+Every status prints a report (with --json, one JSON object on stdout, and nothing
+else there: what the implementation prints is captured into the report).
 
 Standalone: ``python -m gma_ref.check_cli package.module:function ...``.
 """
@@ -45,11 +49,27 @@ __all__ = ["EXIT_USAGE", "add_check_parser", "run_check", "load_implementation",
 EXIT_USAGE = 4
 #: Exit status when the implementation (or the case file) cannot be loaded.
 EXIT_LOAD = 3
+#: Exit status of a run stopped by Ctrl-C (the partial report is printed).
+EXIT_INTERRUPTED = 130
+#: Where reproducers go unless ``--repro DIR`` or ``--no-repro`` is given.
+DEFAULT_REPRO = "gma-ref-repro"
 
 
 def _usage_error(parser: argparse.ArgumentParser, message: str) -> None:
     parser.print_usage(sys.stderr)
+    if getattr(parser, "json_errors", False):  # --json on the command line: the error is JSON too
+        print(_error_json("", EXIT_USAGE, message))
     parser.exit(EXIT_USAGE, f"{parser.prog}: error: {message}\n")
+
+
+def _error_json(target: str, status: int, message: str) -> str:
+    """The JSON report of a run that checked nothing: ``exit_code`` and ``error``."""
+    import json
+
+    from .testing.capture import truncated
+
+    return json.dumps({"implementation": target, "passed": False, "exit_code": status, "error": truncated(message),
+                       "results": [], "skipped": [], "cases": [], "notes": []}, indent=1)
 
 
 def _exit_on_usage_error(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -82,9 +102,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_nonnegative_float, default=300.0, metavar="S",
                    help="seconds one case may take before it fails and the run stops (default 300; 0: no limit)")
     p.add_argument("--traceback", action="store_true", help="print the whole traceback of a failing call")
-    p.add_argument("--repro", metavar="DIR", default="gma-ref-repro",
-                   help="where minimal reproducers of failing cases are written (default: gma-ref-repro)")
-    p.add_argument("--no-repro", dest="repro", action="store_const", const=None,
+    p.add_argument("--repro", metavar="DIR", default=None,
+                   help=f"where minimal reproducers of failing cases are written (default: {DEFAULT_REPRO})")
+    p.add_argument("--no-repro", dest="repro", action="store_const", const="",
                    help="do not shrink failing cases or write reproducers")
     p.add_argument("--case-file", metavar="FILE", help="run exactly the case of a reproducer (.npz)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line on stderr")
@@ -96,10 +116,13 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        ("d", "dimensions d_r, d_v")):
         c.add_argument(f"--{what}-multiple", type=_positive_int, metavar="M", help=f"{desc} must be multiples of M")
         c.add_argument(f"--{what}-max", type=_positive_int, metavar="M", help=f"largest admissible {desc}")
+    c.add_argument("--tied-head-width", action="store_true", default=None,
+                   help="layer mode: the head width is tied, d_r = d_v = d_model / H")
     return p
 
 
-_CONSTRAINTS = ("eps", "eps_sigma", "n_multiple", "n_max", "k_multiple", "k_max", "d_multiple", "d_max")
+_CONSTRAINTS = ("eps", "eps_sigma", "n_multiple", "n_max", "k_multiple", "k_max", "d_multiple", "d_max",
+                "tied_head_width")
 
 
 def _nonnegative_int(text: str) -> int:
@@ -168,59 +191,147 @@ def load_implementation(target: str) -> Any:
     return obj
 
 
-def _load_failure(args: argparse.Namespace, what: str, exc: BaseException) -> int:
-    message = f"{what}: {type(exc).__name__}: {exc}"
-    if getattr(args, "traceback", False):
-        import traceback
-
-        message += "\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-    print(f"gma-ref check: {message}", file=sys.stderr)
-    if getattr(args, "json", False):
-        import json
-
-        print(json.dumps({"implementation": args.target, "passed": False, "exit_code": EXIT_LOAD, "error": message,
-                          "results": [], "skipped": [], "cases": []}, indent=1))
-    return EXIT_LOAD
+class _Usage(ValueError):
+    """A combination of options that cannot be run (exit status :data:`EXIT_USAGE`)."""
 
 
-def run_check(args: argparse.Namespace) -> int:
-    """Run the harness for parsed ``args``; print the report; return the exit status."""
-    from .testing import check
+def _failure(args: argparse.Namespace, status: int, message: str, exc: BaseException | None = None) -> str | None:
+    """Say why nothing was checked on stderr; the JSON report for stdout with ``--json`` (else ``None``)."""
+    from .testing.capture import safe_text
 
+    if exc is not None:
+        message += f": {type(exc).__name__}: {safe_text(exc)}"
+        if getattr(args, "traceback", False):
+            import traceback
+
+            message += "\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    print(f"gma-ref check: {'error: ' if status == EXIT_USAGE else ''}{message}", file=sys.stderr)
+    return _error_json(args.target, status, message) if getattr(args, "json", False) else None
+
+
+def _repro_dir(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The reproducer directory, and a note when the default one cannot be written (then none).
+
+    An explicit ``--repro DIR`` that cannot be written is a usage error (:class:`_Usage`).
+    """
+    from .testing.runner import check_writable_dir
+
+    if args.repro == "" or getattr(args, "case_file", None):
+        return None, None
     try:
-        impl = load_implementation(args.target)
-    except Exception as exc:
-        return _load_failure(args, f"cannot load {args.target}", exc)
-    if getattr(args, "case_file", None):
-        from .testing.repro import load_case_file
+        check_writable_dir(args.repro or DEFAULT_REPRO, "--repro")
+    except ValueError as exc:
+        if args.repro is not None:
+            raise _Usage(str(exc)) from None
+        return None, f"reproducers not written: {exc} (give --repro DIR)"
+    return args.repro or DEFAULT_REPRO, None
 
-        try:
-            load_case_file(args.case_file)
-        except Exception as exc:
-            return _load_failure(args, f"cannot read the case file {args.case_file}", exc)
+
+def _declaration(args: argparse.Namespace, impl: Any) -> Any:
+    """The implementation's declaration with the constraint options applied (``None``: none given)."""
     from dataclasses import replace
 
     from .testing import Declaration
     from .testing.adapters import declaration_of
 
-    declaration = None
     overrides = {k: getattr(args, k) for k in _CONSTRAINTS if getattr(args, k, None) is not None}
+    if overrides and getattr(args, "case_file", None):
+        flags = ", ".join("--" + k.replace("_", "-") for k in overrides)
+        raise _Usage(f"{flags} cannot be combined with --case-file: the case file fixes its case (its eps, "
+                     "eps_sigma and sizes); run it without them, or run the default cases with them")
+    return replace(declaration_of(impl) or Declaration(), **overrides) if overrides else None
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str | None]:
+    """Check as ``args`` say; returns the exit status and what goes to stdout."""
+    from .testing import check
+    from .testing.runner import Interrupted
+
     try:
-        if overrides:
-            declaration = replace(declaration_of(impl) or Declaration(), **overrides)
+        repro, note = _repro_dir(args)
+    except _Usage as exc:
+        return EXIT_USAGE, _failure(args, EXIT_USAGE, str(exc))
+    try:
+        impl = load_implementation(args.target)
+    except Exception as exc:
+        return EXIT_LOAD, _failure(args, EXIT_LOAD, f"cannot load {args.target}", exc)
+    if getattr(args, "case_file", None):
+        from .testing.repro import load_case_file
+
+        try:
+            load_case_file(args.case_file)
+        except ValueError as exc:
+            return EXIT_LOAD, _failure(args, EXIT_LOAD, f"cannot read the case file {args.case_file}", exc)
+    try:
         report = check(
-            impl, declaration, variants=tuple(args.variant) if args.variant else None, dtype=args.dtype,
-            device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
+            impl, _declaration(args, impl), variants=tuple(args.variant) if args.variant else None,
+            dtype=args.dtype, device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
             contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None),
             timeout=getattr(args, "timeout", 0.0) or None, full_traceback=getattr(args, "traceback", False),
-            repro=getattr(args, "repro", None), case_file=getattr(args, "case_file", None),
+            repro=repro, case_file=getattr(args, "case_file", None),
             progress=None if getattr(args, "quiet", False) else _Progress(),
             scale="long" if getattr(args, "long", False) else "short")
+    except Interrupted as exc:
+        report = exc.report
     except (TypeError, ValueError) as exc:
-        print(f"gma-ref check: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(report.to_json() if args.json else report.format(verbose=args.verbose))
-    return report.exit_code
+        return EXIT_USAGE, _failure(args, EXIT_USAGE, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the harness itself failed: still a report, still JSON
+        return 1, _failure(args, 1, "the harness failed", exc)
+    if note:
+        report.notes.append(note)
+    return report.exit_code, report.to_json() if args.json else report.format(verbose=args.verbose)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Run the harness for parsed ``args``; print the report; return the exit status.
+
+    While it runs, anything written to stdout (by the implementation, or by a call of
+    it abandoned after a timeout) goes to stderr, so stdout carries the report alone.
+    """
+    with _ReportStream(keep=getattr(args, "exit_process", False)) as stream:
+        status, text = _run(args)
+        if text is not None:
+            stream.emit(text)
+    return status
+
+
+class _ReportStream:
+    """Stdout reserved for the report: during the run file descriptor 1 and ``sys.stdout`` point at stderr.
+
+    ``keep``: leave descriptor 1 on stderr afterwards (the process is about to end by
+    ``os._exit``, and an abandoned thread must not write after the report).
+    """
+
+    def __init__(self, keep: bool = False) -> None:
+        self.keep, self.fd = keep, None
+
+    def __enter__(self) -> _ReportStream:
+        self.py = sys.stdout
+        try:
+            self.py.flush()
+            if self.py.fileno() == 1:  # the process's stdout (not a test's capture)
+                self.fd = os.dup(1)
+                os.dup2(2, 1)
+        except (AttributeError, OSError, ValueError):
+            self.fd = None
+        sys.stdout = sys.stderr
+        return self
+
+    def emit(self, text: str) -> None:
+        data = (text + "\n").encode("utf-8", errors="replace")
+        if self.fd is None:
+            self.py.write(text + "\n")
+            self.py.flush()
+            return
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout = self.py
+        if self.fd is not None and not self.keep:
+            sys.stderr.flush()
+            os.dup2(self.fd, 1)
+            os.close(self.fd)
 
 
 class _Progress:
@@ -236,11 +347,26 @@ class _Progress:
         print(f"gma-ref check: {done}/{total} cases, {elapsed:.0f} s ({case_id})", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: ``python -m gma_ref.check_cli TARGET [options]``."""
+def main(argv: list[str] | None = None, *, exit_process: bool | None = None) -> int:
+    """Standalone entry point: ``python -m gma_ref.check_cli TARGET [options]``; returns the exit status.
+
+    ``exit_process`` (default: when ``argv`` is ``None``, i.e. run as a program) ends
+    the process with ``os._exit`` right after the report is written, so a call of the
+    implementation abandoned after a timeout (or a library's thread it left running)
+    cannot crash the interpreter's shutdown and change the exit status.
+    """
+    argv_list = sys.argv[1:] if argv is None else list(argv)
     parser = _exit_on_usage_error(_configure(argparse.ArgumentParser(
         prog="gma-ref check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)))
-    return run_check(parser.parse_args(argv))
+    parser.json_errors = "--json" in argv_list  # type: ignore[attr-defined]
+    args = parser.parse_args(argv_list)
+    args.exit_process = argv is None if exit_process is None else exit_process
+    status = run_check(args)
+    if args.exit_process:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["check"]:  # its own parser: usage errors exit 4, JSON errors with --json
+        from .check_cli import main as check_main
+
+        return check_main(words[1:], exit_process=argv is None)
     args = build_parser().parse_args(argv)
     if args.command == "verify":
         from .verification.report import verify

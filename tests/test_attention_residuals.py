@@ -324,23 +324,74 @@ def test_residuals_of_empty_inputs(rng, n_q, n_k, batch):
         _check_forward_then_backward(rng, _inputs(rng, n_q=n_q, n_k=n_k, batch=batch), causal, form)
 
 
-def test_sampled_rows_are_compared_to_sqrt_u_of_the_score_size(rng):
-    """The recomputed rows of Γ must match to √u (1 + max_k |s_ik|), row by row: 3% less is accepted,
-    3% more refused (the chunked form, which does not read residuals.out, isolates the Γ check)."""
-    args = _inputs(rng, n_q=20, n_k=20)
+def test_sampled_rows_are_compared_in_probability_space(rng):
+    """The recomputed rows of Γ must match to min(c u (1 + |s_ik| + max_k |s_ik|), 1/2) Γ_ik + c u with
+    c = 4 (d_r + 4): 3% less is accepted, 3% more refused (the chunked form, which does not read residuals.out,
+    isolates the Γ check). Scores of size ~100 make the relative part dominate, three batch entries keep d_r and
+    the batch size apart."""
+    q, k, v, means, omega, alpha = _inputs(rng, n_q=20, n_k=20, batch=(3,))
+    args = (10.0 * q, 10.0 * k, v, 10.0 * means, omega, alpha)
     kw = {"causal": True, "form": "chunked", "chunk_size": 4}
     _, res = _forward(args, **kw)
     var, lp = variances_from_omega(args[4]), log_priors_from_logits(args[5])
     s = gma_ref.scores(args[0], args[3], var, lp)
-    tol = np.sqrt(np.finfo(np.float64).eps) * (1.0 + np.max(np.abs(s), axis=-1))  # (B, N) per row
+    cu = 4.0 * (D_R + 4) * np.finfo(np.float64).eps / 2
+    rel = np.minimum(cu * (1.0 + np.abs(s) + np.abs(np.max(s, axis=-1, keepdims=True))), 0.5)
     for row in (0, 19):
         for b in range(2):
+            k = int(np.argmax(res.gamma_q[b, row]))
+            # raising Γ_ik by t raises max(|saved|, fresh) with it: t = τ (Γ + t) + cu, so t = (τ Γ + cu) / (1 - τ)
+            t = (rel[b, row, k] * res.gamma_q[b, row, k] + cu) / (1.0 - rel[b, row, k])
             for factor, ok in ((0.97, True), (1.03, False)):
                 gq = res.gamma_q.copy()
-                gq[b, row, :] += factor * tol[b, row]
+                gq[b, row, k] += factor * t
                 stale = res._replace(gamma_q=gq)
                 if ok:
                     _backward(rng, args, stale, **kw)
                 else:
                     with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
                         _backward(rng, args, stale, **kw)
+
+
+def _large_scores_float32(rng, n=24, d_r=16, k=6):
+    """float32 inputs with σ² ≈ 1e-3 and tokens on well-separated means: |s| ~ 1e4, so √u (1 + max|s|) > 1."""
+    means = (3.0 * rng.normal(size=(k, d_r))).astype(np.float32)
+    omega = np.full((k, d_r), np.log(np.expm1(1e-3)), dtype=np.float32)  # softplus(ω) = 1e-3
+    alpha = rng.normal(size=(k,)).astype(np.float32)
+    q = (means[rng.integers(0, k, size=(2, n))] + 0.02 * rng.normal(size=(2, n, d_r))).astype(np.float32)
+    kk = (means[rng.integers(0, k, size=(2, n))] + 0.02 * rng.normal(size=(2, n, d_r))).astype(np.float32)
+    v = rng.normal(size=(2, n, 8)).astype(np.float32)
+    return q, kk, v, means, omega, alpha
+
+
+@pytest.mark.parametrize(("causal", "form"), [(False, "latent"), (False, "materialized"), (True, "chunked")])
+def test_swapped_gamma_q_and_gamma_k_are_refused_when_scores_are_large(rng, causal, form):
+    """Γ^Q and Γ^K swapped (float32, σ² = 1e-3, |s| ~ 1e4, where the old √u (1 + max|s|) tolerance exceeded 1 and
+    let them through with 100 %-wrong gradients) are refused; the forward's own residuals are still accepted."""
+    args = _large_scores_float32(rng)
+    kw = {"causal": causal, "form": form, "chunk_size": 8}
+    _, res = _forward(args, **kw)
+    s = gma_ref.scores(args[0], args[3], variances_from_omega(args[4]), log_priors_from_logits(args[5]))
+    assert np.sqrt(np.finfo(np.float32).eps) * (1.0 + np.max(np.abs(s))) > 1.0  # the regime of the old hole
+    d_out = rng.normal(size=res.out.shape).astype(np.float32)
+    right = gma_attention_backward(*args, d_out, residuals=res, **kw)  # no false alarm
+    _assert_same_gradients(right, gma_attention_backward(*args, d_out, **kw), rtol=1e-5)
+    swapped = res._replace(gamma_q=res.gamma_k, gamma_k=res.gamma_q)
+    with pytest.raises(ValueError, match=r"residuals.gamma_[qk] is not Γ"):
+        gma_attention_backward(*args, d_out, residuals=swapped, **kw)
+
+
+def test_a_probability_twice_the_recomputed_one_is_refused_however_large_the_scores(rng):
+    """Where |s| is so large that c u |s| exceeds 1/2 (float32, σ² = 1e-3, a component far from the token), the
+    relative tolerance stops at 1/2: a saved Γ_ik of 1e-3 where the recomputed one is ~0 is refused."""
+    args = _large_scores_float32(rng)
+    kw = {"causal": False, "form": "latent"}
+    _, res = _forward(args, **kw)
+    s = gma_ref.scores(args[0], args[3], variances_from_omega(args[4]), log_priors_from_logits(args[5]))
+    cu = 4.0 * (args[0].shape[-1] + 4) * np.finfo(np.float32).eps / 2
+    b, i, j = np.unravel_index(np.argmax(np.abs(s[:, :1])), s[:, :1].shape)  # row 0 is always sampled
+    assert cu * abs(s[b, i, j]) > 0.5 and res.gamma_q[b, i, j] < 1e-6
+    gq = res.gamma_q.copy()
+    gq[b, i, j] = 1e-3
+    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
+        _backward(rng, args, res._replace(gamma_q=gq), **kw)

@@ -93,9 +93,9 @@ def test_fla_like_normalise_backward_is_flagged_by_orders_of_magnitude():
 
 def test_flush_subnormals_must_be_a_bool():
     """Declaration(flush_subnormals=...) refuses anything but a bool, naming the field."""
-    with pytest.raises(ValueError, match="flush_subnormals"):
+    with pytest.raises(TypeError, match="flush_subnormals"):
         Declaration(flush_subnormals=1)
-    with pytest.raises(ValueError, match="flush_subnormals"):
+    with pytest.raises(TypeError, match="flush_subnormals"):
         Declaration(flush_subnormals=None)
     assert Declaration().flush_subnormals is False
 

@@ -24,7 +24,8 @@ framework conversion by DLPack, PyTorch/JAX VJP adapters),
 storage), :mod:`~gma_ref.testing.emulated_layer` (the same for the
 multi-head layer), :mod:`~gma_ref.testing.calibration` (regenerate the
 tolerance table), :mod:`~gma_ref.testing.repro` (shrink a failing case and write
-it as a self-contained reproducer; ``check(..., repro=dir)``, ``check(..., case_file=path)``).
+it as a self-contained reproducer; ``check(..., repro=dir)``, ``check(..., case_file=path)``),
+:mod:`~gma_ref.testing.capture` (what the implementation prints, kept out of the report).
 Layer mode — the multi-head layer with its projections,
 ``impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma)``
 — is selected by ``Declaration(mode="layer")`` or ``check(..., mode="layer")``.
@@ -60,7 +61,7 @@ from .reference import (
     reference,
 )
 from .repro import CaseFile, load_case_file
-from .runner import CheckResult, Report, Skip, assert_conforms, check, run_case
+from .runner import CheckResult, Interrupted, Report, Skip, assert_conforms, check, run_case
 
 __all__ = [
     "DTYPES",
@@ -80,6 +81,7 @@ __all__ = [
     "CheckResult",
     "Comparison",
     "Declaration",
+    "Interrupted",
     "NumpyKernel",
     "NumpyLayer",
     "Reference",

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "tie_head_width",
     "VARIANTS",
     "DTYPES",
     "REGIMES",
@@ -463,6 +464,25 @@ def layer_case_arrays(case: Case) -> dict[str, Any]:
     d_out = rng.normal(size=(b, case.n_q, dm))
     return {"x": x, "y": y, "w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o, "means": means, "omega": omega,
             "prior_logits": prior_logits, "d_out": d_out}
+
+
+def tie_head_width(case: Case, d_multiple: int = 1, d_max: int | None = None) -> tuple[Case, list[str]]:
+    """A layer case with tied head width, d_r = d_v = d_model / H (most multi-head layers); returns it and notes.
+
+    The width w = d_model // H (at least 1) is made admissible under ``d_multiple`` and
+    ``d_max`` (:func:`admissible_size`) and d_model becomes H·w. An attention case is
+    returned unchanged. The notes name the edges that tying cannot keep (d_model = 1
+    with H > 1, d_r ≠ d_v).
+    """
+    if not case.is_layer:
+        return case, []
+    w = admissible_size(max(case.d_model // case.heads, 1), d_multiple, d_max)
+    notes = []
+    if case.d_model == 1 and case.heads > 1:
+        notes.append(f"d_model = 1 edge with H = {case.heads} heads: run at d_model = {case.heads * w}")
+    if case.d_r != case.d_v:
+        notes.append("d_r != d_v: not admissible with tied head width")
+    return replace(case, d_r=w, d_v=w, d_model=case.heads * w), notes
 
 
 def _layer_base(variant: str, dtype: str, **kw: Any) -> Case:
