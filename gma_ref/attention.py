@@ -64,7 +64,8 @@ from .mixture import (
     variances_from_omega,
     variances_from_omega_backward,
 )
-from .posterior import responsibilities, responsibilities_and_guard, responsibilities_backward_guarded
+from .posterior import responsibilities
+from .scores_fast import responsibilities_and_guard, responsibilities_backward_guarded
 
 __all__ = ["FORMS", "gma_attention", "AttentionResiduals", "AttentionGrad", "gma_attention_backward"]
 
@@ -283,7 +284,7 @@ class AttentionResiduals(NamedTuple):
     #: O ``(..., N_q, d_v)``, the output returned beside these residuals.
     out: Array
     #: Boolean ``(..., N_q)``: the rows of the query scores that the rounding guard of
-    #: :func:`gma_ref.posterior.scores` computed element-wise; the score VJP treats them the same way.
+    #: :func:`gma_ref.scores_fast.guarded_scores` computed element-wise; the score VJP treats them the same way.
     direct_rows_q: Array
     #: Boolean ``(..., N_k)``: the same for the key scores.
     direct_rows_k: Array

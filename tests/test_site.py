@@ -30,7 +30,7 @@ from tests._cdp import Browser, find_chromium
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE_PAGES = 12
 API_MODULES = (
-    "mixture", "posterior", "bidirectional", "induced", "causal", "attention", "layer", "costs",
+    "mixture", "posterior", "scores_fast", "bidirectional", "induced", "causal", "attention", "layer", "costs",
     "diagnostics", "extensions", "baselines", "testing", "strategies", "verification",
 )
 EXECUTED_EXAMPLES = ("quickstart", "pictures", "streaming_decode", "scaling", "train_tiny")
