@@ -30,6 +30,7 @@ routing vectors ``(B, H, N, d_r)``.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 from ._array import (
@@ -123,9 +124,11 @@ def _direct_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors
     mu, var = xp.expand_dims(means, axis=-3), xp.expand_dims(variances, axis=-3)  # (..., 1, K, d_r)
     batch = broadcast_shapes(x.shape[:-2], mu.shape[:-3], b.shape[:-2])
     blocks = []
-    for start, stop in _token_blocks(batch, n, k, d_r):
-        diff = xp.expand_dims(x[..., start:stop, :], axis=-2) - mu  # (..., n, K, d_r): x_im − μ_km
-        blocks.append(b - 0.5 * xp.sum(diff * diff / var, axis=-1))
+    with warnings.catch_warnings():  # an overflow is reported by _checked_for_overflow, not as a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for start, stop in _token_blocks(batch, n, k, d_r):
+            diff = xp.expand_dims(x[..., start:stop, :], axis=-2) - mu  # (..., n, K, d_r): x_im − μ_km
+            blocks.append(b - 0.5 * xp.sum(diff * diff / var, axis=-1))
     if not blocks:  # N = 0
         dtype = xp.result_type(x.dtype, b.dtype)
         return xp.zeros(batch + (0, k), dtype=dtype, device=device_of(x))
@@ -383,18 +386,20 @@ def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores
     sum_r = xp.zeros(batch + (k, d_r), dtype=dtype, device=dev)  # Σ_i δ_ik r_ikm
     sum_r2 = xp.zeros(batch + (k, d_r), dtype=dtype, device=dev)  # Σ_i δ_ik r²_ikm
     d_x_blocks = []
-    for start, stop in _token_blocks(batch, n, k, d_r):
-        r = (xp.expand_dims(x[..., start:stop, :], axis=-2) - mu) / var  # (..., n, K, d_r)
-        dr = xp.expand_dims(d_scores[..., start:stop, :], axis=-1) * r  # δ_ik r_ikm
-        d_x_blocks.append(-xp.sum(dr, axis=-2))  # ∂L/∂x_im = −Σ_k δ_ik r_ikm
-        sum_r = sum_r + xp.sum(dr, axis=-3)
-        sum_r2 = sum_r2 + xp.sum(dr * r, axis=-3)
+    with warnings.catch_warnings():  # an overflow is reported by _check_gradients_finite, not as a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for start, stop in _token_blocks(batch, n, k, d_r):
+            r = (xp.expand_dims(x[..., start:stop, :], axis=-2) - mu) / var  # (..., n, K, d_r)
+            dr = xp.expand_dims(d_scores[..., start:stop, :], axis=-1) * r  # δ_ik r_ikm
+            d_x_blocks.append(-xp.sum(dr, axis=-2))  # ∂L/∂x_im = −Σ_k δ_ik r_ikm
+            sum_r = sum_r + xp.sum(dr, axis=-3)
+            sum_r2 = sum_r2 + xp.sum(dr * r, axis=-3)
+        delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
+        d_variances = 0.5 * (sum_r2 - xp.expand_dims(delta_sum, axis=-1) / variances)  # Eq. 57
     if not d_x_blocks:  # N = 0
         d_x = xp.zeros(batch + (0, d_r), dtype=dtype, device=dev)
     else:
         d_x = d_x_blocks[0] if len(d_x_blocks) == 1 else xp.concat(d_x_blocks, axis=-2)
-    delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
-    d_variances = 0.5 * (sum_r2 - xp.expand_dims(delta_sum, axis=-1) / variances)  # Eq. 57
     grads = ScoresGrad(
         d_x=sum_to_shape(xp, d_x, tuple(x.shape)),
         d_means=sum_to_shape(xp, sum_r, tuple(means.shape)),

@@ -33,14 +33,19 @@ default. It is tested against the direct form and 40-digit mpmath in every regim
    every entry kept then carries at most R times the direct form's error bound. Rows that fail are
    recomputed by the direct form, in cache-sized blocks. M is not at hand, but M = 2 (b − s):
 
-       2 (A + C) > R (2 (b − s) + own)  ⇔  A + R s > R (b + own/2) − C =: offset_k.
+       2 (A + C) > R (2 (b − s) + own)  ⇔  A + R s > R (b + own/2) − C
+                                       ⇔  s + A/R > b + own/2 − C/R =: offset_k.
+
+   The last form divides by R = 8, a power of two (exact), so that R s cannot overflow where s
+   does not (float16 holds scores to 6.5e4 only).
 
 6. *Cheaply first.* A_ik ≤ a_i = Σ_m x'²_im max_l w_lm (one matrix–vector product), so a row with
-   max_k (R s_ik − offset_k) ≤ −a_i has A_ik + R s_ik ≤ offset_k for every k and passes without A.
+   max_k (s_ik − offset_k) ≤ −a_i/R has s_ik + A_ik/R ≤ offset_k for every k and passes without A.
    Only if some row fails that is A formed, and by the *same* kind of product as the scores: the
    row R·weights_k + [w_k, 0, 0] dotted with [x'²_i, x'_i, 1] is R s_ik (the product of step 3,
-   times R) plus Σ_m x'²_im w_km = A_ik (the added w_k meets the x'² columns, the zeros the rest):
-   ``guard = A + R s`` in one product, compared with offset.
+   times R) plus Σ_m x'²_im w_km = A_ik (the added w_k meets the x'² columns, the zeros the rest).
+   Divided by R: ``weights_k + [w_k/R, 0, 0]`` gives ``guard = s + A/R`` in one product, compared
+   with offset.
 
 The VJP (:func:`scores_backward_guarded`) uses the same centred coordinates; see its docstring.
 Nothing here validates its inputs: the callers (:func:`gma_ref.attention.gma_attention`) do.
@@ -107,17 +112,17 @@ def expanded_scores(xp: Any, ex: Expanded, variances: Array, log_priors: Array |
     weights = xp.concat([-0.5 * w, xp.broadcast_to(ex.means * ex.precisions, tuple(w.shape)),
                          xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
     s = xp.matmul(ex.features, xp.matrix_transpose(weights))  # step 3
-    # step 5: reject where A + R s > offset = R (b + own/2) − C
+    # step 5: reject where s + A/R > offset = b + own/2 − C/R
     budget = _CANCELLATION_BUDGET
     d_r = variances.shape[-1]
     own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
-    offset = xp.expand_dims(budget * (base + 0.5 * own) - c, axis=-2)
+    offset = xp.expand_dims(base + 0.5 * own - c / budget, axis=-2)
     # step 6, first with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product)
     a_row = xp.matmul(ex.features[..., :d_r], xp.expand_dims(xp.max(ex.precisions, axis=-2), axis=-1))[..., 0]
-    rows = xp.max(budget * s - offset, axis=-1) > -a_row
-    if bool(xp.any(rows)):  # then A + R s itself, by one product: R·weights + [w, 0, 0] (step 6)
+    rows = xp.max(s - offset, axis=-1) > -a_row / budget
+    if bool(xp.any(rows)):  # then s + A/R itself, by one product: weights + [w/R, 0, 0] (step 6)
         zeros = xp.zeros_like(ex.precisions)
-        guard_weights = budget * weights + xp.concat([ex.precisions, zeros, zeros[..., :1]], axis=-1)
+        guard_weights = weights + xp.concat([ex.precisions / budget, zeros, zeros[..., :1]], axis=-1)
         guard = xp.matmul(ex.features, xp.matrix_transpose(guard_weights))
         rows = xp.max(guard - offset, axis=-1) > 0
     return s, rows
