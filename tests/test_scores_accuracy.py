@@ -273,3 +273,11 @@ def test_guard_counts_the_points_own_term():
     x = np.array([[m], [0.0]])
     rows = _guard_rows(xp, x, means, var, lp)
     assert np.asarray(rows).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", ["generic", "clustered"])
+def test_every_namespace_is_as_accurate(xp, name, impl):
+    """Under every array namespace of the suite (NumPy, array_api_strict, PyTorch, CuPy), the direct form
+    and the fast path (its guarded rows included: ``clustered``) meet the same mpmath bounds."""
+    _check(name, 1, xp=xp, impl=impl)
