@@ -332,7 +332,7 @@ def test_linear_in_n_hides_d_r_and_d_v_and_the_naive_mahalanobis_broadcast_needs
     the naive broadcast (x[..., :, None, :] − μ) of the Mahalanobis term holds B·H·N·K·d_r numbers: at Table 1's
     setting (B = 8, H = 12, N = 4000, K = 512, d_r = 64, bfloat16) 25.2 GB, 32 times Γ^Q and Γ^K together
     (0.79 GB). gma_ref.posterior.scores forms it a token block at a time: at N = 16384, K = 64, d_r = 64 its
-    peak (a few blocks of 2²¹ numbers, about 70 MB) is below a quarter of the 537 MB broadcast."""
+    peak (the 8 MB result and a few blocks of 2¹⁶ numbers) is below a quarter of the 537 MB broadcast."""
     n, k = 1024, 128
     assert routing_cost_total(n, k, 128, 128) / routing_cost_total(n, k, 64, 64) == pytest.approx(1.985, abs=0.001)
     b, h, n, k, d_r = 8, 12, 4000, 512, 64
