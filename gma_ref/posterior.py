@@ -171,7 +171,9 @@ def log_gaussian_density(
 def scores(
     x: Array, means: Array, variances: Array, log_priors: Array, *, check_finite: bool = True
 ) -> Array:
-    """Log-density scores s_ik = log π_k + log N(x_i | μ_k, Σ_k) (Eq. 16, Eq. 50).
+    """Log-density scores s_ik = log π_k + log N(x_i | μ_k, Σ_k) (Eq. 16, Eq. 50)::
+
+        s_ik = log π_k − ½ d_r log 2π − ½ Σ_m log σ²_km − ½ Σ_m (x_im − μ_km)² / σ²_km
 
     Shapes: ``x`` ``(..., N, d_r)``, ``means``/``variances`` ``(..., K, d_r)``,
     ``log_priors`` ``(..., K)`` (e.g. from :func:`~gma_ref.mixture.log_priors_from_logits`).
