@@ -90,7 +90,7 @@ numpydoc_validation_checks: set[str] = set()
 sphinx_gallery_conf = {
     "examples_dirs": str(ROOT / "examples"),
     "gallery_dirs": "auto_examples",
-    "filename_pattern": r"(quickstart|pictures|streaming_decode|scaling|train_tiny)\.py$",
+    "filename_pattern": r"(quickstart|pictures|streaming_decode|scaling|train_tiny|table1_memory)\.py$",
     "ignore_pattern": r"__init__\.py",
     "reset_argv": "gma_docs.example_argv",
     "image_scrapers": ("matplotlib", "gma_docs.example_png_scraper"),
@@ -99,7 +99,7 @@ sphinx_gallery_conf = {
     "abort_on_example_error": True,
     "show_memory": False,
     "plot_gallery": "True",
-    "within_subsection_order": "FileNameSortKey",
+    "within_subsection_order": "gma_docs.GalleryOrder",
     "min_reported_time": 1,
     "write_computation_times": False,
     "show_signature": False,

@@ -1,5 +1,5 @@
-"""Regenerate the long-mode tolerance table of docs/oracle.md ("Long sequences") and the long planted-bug margins.
-===============================================================================================================
+"""Tool: regenerate the long-mode tolerance table of docs/oracle.md ("Long sequences") and the long planted-bug margins.
+=====================================================================================================================
 
 Run from the repository root::
 

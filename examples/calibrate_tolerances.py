@@ -1,5 +1,5 @@
-"""Calibrating the oracle's tolerances
-===================================
+"""Tool: calibrating the oracle's tolerances
+=========================================
 
 Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
 

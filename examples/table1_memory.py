@@ -28,7 +28,9 @@ projection and framework overhead, so its figures are larger; the shape of the g
 is what is compared.
 
 ``main()`` returns the measurements as a dict (also written as JSON with ``--json``), which
-``docs/figures_experiments.py`` plots. Runs in under five minutes on two cores; ``--quick`` divides
+``docs/figures_experiments.py`` plots; with ``--out DIR`` (and matplotlib) the script draws
+``table1_memory.png`` itself: peak memory against N for GMA at each K and for softmax attention.
+Runs in under five minutes on two cores; ``--quick`` divides
 every N by 8 (about 20 s).
 """
 
@@ -151,8 +153,9 @@ def layer_parameter_count(k: int, d_model: int = 768, heads: int = 12) -> int:
                ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits"))
 
 
-def main(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
-    """Measure, print the table beside the paper's figures, return (and optionally save) them."""
+def main(quick: bool = False, json_path: str | None = None, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Measure, print the table beside the paper's figures, return (and optionally save) them; with
+    ``out_dir``, also draw them (``result["plot"]``, the PNG, or ``None``)."""
     sizes = [n // 8 for n in PAPER["sizes"]] if quick else list(PAPER["sizes"])
     components = list(PAPER["components"])
     rows: list[dict[str, Any]] = []
@@ -217,12 +220,50 @@ def main(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
     print("GMA layer parameters (d_model 768, 12 heads, per-head mixtures):", params)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    result["plot"] = None if out_dir is None else _plot(result, Path(out_dir))
     return result
+
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, or ``None`` (with a hint) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('matplotlib not installed: no plot (pip install -e ".[plot]")')
+        return None
+    return plt
+
+
+def _plot(result: dict[str, Any], out: Path) -> Path | None:
+    """Forward+backward peak memory (MiB) against N, log–log: GMA for each K, and softmax attention."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for k in result["components"]:
+        rows = [r for r in result["rows"] if r["method"] == "gma" and r["K"] == k]
+        ax.loglog([r["N"] for r in rows], [r["forward_backward"] / 2**20 for r in rows], "o-", label=f"GMA, K = {k}")
+    rows = [r for r in result["rows"] if r["method"] == "softmax"]
+    ax.loglog([r["N"] for r in rows], [r["forward_backward"] / 2**20 for r in rows], "s--k", label="softmax (Eq. 1)")
+    ax.set(xlabel="N (tokens)", ylabel="forward + backward peak [MiB]",
+           title=f"one sequence × {result['heads']} heads, {result['dtype']}, tracemalloc")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path = out / "table1_memory.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--json", default=None, help="write the measurements to this JSON file")
     parser.add_argument("--quick", action="store_true", help="divide every N by 8")
+    parser.add_argument("--out", default=None, help="directory for table1_memory.png (default: no plot)")
     ns = parser.parse_args()
-    main(quick=ns.quick, json_path=ns.json)
+    main(quick=ns.quick, json_path=ns.json, out_dir=ns.out)

@@ -21,7 +21,9 @@ cores) the training loss falls to about 1e-3 and held-out accuracy is about 0.99
 initial loss (``LOSS_FRACTION``) and held-out accuracy ≥ 0.9 (``ACCURACY_THRESHOLD``).
 Finally the §5.4 diagnostics
 (``gma_ref.diagnostics.diagnostics_report``) are printed for the trained model's
-query responsibilities, with token categories (marker, A, B).
+query responsibilities, with token categories (marker, A, B). With ``--out DIR`` (and
+matplotlib) the script draws ``train_tiny.png``: the loss curve and the trained model's
+component usage.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,14 +103,15 @@ class Adam:
 
 def main(steps: int = 100, n_train: int = 512, n_test: int = 256, n_tokens: int = 16, d_model: int = 8,
          n_heads: int = 2, n_components: int = 4, d_route: int = 4, d_value: int = 4, lr: float = 0.03,
-         seed: int = 0, log_every: int = 25) -> dict[str, Any]:
+         seed: int = 0, log_every: int = 25, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Train and evaluate; return the loss curve, accuracies and the diagnostics report.
 
     Returns
     -------
     dict with ``initial_loss``, ``final_loss`` (training loss after the last step),
     ``losses`` (one per step, before the update), ``train_accuracy``, ``test_accuracy``,
-    ``seconds`` and ``diagnostics`` (a :class:`gma_ref.diagnostics.DiagnosticsReport`).
+    ``seconds``, ``diagnostics`` (a :class:`gma_ref.diagnostics.DiagnosticsReport`) and ``plot``
+    (the PNG written into ``out_dir``, or ``None``).
     """
     rng = np.random.default_rng(seed)
     centres = 2.0 * rng.normal(size=(2, d_model)) / np.sqrt(d_model)
@@ -170,7 +174,7 @@ def main(steps: int = 100, n_train: int = 512, n_test: int = 256, n_tokens: int 
     print(f"  weighted purity = {report.weighted_purity:.3f} (permutation baseline "
           f"{perm.purity_mean:.3f} ± {perm.purity_std:.3f}, majority {report.majority_baseline:.3f}), "
           f"I(Z;C) = {report.mutual_information:.3f} nats, NMI = {report.normalized_mutual_information:.3f}")
-    return {
+    result = {
         "initial_loss": losses[0],
         "final_loss": final_loss,
         "losses": losses,
@@ -179,6 +183,47 @@ def main(steps: int = 100, n_train: int = 512, n_test: int = 256, n_tokens: int 
         "seconds": seconds,
         "diagnostics": report,
     }
+    result["plot"] = None if out_dir is None else _plot(result, Path(out_dir))
+    return result
+
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, or ``None`` (with a hint) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('matplotlib not installed: no plot (pip install -e ".[plot]")')
+        return None
+    return plt
+
+
+def _plot(result: dict[str, Any], out: Path) -> Path | None:
+    """The training loss per step (log scale, ln 2 marked) and the usage p_k of the trained components."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    losses = np.asarray(result["losses"])
+    axes[0].semilogy(np.arange(len(losses)), losses, label="training loss")
+    axes[0].axhline(np.log(2.0), color="grey", lw=0.8, ls="--", label="ln 2 (zero readout)")
+    axes[0].set(xlabel="Adam step", ylabel="mean binary cross-entropy",
+                title=f"held-out accuracy {result['test_accuracy']:.3f}")
+    axes[0].legend(fontsize=8)
+    usage = np.asarray(result["diagnostics"].usage)
+    axes[1].bar(np.arange(usage.shape[0]), usage)
+    axes[1].set(xlabel="component k (head-averaged)", ylabel="usage p_k",
+                title=f"H_usage {result['diagnostics'].usage_entropy:.3f}")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path = out / "train_tiny.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # %%
@@ -188,5 +233,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="directory for train_tiny.png (default: no plot)")
     args = parser.parse_args()
-    main(steps=args.steps, seed=args.seed)
+    main(steps=args.steps, seed=args.seed, out_dir=args.out)

@@ -37,11 +37,12 @@ __all__ = [
     "broadcast_shapes",
     "DEFAULT_MAX_BYTES",
     "check_memory_budget",
+    "peak_bytes",
     "check_nonnegative_array",
     "value_scale",
 ]
 
-#: Default memory budget (bytes) of the forms that build an N × N or N × K × d_v array.
+#: Default memory budget (bytes): the measured peak of a call that builds an N × N or N × K × d_v array.
 DEFAULT_MAX_BYTES = 4 * 2**30
 
 #: Any array of a namespace that follows the array API standard.
@@ -229,10 +230,23 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def peak_bytes(xp: Any, shape: tuple[int, ...], dtype: Any, peak: tuple[float, float], io_elements: int) -> int:
+    """Estimated peak memory of a call: ``a`` × the bytes of its largest array (``shape``) plus ``c`` × the
+    bytes of its inputs and output (``io_elements`` numbers), ``(a, c) = peak``, in ``dtype``.
+
+    Each function that builds an N × N (or N × K × d_v) array states its ``(a, c)``, measured with
+    :mod:`tracemalloc` (tests/test_memory_peaks.py checks them).
+    """
+    item = xp.finfo(dtype).bits // 8
+    return math.ceil(peak[0] * math.prod(shape) * item + peak[1] * io_elements * item)
+
+
 def check_memory_budget(
-    xp: Any, forward: str, what: str, shape: tuple[int, ...], dtype: Any, max_bytes: int | None, instead: str
+    xp: Any, forward: str, what: str, shape: tuple[int, ...], dtype: Any, max_bytes: int | None, instead: str,
+    peak: tuple[float, float] = (1.0, 0.0), io_elements: int = 0,
 ) -> None:
-    """Raise ``ValueError`` if one array of ``shape`` and ``dtype`` needs more than ``max_bytes``.
+    """Raise ``ValueError`` if the call builds an array of ``shape`` and ``dtype`` and its whole peak memory,
+    :func:`peak_bytes` (``peak``, ``io_elements``), needs more than ``max_bytes``.
 
     ``what`` names the array (e.g. ``'the N_q × N_k weights'``) and ``instead``
     the linear-memory form to use. ``max_bytes=None`` disables the check;
@@ -241,12 +255,14 @@ def check_memory_budget(
     if max_bytes is None:
         return
     max_bytes = check_positive_int("max_bytes", max_bytes)
-    needed = math.prod(shape) * (xp.finfo(dtype).bits // 8)
+    array = math.prod(shape) * (xp.finfo(dtype).bits // 8)
+    needed = peak_bytes(xp, shape, dtype, peak, io_elements)
     if needed > max_bytes:
         raise ValueError(
-            f"{forward} would build {what} of shape {tuple(shape)}: {_gib(needed)} for that array alone, "
-            f"more than max_bytes = {_gib(max_bytes)}; use {instead} (linear memory in N), "
-            "or pass a larger max_bytes (None: no limit)"
+            f"{forward} would build {what} of shape {tuple(shape)}: {_gib(array)} for that array, "
+            f"{_gib(needed)} at the peak of the call (measured: {peak[0]:g} × that array + {peak[1]:g} × "
+            f"its inputs and output), more than max_bytes = {_gib(max_bytes)}; use {instead} (linear memory "
+            "in N), or pass a larger max_bytes (None: no limit)"
         )
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ._array import (
+    DEFAULT_MAX_BYTES,
     Array,
     broadcast_shapes,
     check_cotangent,
@@ -47,6 +48,7 @@ from .bidirectional import (
     output_shape,
 )
 from .causal import (
+    check_prefix_budget,
     gma_causal_chunked,
     gma_causal_chunked_backward,
     gma_causal_prefix,
@@ -54,7 +56,7 @@ from .causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
-from .induced import gma_materialized, gma_materialized_backward
+from .induced import check_weights_budget, gma_materialized, gma_materialized_backward
 from .mixture import (
     DEFAULT_EPS,
     DEFAULT_EPS_SIGMA,
@@ -63,7 +65,8 @@ from .mixture import (
     variances_from_omega,
     variances_from_omega_backward,
 )
-from .posterior import responsibilities, responsibilities_and_guard, responsibilities_backward_guarded
+from .posterior import responsibilities
+from .scores_fast import responsibilities_and_guard, responsibilities_backward_guarded
 
 __all__ = ["FORMS", "gma_attention", "AttentionResiduals", "AttentionGrad", "gma_attention_backward"]
 
@@ -188,7 +191,7 @@ def gma_attention(
         raise TypeError(f"return_residuals must be True or False, got {return_residuals!r}")
     xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
     (gamma_q, rows_q), (gamma_k, rows_k), _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps,
-                                                          eps_sigma, check_finite)
+                                                          eps_sigma, check_finite, form)
     out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
     if not return_residuals:
         return out
@@ -197,23 +200,61 @@ def gma_attention(
 
 def _validated_mixture(
     xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
-    eps_sigma: float, check_finite: bool,
+    eps_sigma: float, check_finite: bool, form: str = "latent", backward: bool = False,
 ) -> tuple[Array, Array]:
-    """Validate the inputs as the forward does; return (σ², log π)."""
+    """Validate the inputs as the forward does, refuse a core over its memory budget; return (σ², log π)."""
     _check_routing_vectors(xp, q, k, v, means, check_finite)
     variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
+    _check_mixture_shapes(q, k, v, means, omega, prior_logits)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal GMA needs N_q == N_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    _check_core_budget(xp, q, k, v, means, omega, prior_logits, causal, form, backward)
     return variances, log_priors
+
+
+def _check_mixture_shapes(q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array) -> None:
+    """ω must have the shape (..., K, d_r) of the means, α the shape (..., K); all batch axes must broadcast."""
+    kd = tuple(means.shape[-2:])
+    if omega.ndim < 2 or tuple(omega.shape[-2:]) != kd:
+        raise ValueError(f"omega must have shape (..., K, d_r) = (..., {kd[0]}, {kd[1]}) like means, "
+                         f"got shape {tuple(omega.shape)}")
+    if prior_logits.ndim < 1 or prior_logits.shape[-1] != kd[0]:
+        raise ValueError(f"prior_logits must have shape (..., K) = (..., {kd[0]}) with the K of means "
+                         f"{tuple(means.shape)}, got shape {tuple(prior_logits.shape)}")
+    batches = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2], "means": means.shape[:-2],
+               "omega": omega.shape[:-2], "prior_logits": prior_logits.shape[:-1]}
+    try:
+        broadcast_shapes(*(tuple(b) for b in batches.values()))
+    except ValueError:
+        given = ", ".join(f"{name} {tuple(b)}" for name, b in batches.items())
+        raise ValueError(f"the leading batch axes do not broadcast together: {given}") from None
+
+
+def _check_core_budget(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array,
+                       causal: bool, form: str, backward: bool) -> None:
+    """Refuse the prefix and materialized cores over the default memory budget before Γ is computed."""
+    if form not in ("prefix", "materialized"):
+        return
+    mix = broadcast_shapes(tuple(means.shape[:-2]), tuple(omega.shape[:-2]), tuple(prior_logits.shape[:-1]))
+    kk = means.shape[-2]
+    shape_q = broadcast_shapes(mix, tuple(q.shape[:-2])) + (q.shape[-2], kk)
+    shape_k = broadcast_shapes(mix, tuple(k.shape[:-2])) + (k.shape[-2], kk)
+    dtype = xp.result_type(q, k, v, means, omega, prior_logits)
+    if form == "prefix":
+        name = "gma_causal_prefix_backward" if backward else "gma_causal_prefix"
+        check_prefix_budget(xp, shape_q, shape_k, tuple(v.shape), dtype, DEFAULT_MAX_BYTES, name)
+    else:
+        name = "gma_materialized_backward" if backward else "gma_materialized"
+        check_weights_budget(xp, name, shape_q, shape_k, tuple(v.shape), dtype, DEFAULT_MAX_BYTES, causal)
 
 
 def _routing(
     xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
-    eps: float, eps_sigma: float, check_finite: bool,
+    eps: float, eps_sigma: float, check_finite: bool, form: str, backward: bool = False,
 ) -> tuple[tuple[Array, Array], tuple[Array, Array], Array, Array]:
     """Validate the inputs as the forward does; return ((Γ^Q, guard rows), (Γ^K, guard rows), σ², log π)."""
     variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
-                                               check_finite)
+                                               check_finite, form, backward)
     side_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
     side_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
     gamma_q, gamma_k = side_q[0], side_k[0]
@@ -263,6 +304,8 @@ def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, 
             check_last_dim(name, a, d_r, layout, f"d_r of means {tuple(means.shape)}")
         if check_finite:
             _check_finite(xp, name, a)
+    if check_finite:
+        _check_finite(xp, "means", means)
 
 
 class AttentionResiduals(NamedTuple):
@@ -282,7 +325,7 @@ class AttentionResiduals(NamedTuple):
     #: O ``(..., N_q, d_v)``, the output returned beside these residuals.
     out: Array
     #: Boolean ``(..., N_q)``: the rows of the query scores that the rounding guard of
-    #: :func:`gma_ref.posterior.scores` computed element-wise; the score VJP treats them the same way.
+    #: :func:`gma_ref.scores_fast.guarded_scores` computed element-wise; the score VJP treats them the same way.
     direct_rows_q: Array
     #: Boolean ``(..., N_k)``: the same for the key scores.
     direct_rows_k: Array
@@ -358,12 +401,12 @@ def gma_attention_backward(
     xp: Any = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits, d_out=d_out)
     if residuals is None:
         (gamma_q, rows_q), (gamma_k, rows_k), variances, log_priors = _routing(
-            xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite
+            xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite, form, True
         )
         saved_out = None
     else:
         variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
-                                                   check_finite)
+                                                   check_finite, form, True)
         _check_residuals(xp, residuals, q, k, v, means, variances, log_priors, check_finite)
         gamma_q, gamma_k, saved_out, rows_q, rows_k = residuals  # Γ ≥ 0, v and ε: checked by every core
         if form == "latent" and not bool(xp.all(xp.isfinite(saved_out))):  # the only form that reads it

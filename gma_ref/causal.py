@@ -29,6 +29,7 @@ recovered by subtraction.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from ._array import (
@@ -171,12 +172,36 @@ def _scaled(state: CausalState | None, factor: float) -> CausalState | None:
     return None if state is None else CausalState(state.memory * factor, state.mass)
 
 
+#: Peak memory of the prefix form as (a, c): a × the bytes of the (..., N, K, d_v) prefix memory plus
+#: c × the bytes of the inputs and output, measured with tracemalloc over NumPy (tests/test_memory_peaks.py).
+PREFIX_PEAK_FACTORS: dict[str, tuple[float, float]] = {
+    "gma_causal_prefix": (3.5, 1.0),
+    "gma_causal_prefix_backward": (7.5, 3.0),
+}
+
+
+def check_prefix_budget(xp: Any, shape_q: tuple[int, ...], shape_k: tuple[int, ...], shape_v: tuple[int, ...],
+                        dtype: Any, max_bytes: int | None, forward: str) -> None:
+    """Refuse (``ValueError``) a prefix-form call (``forward``, a key of :data:`PREFIX_PEAK_FACTORS`) on
+    Γ^Q ``shape_q``, Γ^K ``shape_k`` and V ``shape_v`` whose measured peak exceeds ``max_bytes``.
+
+    Takes shapes, not arrays, so that a caller (:func:`gma_ref.attention.gma_attention`) can refuse
+    before computing Γ.
+    """
+    if max_bytes is None:
+        return
+    batch = broadcast_shapes(tuple(shape_q[:-2]), tuple(shape_k[:-2]), tuple(shape_v[:-2]))
+    n, k, d_v = shape_k[-2], shape_k[-1], shape_v[-1]
+    io = math.prod(batch) * n * 2 * (k + d_v)
+    check_memory_budget(xp, forward, "the prefix memory (..., N, K, d_v)", batch + (n, k, d_v), dtype,
+                        max_bytes, "gma_causal_chunked", PREFIX_PEAK_FACTORS[forward], io)
+
+
 def _check_prefix_budget(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, max_bytes: int | None,
                          forward: str) -> None:
-    batch = output_shape(gamma_q, gamma_k, v)[:-2]
-    shape = batch + (gamma_k.shape[-2], gamma_k.shape[-1], v.shape[-1])
-    check_memory_budget(xp, forward, "the prefix memory (..., N, K, d_v)", shape, xp.result_type(gamma_k, v),
-                        max_bytes, "gma_causal_chunked")
+    output_shape(gamma_q, gamma_k, v)  # batch axes broadcast (or a ValueError naming them)
+    check_prefix_budget(xp, tuple(gamma_q.shape), tuple(gamma_k.shape), tuple(v.shape),
+                        xp.result_type(gamma_q, gamma_k, v), max_bytes, forward)
 
 
 def gma_causal_prefix_backward(

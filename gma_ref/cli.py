@@ -18,9 +18,11 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .verification.registry import NAMESPACES
 
     parser = argparse.ArgumentParser(prog="gma-ref", description="Gaussian Mixture Attention reference")
+    parser.add_argument("--version", action="version", version=f"gma-ref {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("verify", help="run every equation check and print the report")

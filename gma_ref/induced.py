@@ -14,12 +14,15 @@ A = diag(Ã 1 + ε)⁻¹ Ã, which is Eq. 9 restated, and the causal weights of
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ._array import (
     DEFAULT_MAX_BYTES,
     Array,
+    broadcast_shapes,
     check_cotangent,
+    check_floating,
     check_memory_budget,
     check_nonnegative_scalar,
     namespace,
@@ -35,24 +38,65 @@ __all__ = [
     "gma_materialized_backward",
     "memory_slots",
     "read_weights",
+    "PEAK_FACTORS",
 ]
 
+#: Peak memory of each N_q × N_k function as (a, c): a × the bytes of one N_q × N_k array plus c × the
+#: bytes of its inputs and output, measured with tracemalloc over NumPy (tests/test_memory_peaks.py).
+#: ``max_bytes`` is compared with that peak, not with the one array.
+PEAK_FACTORS: dict[str, tuple[float, float]] = {
+    "affinity": (1.0, 0.0),
+    "attention_weights": (4.0, 1.0),
+    "gma_materialized": (4.0, 1.0),
+    "gma_materialized_backward": (8.0, 3.0),
+}
 
-def affinity(gamma_q: Array, gamma_k: Array) -> Array:
+
+def check_weights_budget(xp: Any, forward: str, shape_q: tuple[int, ...], shape_k: tuple[int, ...],
+                         shape_v: tuple[int, ...] | None, dtype: Any, max_bytes: int | None, causal: bool) -> None:
+    """Refuse (``ValueError``) a call of ``forward`` (a key of :data:`PEAK_FACTORS`) on Γ^Q ``shape_q``,
+    Γ^K ``shape_k`` (and V ``shape_v``) whose measured peak exceeds ``max_bytes`` (``None``: no limit).
+
+    Takes shapes, not arrays, so that :func:`gma_ref.attention.gma_attention` can refuse before computing Γ.
+    """
+    if max_bytes is None:
+        return
+    batch = broadcast_shapes(tuple(shape_q[:-2]), tuple(shape_k[:-2]), () if shape_v is None else tuple(shape_v[:-2]))
+    n_q, n_k, k = shape_q[-2], shape_k[-2], shape_q[-1]
+    io = (n_q + n_k) * k + (0 if shape_v is None else (n_q + n_k) * shape_v[-1])
+    check_memory_budget(xp, forward, "the N_q × N_k weights", batch + (n_q, n_k), dtype, max_bytes,
+                        "gma_causal_chunked" if causal else "gma_bidirectional", PEAK_FACTORS[forward],
+                        math.prod(batch) * io)
+
+
+def _check_weights_budget(xp: Any, forward: str, gamma_q: Array, gamma_k: Array, v: Array | None,
+                          max_bytes: int | None, causal: bool) -> None:
+    dtype = xp.result_type(gamma_q, gamma_k) if v is None else xp.result_type(gamma_q, gamma_k, v)
+    check_weights_budget(xp, forward, tuple(gamma_q.shape), tuple(gamma_k.shape),
+                         None if v is None else tuple(v.shape), dtype, max_bytes, causal)
+
+
+def affinity(gamma_q: Array, gamma_k: Array, *, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Array:
     """Unnormalised affinity Ã = Γ^Q (Γ^K)ᵀ, Ã_ij = ⟨γ^Q_i, γ^K_j⟩ (Eq. 11).
 
     ``gamma_q`` ``(..., N_q, K)``, ``gamma_k`` ``(..., N_k, K)`` → ``(..., N_q, N_k)``;
-    non-negative with rank ≤ K (Eq. 23). Raises ``ValueError`` if K differs.
+    non-negative with rank ≤ K (Eq. 23). O(N_q N_k) memory: refused when the call's peak
+    (:data:`PEAK_FACTORS`) exceeds ``max_bytes`` (default 4 GiB; ``None``: no limit).
+    Raises ``TypeError`` for non-floating input, ``ValueError`` if K differs or above the budget.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k)
+    check_floating(xp, "gamma_q", gamma_q)
+    check_floating(xp, "gamma_k", gamma_k)
     if gamma_q.shape[-1] != gamma_k.shape[-1]:
         raise ValueError(
             f"gamma_q and gamma_k must share K, got shapes {tuple(gamma_q.shape)} and {tuple(gamma_k.shape)}"
         )
+    _check_weights_budget(xp, "affinity", gamma_q, gamma_k, None, max_bytes, False)
     return xp.matmul(gamma_q, xp.matrix_transpose(gamma_k))
 
 
-def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, *, causal: bool = False) -> Array:
+def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, *, causal: bool = False,
+                      max_bytes: int | None = DEFAULT_MAX_BYTES) -> Array:
     """Normalised induced weights A (Eq. 9 = §4.2's Eq. 9b; causal: §3.5's Eq. 9b).
 
     A_ij = Ã_ij / (Σ_l Ã_il + ε), and with ``causal=True``
@@ -62,17 +106,19 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
     1 when ε = 0, less than 1 otherwise, and far below 1 when u_i is not ≫ ε.
     Shapes ``(..., N_q, K)``, ``(..., N_k, K)`` → ``(..., N_q, N_k)``; causal needs
     N_q = N_k (``ValueError`` otherwise; ``TypeError`` unless ``causal`` is a bool).
-    Rows with zero denominator are 0.
+    Rows with zero denominator are 0. Refused (``ValueError``) when the call's peak memory
+    (:data:`PEAK_FACTORS`, several N_q × N_k arrays) exceeds ``max_bytes`` (``None``: no limit).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k)
     eps = check_nonnegative_scalar("eps", eps)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    a_tilde = affinity(gamma_q, gamma_k)
+    n_q, n_k = gamma_q.shape[-2], gamma_k.shape[-2]
+    if causal and n_q != n_k:
+        raise ValueError(f"causal weights need N_q == N_k, got N_q = {n_q}, N_k = {n_k}")
+    _check_weights_budget(xp, "attention_weights", gamma_q, gamma_k, None, max_bytes, causal)
+    a_tilde = affinity(gamma_q, gamma_k, max_bytes=None)
     if causal:
-        n_q, n_k = gamma_q.shape[-2], gamma_k.shape[-2]
-        if n_q != n_k:
-            raise ValueError(f"causal weights need N_q == N_k, got N_q = {n_q}, N_k = {n_k}")
         i = xp.reshape(xp.arange(n_q), (n_q, 1))
         j = xp.reshape(xp.arange(n_k), (1, n_k))
         a_tilde = xp.where(j <= i, a_tilde, xp.zeros_like(a_tilde))  # 1{j ≤ i}
@@ -93,10 +139,8 @@ def _check_materialized(
             f"causal GMA needs as many queries as keys, got gamma_q {tuple(gamma_q.shape)} "
             f"and gamma_k {tuple(gamma_k.shape)}"
         )
-    shape = output_shape(gamma_q, gamma_k, v)[:-1] + (gamma_k.shape[-2],)
-    instead = "gma_causal_chunked" if causal else "gma_bidirectional"
-    check_memory_budget(xp, forward, "the N_q × N_k weights", shape, xp.result_type(gamma_q, gamma_k, v),
-                        max_bytes, instead)
+    output_shape(gamma_q, gamma_k, v)  # batch axes broadcast (or a ValueError naming them)
+    _check_weights_budget(xp, forward, gamma_q, gamma_k, v, max_bytes, causal)
     return eps
 
 
@@ -114,8 +158,9 @@ def gma_materialized(
 
     Exactly equal (ε included) to the latent-memory output of Eq. 7 / Eq. 8b.
     Shapes: ``(..., N_q, K)``, ``(..., N_k, K)``, ``(..., N_k, d_v)`` → ``(..., N_q, d_v)``.
-    O(N_q N_k) memory: refused above ``max_bytes`` (default
-    :data:`gma_ref.DEFAULT_MAX_BYTES`, 4 GiB, for the N_q × N_k array; ``None``: no limit).
+    O(N_q N_k) memory: refused when the call's peak (:data:`PEAK_FACTORS`: about four
+    N_q × N_k arrays) exceeds ``max_bytes`` (default :data:`gma_ref.DEFAULT_MAX_BYTES`,
+    4 GiB; ``None``: no limit).
 
     Raises
     ------
@@ -123,12 +168,13 @@ def gma_materialized(
         As :func:`gma_ref.gma_bidirectional` (dtypes, ranks, shapes, negative
         responsibilities, NaN/Inf with ``check_finite``); ``TypeError`` unless
         ``causal`` is a bool; ``ValueError`` for causal with N_q ≠ N_k and for an
-        N_q × N_k array larger than ``max_bytes`` (the message names its size).
+        N_q × N_k call whose peak exceeds ``max_bytes`` (the message names the sizes).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_materialized(xp, gamma_q, gamma_k, v, eps, causal, check_finite, max_bytes, "gma_materialized")
     scale = value_scale(xp, v, v.shape[-2])
-    out = xp.matmul(attention_weights(gamma_q, gamma_k, eps, causal=causal), v if scale == 1.0 else v / scale)
+    weights = attention_weights(gamma_q, gamma_k, eps, causal=causal, max_bytes=None)
+    out = xp.matmul(weights, v if scale == 1.0 else v / scale)
     return out if scale == 1.0 else out * scale
 
 
@@ -199,8 +245,8 @@ def gma_materialized_backward(
 
 def _materialized_backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
                            causal: bool) -> GMAGrad:
-    weights = attention_weights(gamma_q, gamma_k, eps, causal=causal)
-    a_tilde = affinity(gamma_q, gamma_k)
+    weights = attention_weights(gamma_q, gamma_k, eps, causal=causal, max_bytes=None)
+    a_tilde = affinity(gamma_q, gamma_k, max_bytes=None)
     if causal:
         n = gamma_q.shape[-2]
         mask = xp.reshape(xp.arange(n), (1, n)) <= xp.reshape(xp.arange(n), (n, 1))

@@ -13,11 +13,13 @@ and the responsibility is its softmax over components (Eq. 3b = Eq. 51)::
 Everything is computed in log space: the densities of Eq. 2 underflow to 0 in
 float64 already for d_r ≈ 1024 or for points a few dozen standard deviations
 away, but the scores stay finite and the max-subtracted softmax keeps every
-row of Γ on the simplex. The squared distances are formed by matrix products
-on centred coordinates, with an a-posteriori bound of their rounding error
-that sends every row it cannot vouch for to the direct element-wise form
-(x − μ)²/σ² (see :func:`scores` for the equation and the bound); memory stays
-O(N·(K + d_r)).
+row of Γ on the simplex. The squared distances are formed as Eq. 50 writes
+them, (x_im − μ_km)²/σ²_km term by term, a block of tokens at a time, so that
+memory stays bounded (about 2¹⁶ terms per block, cache-sized, plus the (..., N, K) result).
+This module is the specification of record. :mod:`gma_ref.scores_fast` computes
+the same scores by matrix products on centred coordinates, with a rounding guard
+that hands every row it cannot vouch for back to this form; the pipeline
+(:mod:`gma_ref.attention`) uses it, and the tests hold it to this one.
 
 Shapes: ``x`` is ``(..., N, d_r)``; ``means`` and ``variances`` are
 ``(..., K, d_r)``; ``log_priors`` is ``(..., K)``. Leading (batch, head) axes
@@ -28,6 +30,7 @@ routing vectors ``(B, H, N, d_r)``.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 from ._array import (
@@ -56,11 +59,9 @@ __all__ = [
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
-#: Upper bound on the number of (token, component, coordinate) triples formed at once.
-_BLOCK_ELEMENTS = 1 << 21
-#: Cancellation budget of the expanded form: an entry is trusted when its rounding bound
-#: (√A + √C)² is at most this many times the score's own scale M + |log|Σ|| + d_r·log 2π.
-_CANCELLATION_BUDGET = 8.0
+#: Upper bound on the number of (token, component, coordinate) terms formed at once (a token block):
+#: 2¹⁶ float64 terms are 512 KiB, so a block's few temporaries stay in cache (about twice as fast as 2²¹).
+_BLOCK_ELEMENTS = 1 << 16
 
 
 def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
@@ -104,115 +105,35 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
     return batch + (x.shape[-2], k)
 
 
-class _Expanded(NamedTuple):
-    """The expanded form's operands on centred coordinates x' = x − c, μ' = μ − c (c = mean of the means).
-
-    ``features`` = [x'², x', 1] ``(..., N, 2d_r + 1)``; ``x`` x'; ``means`` μ' and ``precisions``
-    w = 1/σ² ``(..., K, d_r)`` (broadcast together); ``c`` C_k = Σ_m μ'²_km w_km ``(..., K)``.
-    """
-
-    features: Array
-    x: Array
-    means: Array
-    precisions: Array
-    c: Array
-
-
-def _expand(xp: Any, x: Array, means: Array, variances: Array) -> _Expanded:
-    """Centre x and μ on the mean of the means of their component set (per batch/head)."""
-    batch = broadcast_shapes(means.shape[:-2], variances.shape[:-2])
-    means = xp.broadcast_to(means, batch + tuple(means.shape[-2:]))
-    w = xp.broadcast_to(1.0 / variances, batch + tuple(variances.shape[-2:]))
-    centre = xp.mean(means, axis=-2, keepdims=True)
-    xc, mc = x - centre, means - centre
-    ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
-    return _Expanded(xp.concat([xc * xc, xc, ones], axis=-1), xc, mc, w, xp.sum(mc * mc * w, axis=-1))
-
-
 def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
-    """log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K): the score without its distance term."""
+    """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K): the score without its distance term."""
     out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
     return out if log_priors is None else log_priors + out
 
 
-def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array | None
-                     ) -> tuple[Array, Array]:
-    """s_ik by one matrix product [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the rows the bound rejects.
-
-    Returns ``(s, rows)``: ``s`` ``(..., N, K)`` and the boolean ``rows`` ``(..., N)``, true where
-    for some k the bound 2(A_ik + C_k) ≥ (√A_ik + √C_k)² exceeds the budget R (M_ik + |log|Σ_k|| + d_r log 2π).
-    """
-    base = _constant(xp, variances, log_priors)
-    base = xp.broadcast_to(base, broadcast_shapes(base.shape, ex.c.shape))
-    c = xp.broadcast_to(ex.c, tuple(base.shape))
-    kd = tuple(ex.precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
-    w = xp.broadcast_to(ex.precisions, tuple(base.shape[:-1]) + kd)
-    weights = xp.concat([-0.5 * w, xp.broadcast_to(ex.means * ex.precisions, tuple(w.shape)),
-                         xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
-    s = xp.matmul(ex.features, xp.matrix_transpose(weights))
-    # 2 (A + C) > R (M + own) with M = 2 (b − s)  ⇔  A + R s > R b + R own / 2 − C =: offset
-    budget = _CANCELLATION_BUDGET
-    d_r = variances.shape[-1]
-    own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
-    offset = xp.expand_dims(budget * (base + 0.5 * own) - c, axis=-2)
-    # First with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product): rows that pass need no A.
-    a_row = xp.matmul(ex.features[..., :d_r], xp.expand_dims(xp.max(ex.precisions, axis=-2), axis=-1))[..., 0]
-    rows = xp.max(budget * s - offset, axis=-1) > -a_row
-    if bool(xp.any(rows)):  # A_ik itself, from one more product of the same size
-        zeros = xp.zeros_like(ex.precisions)
-        guard_weights = budget * weights + xp.concat([ex.precisions, zeros, zeros[..., :1]], axis=-1)
-        guard = xp.matmul(ex.features, xp.matrix_transpose(guard_weights))
-        rows = xp.max(guard - offset, axis=-1) > 0
-    return s, rows
+def _token_blocks(batch: tuple[int, ...], n: int, k: int, d_r: int) -> list[tuple[int, int]]:
+    """(start, stop) of the token blocks: each forms at most ~_BLOCK_ELEMENTS (token, component,
+    coordinate) terms over the broadcast ``batch`` (at least one token per block)."""
+    step = max(1, _BLOCK_ELEMENTS // max(1, math.prod(batch) * k * d_r))
+    return [(start, min(start + step, n)) for start in range(0, n, step)]
 
 
-def _flagged_rows(xp: Any, x: Array, means: Array, variances: Array, rows: Array):
-    """Yield (row indices into the flattened (B·N) token axis, batch index, x rows, means, variances)
-    for the flagged rows, in blocks of at most ~_BLOCK_ELEMENTS (row, component, coordinate) triples."""
+def _direct_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None) -> Array:
+    """Eq. 50 as written, s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km, a block of tokens at a time."""
     n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
-    batch = broadcast_shapes(x.shape[:-2], means.shape[:-2], variances.shape[:-2], rows.shape[:-1])
-    flat = xp.reshape(xp.broadcast_to(rows, batch + (n,)), (-1,))
-    idx = xp.nonzero(flat)[0]
-    xb = xp.reshape(xp.broadcast_to(x, batch + (n, d_r)), (-1, d_r))
-    mb = xp.reshape(xp.broadcast_to(means, batch + (k, d_r)), (-1, k, d_r))
-    vb = xp.reshape(xp.broadcast_to(variances, batch + (k, d_r)), (-1, k, d_r))
-    size = max(1, _BLOCK_ELEMENTS // max(1, k * d_r))
-    for start in range(0, idx.shape[0], size):
-        blk = idx[start:min(start + size, idx.shape[0])]
-        b = blk // n
-        yield blk, b, xp.take(xb, blk, axis=0), xp.take(mb, b, axis=0), xp.take(vb, b, axis=0)
-
-
-def _set_rows(xp: Any, a: Array, rows: Array, values: list[Array]) -> Array:
-    """Copy of ``a`` (..., N, c) with the flagged rows (in row-major order) replaced by ``values``."""
-    shape = tuple(a.shape)
-    flat = xp.reshape(a, (-1, shape[-1]))
-    flat = xp.asarray(flat, copy=True)
-    mask = xp.reshape(xp.broadcast_to(rows, shape[:-1]), (-1,))
-    mask = xp.broadcast_to(xp.expand_dims(mask, axis=-1), tuple(flat.shape))
-    new = xp.concat(values, axis=0) if len(values) > 1 else values[0]
-    flat[mask] = xp.reshape(new, (-1,))
-    return xp.reshape(flat, shape)
-
-
-def _scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None) -> Array:
-    """Scores by the expanded form; rows its bound rejects recomputed element-wise (Eq. 50)."""
-    return _guarded_scores(xp, x, means, variances, log_priors)[0]
-
-
-def _guarded_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None
-                    ) -> tuple[Array, Array]:
-    """(scores, rows the guard recomputed element-wise), as :func:`_scores` computes them."""
-    s, rows = _expanded_scores(xp, _expand(xp, x, means, variances), variances, log_priors)
-    if n_elements(s) and bool(xp.any(rows)):
-        base = _constant(xp, variances, log_priors)
-        base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
-        exact = []
-        for _, b, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
-            diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r)
-            exact.append(xp.take(base, b, axis=0) - 0.5 * xp.sum(diff * diff / vs, axis=-1))
-        s = _set_rows(xp, s, rows, exact)
-    return s, rows
+    b = xp.expand_dims(_constant(xp, variances, log_priors), axis=-2)  # (..., 1, K)
+    mu, var = xp.expand_dims(means, axis=-3), xp.expand_dims(variances, axis=-3)  # (..., 1, K, d_r)
+    batch = broadcast_shapes(x.shape[:-2], mu.shape[:-3], b.shape[:-2])
+    blocks = []
+    with warnings.catch_warnings():  # an overflow is reported by _checked_for_overflow, not as a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for start, stop in _token_blocks(batch, n, k, d_r):
+            diff = xp.expand_dims(x[..., start:stop, :], axis=-2) - mu  # (..., n, K, d_r): x_im − μ_km
+            blocks.append(b - 0.5 * xp.sum(diff * diff / var, axis=-1))
+    if not blocks:  # N = 0
+        dtype = xp.result_type(x.dtype, b.dtype)
+        return xp.zeros(batch + (0, k), dtype=dtype, device=device_of(x))
+    return blocks[0] if len(blocks) == 1 else xp.concat(blocks, axis=-2)
 
 
 def log_gaussian_density(
@@ -244,13 +165,15 @@ def log_gaussian_density(
     """
     xp = namespace(x=x, means=means, variances=variances)
     _validate(xp, x, means, variances, None, check_finite)
-    return _checked_for_overflow(xp, _scores(xp, x, means, variances, None), x, variances, check_finite)
+    return _checked_for_overflow(xp, _direct_scores(xp, x, means, variances, None), x, variances, check_finite)
 
 
 def scores(
     x: Array, means: Array, variances: Array, log_priors: Array, *, check_finite: bool = True
 ) -> Array:
-    """Log-density scores s_ik = log π_k + log N(x_i | μ_k, Σ_k) (Eq. 16, Eq. 50).
+    """Log-density scores s_ik = log π_k + log N(x_i | μ_k, Σ_k) (Eq. 16, Eq. 50)::
+
+        s_ik = log π_k − ½ d_r log 2π − ½ Σ_m log σ²_km − ½ Σ_m (x_im − μ_km)² / σ²_km
 
     Shapes: ``x`` ``(..., N, d_r)``, ``means``/``variances`` ``(..., K, d_r)``,
     ``log_priors`` ``(..., K)`` (e.g. from :func:`~gma_ref.mixture.log_priors_from_logits`).
@@ -260,41 +183,20 @@ def scores(
 
     Notes
     -----
-    *How it is computed.* Eq. 50's distance term M_ik = Σ_m (x_im − μ_km)²/σ²_km is
-    unchanged by shifting x and μ by the same vector, so with the centre c = mean of the
-    K means (per batch/head), x' = x − c, μ' = μ − c and w = 1/σ² it is, exactly,
-
-        M_ik = A_ik − 2 X_ik + C_k,   A_ik = Σ_m w_km x'²_im,  X_ik = Σ_m w_km x'_im μ'_km,
-        C_k = Σ_m w_km μ'²_km,
-
-    and the whole score is one matrix product of the rows [x'², x', 1] with the rows
-    [−½ w_k, μ'_k w_k, b_k − ½ C_k] (``b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|``).
-
-    *Why it is exact to rounding.* An inner product of length n = 2d_r + 1 is computed
-    with an error of at most γ_n = n u / (1 − n u) times the sum of the absolute values of
-    its terms (u the unit roundoff); forming x', x'², μ'w and C adds a few u more. That
-    sum is ``½ A + Σ_m w |x'||μ'| + |b − ½ C| ≤ ½ (√A + √C)² + |b|`` by Cauchy–Schwarz, so::
-
-        |ŝ_ik − s_ik| ≤ γ_{n+4} (½ (√A_ik + √C_k)² + |b_k|),
-
-    against ``γ_{d_r+4} (½ M_ik + |b_k|)`` for the direct sum of (x − μ)²/σ². The two differ
-    only where (√A + √C)² ≫ M: x near μ_k while both are far from c in units of σ
-    (tight, separated components; the variance floor). Centring removes any common offset
-    (data at 1e4 or 1e8 costs nothing). Each row is checked a posteriori with the cheap
-    bound 2 (A + C) ≥ (√A + √C)² (first with A_ik ≤ Σ_m x'²_im max_l w_lm, which costs a
-    matrix–vector product; A itself, from one more matrix product, only if some row fails
-    that): a row where some
-    entry has ``2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π)``, R = 8, is recomputed
-    element-wise, in cache-sized blocks, as Σ_m (x_im − μ_km)²/σ²_km. Every entry kept
-    from the product therefore carries at most R times the error bound of the direct
-    form. Tested against 40-digit mpmath in every hard regime (far from every mean,
-    variances at the floor, data shifted by 1e4 and 1e8, d_r = 1024, one-hot Γ, tight
-    clusters, float32): as close as the direct form (tests/test_scores_accuracy.py).
-    Memory O(N·(K + d_r)).
+    Computed as written: for each token block, the differences x_im − μ_km ``(..., n, K, d_r)``,
+    their squares divided by σ²_km and summed over m, subtracted (halved) from
+    b_k = log π_k − ½ d_r log 2π − ½ Σ_m log σ²_km. Memory: the result plus one block of about
+    2¹⁶ terms. Each score is then within γ_{d_r+4} (½ M_ik + |b_k|) of the exact value (u the unit
+    roundoff, γ_n = n u/(1 − n u)); nothing cancels but b_k − ½ M_ik itself. The faster
+    :func:`gma_ref.scores_fast.guarded_scores` (matrix products, used by the pipeline) is held to
+    within R = 8 times this bound; both are tested against 40-digit mpmath in every hard regime
+    (far from every mean, variances at the floor, data shifted by 1e4 and 1e8, d_r = 1024, one-hot
+    Γ, tight clusters, float32; tests/test_scores_accuracy.py).
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
     _validate(xp, x, means, variances, log_priors, check_finite)
-    return _checked_for_overflow(xp, _scores(xp, x, means, variances, log_priors), x, variances, check_finite)
+    s = _direct_scores(xp, x, means, variances, log_priors)
+    return _checked_for_overflow(xp, s, x, variances, check_finite)
 
 
 def _checked_for_overflow(xp: Any, s: Array, x: Array, variances: Array, check_finite: bool) -> Array:
@@ -354,8 +256,7 @@ def responsibilities(
         As :func:`scores`.
     """
     s = scores(x, means, variances, log_priors, check_finite=check_finite)
-    xp = namespace(s=s)
-    gamma, log_gamma = _softmax(xp, s)
+    gamma, log_gamma = softmax_scores(s)
     out: list[Array] = [gamma]
     if return_log:
         out.append(log_gamma)
@@ -364,26 +265,16 @@ def responsibilities(
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def _softmax(xp: Any, s: Array) -> tuple[Array, Array]:
-    """(Γ, log Γ) of the scores ``s`` (Eq. 3b), max-subtracted."""
+def softmax_scores(s: Array) -> tuple[Array, Array]:
+    """(Γ, log Γ) of the scores ``s`` ``(..., N, K)`` (Eq. 3b = Eq. 51), max-subtracted; no checks.
+
+    The step :func:`responsibilities` and the fast path (:mod:`gma_ref.scores_fast`) share.
+    """
+    xp = namespace(s=s)
     shifted = s - xp.max(s, axis=-1, keepdims=True) if s.shape[-2] else s
     log_norm = xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
     log_gamma = shifted - log_norm
     return xp.exp(log_gamma), log_gamma
-
-
-def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_priors: Array
-                               ) -> tuple[Array, Array]:
-    """Γ exactly as :func:`responsibilities` computes it, and the guard's verdict on its rows.
-
-    For callers that validated the inputs themselves (nothing is checked here) and will
-    differentiate Γ with :func:`responsibilities_backward_guarded`. Returns ``(gamma,
-    direct_rows)``: ``gamma`` ``(..., N, K)``; ``direct_rows`` boolean ``(..., N)``, true for
-    the rows whose scores the bound of :func:`scores` sent to the direct element-wise form.
-    """
-    xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
-    s, rows = _guarded_scores(xp, x, means, variances, log_priors)
-    return _softmax(xp, s)[0], rows
 
 
 # --------------------------------------------------------------------------- backward
@@ -464,13 +355,10 @@ def scores_backward(
     the shapes of ``means``/``variances`` and ``d_log_priors`` in the shape of
     ``log_priors`` (an array, used for its shape only; default ``means.shape[:-1]``).
 
-    On the centred coordinates x' = x − c, μ' = μ − c of :func:`scores`, with
-    w = 1/σ², the three reductions are matrix products:
-    ∂L/∂x = δ (μ'w) − x' ⊙ (δ w); Σ_i δ_ik r_ikm = w_km ((δᵀx')_km − (Σ_i δ_ik) μ'_km);
-    Σ_i δ_ik r²_ikm = w²_km ((δᵀx'²)_km − 2 μ'_km (δᵀx')_km + (Σ_i δ_ik) μ'²_km).
-    Their rounding error is bounded by the same (√A + √C)² as the forward's, so the
-    same guard applies: rows the bound cannot vouch for are left out of the
-    products and done element-wise. Memory O(N·(K + d_r)); nothing N·K·d_r.
+    Computed as written, a block of tokens at a time (as :func:`scores`): r ``(..., n, K, d_r)``
+    per block, its ∂L/∂x rows, and its shares of Σ_i δ r and Σ_i δ r² added up. Memory: the
+    gradients plus one block. (:func:`gma_ref.scores_fast.scores_backward_guarded` computes the
+    same by matrix products on centred coordinates; the pipeline uses it.)
 
     Raises
     ------
@@ -479,71 +367,62 @@ def scores_backward(
         ``d_scores`` not real floating.
     ValueError
         The inputs as :func:`scores` rejects them; ``d_scores`` not of the shape of
-        the scores ``(..., N, K)``; with ``check_finite``, NaN/Inf in any of them.
+        the scores ``(..., N, K)``; with ``check_finite``, NaN/Inf in any of them, and finite
+        inputs whose gradient overflows the dtype (e.g. σ² = 1e-300, where r² = (x − μ)²/σ⁴
+        exceeds the largest float), naming the gradient.
     """
     _check_log_priors_is_array(log_priors)
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
     shape = _validate(xp, x, means, variances, log_priors, check_finite)
     check_cotangent(xp, "d_scores", d_scores, shape, "the scores", check_finite)
-    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), None)
+    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), check_finite)
 
 
 def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
-                     lp_shape: tuple[int, ...], rows: Array | None) -> ScoresGrad:
-    """:func:`scores_backward` on validated inputs; ``rows`` the guard's verdict, or None to take it here."""
-    ex = _expand(xp, x, means, variances)
-    if rows is None:
-        _, rows = _expanded_scores(xp, ex, variances, None)
-    any_rows = bool(xp.any(rows)) if n_elements(rows) else False
-    delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
-    d_r, w, mc = x.shape[-1], ex.precisions, ex.means
-    both = xp.matmul(delta, xp.concat([mc * w, w], axis=-1))  # [δ (μ'w), δ w], (..., N, 2 d_r)
-    d_x = both[..., :d_r] - ex.x * both[..., d_r:]
-    # δᵀ [x'², x', 1], (..., K, 2 d_r + 1), as ([x'², x', 1]ᵀ δ)ᵀ: OpenBLAS runs this orientation of the
-    # long reduction several times faster
-    sums = xp.matrix_transpose(xp.matmul(xp.matrix_transpose(ex.features), delta))
-    s2, s1, s0 = sums[..., :d_r], sums[..., d_r:2 * d_r], sums[..., 2 * d_r:]
-    d_means = w * (s1 - s0 * mc)
-    sq_sum = w * w * (s2 - 2.0 * mc * s1 + s0 * mc * mc)
-    if any_rows:
-        d_x, d_means, sq_sum = _backward_flagged_rows(xp, x, means, variances, d_scores, rows,
-                                                      d_x, d_means, sq_sum)
-    delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
-    d_variances = 0.5 * (sq_sum - xp.expand_dims(delta_sum, axis=-1) / variances)
-    return ScoresGrad(
+                     lp_shape: tuple[int, ...], check_finite: bool) -> ScoresGrad:
+    """:func:`scores_backward` on validated inputs: Eqs. 19, 54, 57 term by term, by token blocks."""
+    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
+    mu, var = xp.expand_dims(means, axis=-3), xp.expand_dims(variances, axis=-3)  # (..., 1, K, d_r)
+    batch = broadcast_shapes(x.shape[:-2], mu.shape[:-3], d_scores.shape[:-2])
+    dtype = xp.result_type(x.dtype, means.dtype, variances.dtype, d_scores.dtype)
+    dev = device_of(x)
+    sum_r = xp.zeros(batch + (k, d_r), dtype=dtype, device=dev)  # Σ_i δ_ik r_ikm
+    sum_r2 = xp.zeros(batch + (k, d_r), dtype=dtype, device=dev)  # Σ_i δ_ik r²_ikm
+    d_x_blocks = []
+    with warnings.catch_warnings():  # an overflow is reported by _check_gradients_finite, not as a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for start, stop in _token_blocks(batch, n, k, d_r):
+            r = (xp.expand_dims(x[..., start:stop, :], axis=-2) - mu) / var  # (..., n, K, d_r)
+            dr = xp.expand_dims(d_scores[..., start:stop, :], axis=-1) * r  # δ_ik r_ikm
+            d_x_blocks.append(-xp.sum(dr, axis=-2))  # ∂L/∂x_im = −Σ_k δ_ik r_ikm
+            sum_r = sum_r + xp.sum(dr, axis=-3)
+            sum_r2 = sum_r2 + xp.sum(dr * r, axis=-3)
+        delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
+        d_variances = 0.5 * (sum_r2 - xp.expand_dims(delta_sum, axis=-1) / variances)  # Eq. 57
+    if not d_x_blocks:  # N = 0
+        d_x = xp.zeros(batch + (0, d_r), dtype=dtype, device=dev)
+    else:
+        d_x = d_x_blocks[0] if len(d_x_blocks) == 1 else xp.concat(d_x_blocks, axis=-2)
+    grads = ScoresGrad(
         d_x=sum_to_shape(xp, d_x, tuple(x.shape)),
-        d_means=sum_to_shape(xp, d_means, tuple(means.shape)),
+        d_means=sum_to_shape(xp, sum_r, tuple(means.shape)),
         d_variances=sum_to_shape(xp, d_variances, tuple(variances.shape)),
         d_log_priors=sum_to_shape(xp, delta_sum, lp_shape),
     )
+    if check_finite:
+        _check_gradients_finite(xp, grads)
+    return grads
 
 
-def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
-                           rows: Array, d_x: Array, d_means: Array, sq_sum: Array
-                           ) -> tuple[Array, Array, Array]:
-    """Add the flagged rows' terms element-wise: their ∂L/∂x rows, and their shares of
-    Σ_i δ r and Σ_i δ r² summed into each batch entry (a one-hot matrix product, exact)."""
-    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
-    full = tuple(d_x.shape[:-2])
-    # the rows were judged without log π, whose batch axes (if it has its own) the cotangent carries
-    rows = xp.broadcast_to(rows, full + (n,))
-    n_batch = math.prod(full)
-    d_flat = xp.reshape(xp.broadcast_to(d_scores, full + (n, k)), (-1, k))
-    batch_ids = xp.arange(n_batch, device=device_of(x))
-    acc_r = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
-    acc_r2 = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
-    dx_rows = []
-    for blk, b, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
-        r = (xp.expand_dims(xs, axis=-2) - ms) / vs  # (F, K, d_r)
-        dr = xp.expand_dims(xp.take(d_flat, blk, axis=0), axis=-1) * r
-        dx_rows.append(-xp.sum(dr, axis=-2))
-        one_hot = xp.astype(xp.expand_dims(batch_ids, axis=-1) == xp.expand_dims(b, axis=0), acc_r.dtype)
-        acc_r = acc_r + xp.matmul(one_hot, xp.reshape(dr, (-1, k * d_r)))
-        acc_r2 = acc_r2 + xp.matmul(one_hot, xp.reshape(dr * r, (-1, k * d_r)))
-    d_x = _set_rows(xp, xp.broadcast_to(d_x, full + (n, d_r)), rows, dx_rows)
-    d_means = xp.broadcast_to(d_means, full + (k, d_r)) + xp.reshape(acc_r, full + (k, d_r))
-    sq_sum = xp.broadcast_to(sq_sum, full + (k, d_r)) + xp.reshape(acc_r2, full + (k, d_r))
-    return d_x, d_means, sq_sum
+def _check_gradients_finite(xp: Any, grads: ScoresGrad) -> None:
+    """Raise a ValueError naming the first gradient that overflowed (its inputs were finite)."""
+    for name, g in grads._asdict().items():
+        if n_elements(g) and not bool(xp.all(xp.isfinite(g))):
+            raise ValueError(
+                f"the gradient {name} overflows {g.dtype}: with finite inputs, (x − μ)/σ² or its square "
+                "(or a sum of them over the tokens) exceeds the largest float; rescale the routing vectors "
+                "or raise the variance floor"
+            )
 
 
 def responsibilities_backward(
@@ -570,32 +449,31 @@ def responsibilities_backward(
     TypeError, ValueError
         As :func:`scores_backward`; ``gamma`` and ``d_gamma`` must both have the
         shape of the responsibilities ``(..., N, K)`` (real floating; finite with
-        ``check_finite``).
+        ``check_finite``); ``gamma`` must be non-negative with rows summing to 1 (to √u of
+        its dtype): Eq. 18 is the VJP of a softmax only at a point of the simplex.
     """
     _check_log_priors_is_array(log_priors)
     xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
     shape = _validate(xp, x, means, variances, log_priors, check_finite)
     check_cotangent(xp, "gamma", gamma, shape, "the responsibilities", check_finite)
+    _check_simplex(xp, gamma)
     check_cotangent(xp, "d_gamma", d_gamma, shape, "the responsibilities", check_finite)
     d_scores = softmax_backward(gamma, d_gamma)
-    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), None)
+    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), check_finite)
 
 
-def responsibilities_backward_guarded(
-    x: Array, means: Array, variances: Array, gamma: Array, d_gamma: Array, log_priors: Array,
-    direct_rows: Array,
-) -> ScoresGrad:
-    """:func:`responsibilities_backward` with the forward's guard verdict instead of a new one.
-
-    ``gamma`` and ``direct_rows`` are what :func:`responsibilities_and_guard` returned for these
-    inputs, which the caller validated (only ``d_gamma``'s shape is checked here). The score VJP
-    then skips the scores' matrix product and bound that :func:`scores_backward` spends on the
-    verdict. Any verdict gives the same gradients to rounding; one that clears a row the bound
-    rejects loses that row's accuracy guarantee.
-    """
-    xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
-    d_scores = softmax_backward(gamma, d_gamma)
-    return _scores_backward(xp, x, means, variances, d_scores, tuple(log_priors.shape), direct_rows)
+def _check_simplex(xp: Any, gamma: Array) -> None:
+    """Raise a ValueError unless every row of ``gamma`` is on the simplex (NaN is check_finite's)."""
+    if n_elements(gamma) == 0:
+        return
+    if bool(xp.any(gamma < 0)):
+        raise ValueError(f"gamma must be non-negative (responsibilities lie on the simplex), "
+                         f"got min {float(xp.min(gamma)):.3g}")
+    tol = math.sqrt(float(xp.finfo(gamma.dtype).eps))
+    off = xp.abs(xp.sum(gamma, axis=-1) - 1.0)
+    if bool(xp.any(off > tol)):
+        raise ValueError(f"gamma's rows must sum to 1 (responsibilities lie on the simplex), got a row "
+                         f"off by {float(xp.max(off)):.3g} (tolerance {tol:.3g}); pass the Γ of the forward")
 
 
 def _log_priors_shape(means: Array, log_priors: Array | None) -> tuple[int, ...]:

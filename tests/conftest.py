@@ -49,21 +49,40 @@ def _cupy_reason() -> str | None:
 
 CUPY_SKIP_REASON = _cupy_reason()
 
+
+def _torch_reason() -> str | None:
+    """``None`` if PyTorch is importable (its CPU tensors are enough), else why not."""
+    try:
+        importlib.import_module("torch")
+    except Exception as exc:  # ImportError, or a broken install
+        return f"PyTorch is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+TORCH_SKIP_REASON = _torch_reason()
+
 NAMESPACES = [
     "numpy",
     "array_api_strict",
+    "torch",
     pytest.param("cupy", marks=[pytest.mark.cupy]),
 ]
 
 
 def load_namespace(name: str):
-    """Import the array namespace ``name`` (skipping with the reason for CuPy)."""
+    """Import the array namespace ``name`` (skipping with the reason for PyTorch and CuPy)."""
     if name == "numpy":
         import array_api_compat.numpy as xp
 
         return xp
     if name == "array_api_strict":
         import array_api_strict as xp
+
+        return xp
+    if name == "torch":
+        if TORCH_SKIP_REASON is not None:
+            pytest.skip(f"PyTorch tests skipped: {TORCH_SKIP_REASON}")
+        import array_api_compat.torch as xp
 
         return xp
     if name == "cupy":

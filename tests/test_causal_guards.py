@@ -1,7 +1,8 @@
 """The causal forms' own guards: prefix memory budget, cotangent checks, strict namespaces, overflow.
 
-* ``gma_causal_prefix`` materializes (..., N, K, d_v) numbers: over ``max_bytes`` it refuses,
-  naming the size and ``gma_causal_chunked`` (forward and VJP), and accepts exactly the budget.
+* ``gma_causal_prefix`` materializes (..., N, K, d_v) numbers: when its measured peak
+  (``gma_ref.causal.PREFIX_PEAK_FACTORS``) exceeds ``max_bytes`` it refuses, naming the sizes and
+  ``gma_causal_chunked`` (forward and VJP), and accepts exactly the budget.
 * Every causal VJP refuses a ``d_out`` of another shape than the output, naming d_out.
 * Every causal VJP runs under ``array_api_strict`` (boolean masks only) with ε > 0 and ε = 0.
 * Prefix sums of values near the float maximum would overflow: each form still returns the
@@ -36,15 +37,17 @@ def _case(rng, b=2, n=5, k=3, d_v=2):
 
 
 def test_prefix_memory_budget(rng):
-    """(2, 5, 3, 2) float64 prefix memory = 480 bytes: max_bytes=480 passes, 479 is refused naming the
-    shape and gma_causal_chunked, in the forward and the VJP."""
+    """(2, 5, 3, 2) float64 prefix memory = 480 bytes, inputs and output 2·5·2·(3 + 2) = 100 numbers
+    (800 bytes): the forward's peak is 3.5 × 480 + 800 = 2480 bytes, the VJP's 7.5 × 480 + 3 × 800 = 6000.
+    At those budgets they pass; one byte less is refused naming the shape, the sizes and gma_causal_chunked."""
     gq, gk, v = _case(rng)
     d_out = rng.normal(size=(2, 5, 2))
-    gma_causal_prefix(gq, gk, v, max_bytes=480)
-    gma_causal_prefix_backward(gq, gk, v, d_out, max_bytes=480)
-    for call in (lambda: gma_causal_prefix(gq, gk, v, max_bytes=479),
-                 lambda: gma_causal_prefix_backward(gq, gk, v, d_out, max_bytes=479)):
-        with pytest.raises(ValueError, match=r"shape \(2, 5, 3, 2\).*480 bytes.*gma_causal_chunked"):
+    gma_causal_prefix(gq, gk, v, max_bytes=2480)
+    gma_causal_prefix_backward(gq, gk, v, d_out, max_bytes=6000)
+    for call, peak in ((lambda: gma_causal_prefix(gq, gk, v, max_bytes=2479), 2480),
+                       (lambda: gma_causal_prefix_backward(gq, gk, v, d_out, max_bytes=5999), 6000)):
+        with pytest.raises(ValueError, match=rf"shape \(2, 5, 3, 2\).*480 bytes.*{peak} bytes\) at the peak"
+                                             r".*gma_causal_chunked"):
             call()
 
 

@@ -371,7 +371,7 @@ def test_memory_budget_refuses_the_quadratic_and_prefix_forms() -> None:
         gma_causal_prefix(gq, gk, v, max_bytes=4095)
     with pytest.raises(ValueError, match="gma_causal_prefix_backward would build"):
         gma_causal_prefix_backward(gq, gk, v, v, max_bytes=4095)
-    gma_causal_prefix(gq, gk, v, max_bytes=4096)  # exactly at the budget: allowed
+    gma_causal_prefix(gq, gk, v, max_bytes=int(3.5 * 4096) + 8 * 8 * 2 * (4 + 16))  # exactly the peak: allowed
     gma_materialized(gq, gk, v, max_bytes=None)  # no limit
     with pytest.raises(ValueError, match="max_bytes must be an integer >= 1"):
         gma_materialized(gq, gk, v, max_bytes=0)

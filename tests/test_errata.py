@@ -240,3 +240,113 @@ def test_mahalanobis_trace_trap_sum_is_a_constant_of_the_batch():
             cov = (w[:, None] * r).T @ r / w.sum()
             quad = np.einsum("i,ij,jk,ik->", w, r, np.linalg.inv(cov), r)
             assert quad == pytest.approx(w.sum() * d, rel=1e-10)
+
+
+# --------------------------------------------------------------------------- §4.3, the full output's constant
+
+
+def test_output_lipschitz_constant_in_the_query_responsibilities_grows_like_n_v_over_eps():
+    """§4.3 (A12): 100 keys all routed to component 2, values 1, ε = 1e-6, a query with γ^Q = (1, 0): its
+    routed mass u = 0, and moving t of its responsibility to component 2 gives O(t) = t N v/(t N + ε), so
+    ∂O/∂γ^Q_2 = N‖V‖/ε = 1e8 (the VJP, and a difference quotient at t = 1e-13), doubling with N and growing
+    tenfold when ε shrinks tenfold: bounded for fixed N and ε, as the paper says, but by nothing smaller."""
+    def slope(n: int, eps: float) -> float:
+        gq, gk, v = np.array([[1.0, 0.0]]), np.tile([0.0, 1.0], (n, 1)), np.ones((n, 1))
+        return float(gma_ref.gma_bidirectional_backward(gq, gk, v, np.ones((1, 1)), eps).d_gamma_q[0, 1])
+
+    assert slope(100, 1e-6) == pytest.approx(1e8, rel=1e-12)
+    assert slope(200, 1e-6) == pytest.approx(2e8, rel=1e-12)
+    assert slope(100, 1e-7) == pytest.approx(1e9, rel=1e-12)
+    gk, v, t = np.tile([0.0, 1.0], (100, 1)), np.ones((100, 1)), 1e-13
+    out = [float(gma_ref.gma_bidirectional(np.array([[1.0 - s, s]]), gk, v, 1e-6)[0, 0]) for s in (0.0, t)]
+    assert (out[1] - out[0]) / t == pytest.approx(1e8, rel=1e-4)
+
+
+# --------------------------------------------------------------------------- §5.4, head-averaged diagnostics
+
+
+def _diagnostics(gamma: np.ndarray, categories: np.ndarray, k: int, c: int) -> dict[str, float]:
+    """H_token (normalised), R_max, weighted purity and NMI of head-averaged (S, H, L, K) responsibilities."""
+    from gma_ref.diagnostics import hard_assignments, normalized_mutual_information
+
+    counts = contingency_counts(hard_assignments(gamma), categories.reshape(-1), n_components=k, n_categories=c)
+    return {"H_token": float(token_entropy(gamma)), "R_max": float(mean_max_responsibility(gamma)),
+            "purity": float(weighted_purity(counts)), "NMI": float(normalized_mutual_information(counts))}
+
+
+def test_relabelling_one_head_leaves_the_output_but_not_the_head_averaged_diagnostics():
+    """§5.4 (A13): permuting one head's components (its μ, ω, α together) leaves that head's GMA output
+    unchanged (to rounding), so the labels carry no meaning; yet the head-averaged diagnostics change.
+    (a) 8 heads that agree on the labels (γ = 0.7 on the token's category): relabelling one head moves
+    R_max from 0.700 to 0.615 and H_token from 0.513 to 0.588. (b) 8 heads with their own labelling of the
+    same 8 categories (each token 0.5 on its category's component plus Dirichlet noise): the most
+    disruptive of 20 random relabellings of one head moves purity from 0.902 to 0.614 and NMI from
+    0.880 to 0.641."""
+    rng = np.random.default_rng(3)
+    h, n, k, d_r, d_v = 8, 12, 5, 3, 2
+    q, kk, v = rng.normal(size=(h, n, d_r)), rng.normal(size=(h, n, d_r)), rng.normal(size=(h, n, d_v))
+    means, omega, alpha = rng.normal(size=(h, k, d_r)), rng.normal(size=(h, k, d_r)), rng.normal(size=(h, k))
+    perm = rng.permutation(k)
+    means2, omega2, alpha2 = means.copy(), omega.copy(), alpha.copy()
+    means2[0], omega2[0], alpha2[0] = means[0][perm], omega[0][perm], alpha[0][perm]
+    out, res = gma_ref.gma_attention(q, kk, v, means, omega, alpha, return_residuals=True)
+    out2, res2 = gma_ref.gma_attention(q, kk, v, means2, omega2, alpha2, return_residuals=True)
+    np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(res2.gamma_q[0], res.gamma_q[0][:, perm], rtol=1e-12, atol=1e-15)
+
+    s, length, k, c = 2, 512, 16, 8  # (a) heads that agree
+    cats = np.random.default_rng(0).integers(0, c, size=(s, length))
+    gamma = np.full((s, 8, length, k), 0.3 / (k - 1))
+    for head in range(8):
+        np.put_along_axis(gamma[:, head], cats[..., None], 0.7, axis=-1)
+    shifted = gamma.copy()
+    shifted[:, 0] = gamma[:, 0][..., np.roll(np.arange(k), 1)]
+    before, after = _diagnostics(gamma, cats, k, c), _diagnostics(shifted, cats, k, c)
+    assert before["R_max"] == pytest.approx(0.700, abs=5e-4) and after["R_max"] == pytest.approx(0.615, abs=5e-4)
+    assert before["H_token"] == pytest.approx(0.513, abs=5e-4) and after["H_token"] == pytest.approx(0.588, abs=5e-4)
+
+    rng = np.random.default_rng(1)  # (b) heads with their own labels
+    s, length = 1, 2048
+    cats = rng.integers(0, c, size=(s, length))
+    maps = np.stack([rng.permutation(k)[:c] for _ in range(8)])
+    gamma = rng.dirichlet(np.full(k, 0.5), size=(s, 8, length)) * 0.5
+    for head in range(8):
+        own = maps[head][cats][..., None]
+        np.put_along_axis(gamma[:, head], own, np.take_along_axis(gamma[:, head], own, -1) + 0.5, axis=-1)
+    before = _diagnostics(gamma, cats, k, c)
+    moves = []
+    for _ in range(20):
+        relabelled = gamma.copy()
+        relabelled[:, 0] = gamma[:, 0][..., rng.permutation(k)]
+        moves.append(_diagnostics(relabelled, cats, k, c))
+    worst = max(moves, key=lambda d: abs(d["purity"] - before["purity"]))
+    assert before["purity"] == pytest.approx(0.902, abs=5e-4) and worst["purity"] == pytest.approx(0.614, abs=5e-4)
+    assert before["NMI"] == pytest.approx(0.880, abs=5e-4) and worst["NMI"] == pytest.approx(0.641, abs=5e-4)
+
+
+# --------------------------------------------------------------------------- "O(NK)" and the Mahalanobis term
+
+
+def test_linear_in_n_hides_d_r_and_d_v_and_the_naive_mahalanobis_broadcast_needs_nkd_r():
+    """A14: the work of Eq. 12 grows with d_r and d_v at fixed N and K (doubling both nearly doubles it), and
+    the naive broadcast (x[..., :, None, :] − μ) of the Mahalanobis term holds B·H·N·K·d_r numbers: at Table 1's
+    setting (B = 8, H = 12, N = 4000, K = 512, d_r = 64, bfloat16) 25.2 GB, 32 times Γ^Q and Γ^K together
+    (0.79 GB). gma_ref.posterior.scores forms it a token block at a time: at N = 16384, K = 64, d_r = 64 its
+    peak (the 8 MB result and a few blocks of 2¹⁶ numbers) is below a quarter of the 537 MB broadcast."""
+    n, k = 1024, 128
+    assert routing_cost_total(n, k, 128, 128) / routing_cost_total(n, k, 64, 64) == pytest.approx(1.985, abs=0.001)
+    b, h, n, k, d_r = 8, 12, 4000, 512, 64
+    naive, gammas = b * h * n * k * d_r * 2, 2 * b * h * n * k * 2
+    assert naive == 25_165_824_000 and gammas == 786_432_000 and naive // gammas == 32
+    rng = np.random.default_rng(0)
+    n, k, d_r = 16384, 64, 64
+    x, means = rng.normal(size=(n, d_r)), rng.normal(size=(k, d_r))
+    var, lp = np.ones((k, d_r)), np.log(np.full(k, 1 / k))
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        gma_ref.scores(x, means, var, lp)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert peak < n * k * d_r * 8 / 4, peak

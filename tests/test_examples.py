@@ -117,3 +117,43 @@ def test_pictures_default_directory_is_outside_the_repository():
     for path in result["paths"].values():
         path.unlink()
     result["out_dir"].rmdir()
+
+
+@pytest.mark.skipif(not has_matplotlib(), reason='matplotlib is not installed (pip install -e ".[plot]")')
+def test_streaming_decode_and_train_tiny_draw_their_results(tmp_path):
+    """With an output directory, streaming_decode draws the per-token difference and the numbers held, and
+    train_tiny the loss curve and the component usage: one valid PNG each, named after the script;
+    without one, nothing is drawn."""
+    result = load_example("streaming_decode").main(n=30, n_prompt=10, k=3, d_v=4, chunk_size=4, out_dir=tmp_path)
+    assert result["plot"] == tmp_path / "streaming_decode.png"
+    assert result["plot"].read_bytes()[:8] == PNG_MAGIC
+    assert result["token_diff_prefill"].shape == (30,) and np.max(result["token_diff_prefill"]) <= 1e-12
+    result = load_example("train_tiny").main(steps=3, n_train=32, n_test=16, log_every=0, out_dir=tmp_path)
+    assert result["plot"] == tmp_path / "train_tiny.png"
+    assert result["plot"].read_bytes()[:8] == PNG_MAGIC
+    assert load_example("streaming_decode").main(n=8, n_prompt=3, k=2, d_v=2, chunk_size=2)["plot"] is None
+
+
+def _gma_docs() -> ModuleType:
+    path = EXAMPLES.parent / "docs" / "_ext" / "gma_docs.py"
+    spec = importlib.util.spec_from_file_location("gma_ref_docs_ext", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gallery_opens_with_the_quickstart_and_ends_with_the_tools():
+    """The gallery's order (docs/_ext/gma_docs.py, Sphinx-Gallery's within_subsection_order) lists every
+    example: the quickstart first, the calibrate_*.py tools last, each titled "Tool: ..."; the examples
+    whose result is a curve are given an output directory for their picture."""
+    docs = _gma_docs()
+    files = sorted(EXAMPLES.glob("*.py"), key=docs.GalleryOrder(str(EXAMPLES)))
+    names = [f.name for f in files]
+    assert set(names) == set(docs.GALLERY_ORDER)
+    assert names[0] == "quickstart.py"
+    tools = [n for n in names if n.startswith("calibrate_")]
+    assert tools and names[-len(tools):] == tools
+    for name in tools:
+        assert (EXAMPLES / name).read_text(encoding="utf-8").startswith('"""Tool: '), name
+    assert {"streaming_decode", "train_tiny", "table1_memory", "scaling", "pictures"} <= set(docs.EXAMPLE_ARGS)

@@ -1,7 +1,8 @@
 """The materialized oracles refuse what they cannot compute sensibly, naming it.
 
-``gma_materialized`` and its VJP build an N_q × N_k array: they refuse one larger than
-``max_bytes`` (the message gives its shape and size and the linear-memory form to use), accept
+``gma_materialized`` and its VJP build N_q × N_k arrays: they refuse a call whose measured peak
+(a × the N_q × N_k array + c × the inputs and output, ``gma_ref.induced.PEAK_FACTORS``) exceeds
+``max_bytes`` (the message gives the shape and both sizes and the linear-memory form to use), accept
 exactly the budget, take ``causal`` only as a bool, and need N_q = N_k when causal.
 """
 
@@ -20,18 +21,20 @@ def _case(rng, n_q=5, n_k=7, k=3, d_v=2, batch=(2,)):
     return gq, gk, v
 
 
-def test_weights_budget_is_the_batched_nq_by_nk_array(rng):
-    """A (2, 5, 7) float64 weight array needs 560 bytes: max_bytes=560 passes, 559 is refused with
-    the shape, the size and the linear-memory form named (forward and backward)."""
+def test_weights_budget_is_the_peak_of_the_call(rng):
+    """A (2, 5, 7) float64 weight array needs 560 bytes; Γ^Q, Γ^K, V and O hold 2·(5·3 + 7·3 + 7·2 + 5·2)
+    = 120 numbers (960 bytes). The forward's peak is 4 × 560 + 1 × 960 = 3200 bytes, the backward's
+    8 × 560 + 3 × 960 = 7360: at those budgets they pass, one byte less is refused with the shape, both
+    sizes and the linear-memory form named."""
     gq, gk, v = _case(rng)
     d_out = rng.normal(size=(2, 5, 2))
-    gma_materialized(gq, gk, v, max_bytes=560)
-    gma_materialized_backward(gq, gk, v, d_out, max_bytes=560)
-    with pytest.raises(ValueError, match=r"gma_materialized would build .* shape \(2, 5, 7\).*560 bytes.*"
-                                         r"gma_bidirectional"):
-        gma_materialized(gq, gk, v, max_bytes=559)
-    with pytest.raises(ValueError, match=r"gma_materialized_backward would build .* shape \(2, 5, 7\)"):
-        gma_materialized_backward(gq, gk, v, d_out, max_bytes=559)
+    gma_materialized(gq, gk, v, max_bytes=3200)
+    gma_materialized_backward(gq, gk, v, d_out, max_bytes=7360)
+    with pytest.raises(ValueError, match=r"gma_materialized would build .* shape \(2, 5, 7\).*560 bytes\) for "
+                                         r"that array.*3200 bytes\) at the peak.*gma_bidirectional"):
+        gma_materialized(gq, gk, v, max_bytes=3199)
+    with pytest.raises(ValueError, match=r"gma_materialized_backward would build .* shape \(2, 5, 7\).*7360"):
+        gma_materialized_backward(gq, gk, v, d_out, max_bytes=7359)
     assert gma_materialized(gq, gk, v, max_bytes=None).shape == (2, 5, 2)
 
 

@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 
 from gma_ref.posterior import (
-    _expand,
-    _expanded_scores,
     log_gaussian_density,
     log_softmax_backward,
     responsibilities,
@@ -28,7 +26,10 @@ from gma_ref.posterior import (
     scores_backward,
     softmax_backward,
 )
+from gma_ref.scores_fast import expand as _expand
+from gma_ref.scores_fast import expanded_scores as _expanded_scores
 from tests._helpers import from_numpy, to_numpy
+from tests.test_scores_accuracy import IMPLEMENTATIONS
 
 N, K, D = 5, 3, 4
 
@@ -85,9 +86,10 @@ def _per_head_loop(x, means, var, lp, delta):
     return s, grads
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("per_head", ["means", "variances"])
 @pytest.mark.parametrize("guarded", [False, True])
-def test_means_and_variances_broadcast_against_each_other(rng, per_head, guarded):
+def test_means_and_variances_broadcast_against_each_other(rng, per_head, guarded, impl):
     """Per-head means (H, K, d_r) with shared variances (K, d_r), and the reverse: scores and VJPs equal
     the loop over heads, the shared parameter's gradient summed over the heads; with and without the
     guard's element-wise rows (tight, separated components with points at their means)."""
@@ -102,8 +104,9 @@ def test_means_and_variances_broadcast_against_each_other(rng, per_head, guarded
     lp = np.log(rng.dirichlet(np.ones(K)))
     delta = rng.normal(size=(h, N, K))
     s_loop, grads_loop = _per_head_loop(x, means, var, lp, delta)
-    np.testing.assert_allclose(scores(x, means, var, lp), s_loop, rtol=1e-12, atol=1e-12)
-    got = scores_backward(x, means, var, delta, lp)
+    _, scores_of, backward_of = IMPLEMENTATIONS[impl]
+    np.testing.assert_allclose(scores_of(x, means, var, lp), s_loop, rtol=1e-12, atol=1e-12)
+    got = backward_of(x, means, var, delta, lp)
     np.testing.assert_allclose(got.d_x, np.stack([g.d_x for g in grads_loop]), rtol=1e-10, atol=1e-10)
     for name in ("d_means", "d_variances"):
         want = np.stack([getattr(g, name) for g in grads_loop])
@@ -183,8 +186,9 @@ def _loop_over_batch(x, means, var, lp, delta):
     return s, [reduce(g, a.shape) for g, a in zip(grads, (x, means, var, lp), strict=True)]
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("layout", ["all (2, 3)", "log_priors only", "x (2, 1), mixture (3,)"])
-def test_guarded_rows_with_several_batch_axes(rng, layout):
+def test_guarded_rows_with_several_batch_axes(rng, layout, impl):
     """Batch axes of (2, 3) on every argument, on the log priors alone, or split between x and the mixture,
     with half of the tokens at tight clusters (recomputed element-wise): scores and VJPs equal the loop over
     the batch entries, each parameter's gradient summed over the entries that share it."""
@@ -204,8 +208,9 @@ def test_guarded_rows_with_several_batch_axes(rng, layout):
     assert np.any(rows) and not np.all(rows)
     delta = rng.normal(size=batch + (N, K))
     s_loop, grads_loop = _loop_over_batch(x, means, var, lp, delta)
-    np.testing.assert_allclose(scores(x, means, var, lp), s_loop, rtol=1e-13, atol=1e-12)
-    got = scores_backward(x, means, var, delta, lp)
+    _, scores_of, backward_of = IMPLEMENTATIONS[impl]
+    np.testing.assert_allclose(scores_of(x, means, var, lp), s_loop, rtol=1e-13, atol=1e-12)
+    got = backward_of(x, means, var, delta, lp)
     for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, grads_loop, strict=True):
         assert g.shape == w.shape, name
         assert np.max(np.abs(g - w)) <= 1e-12 * np.max(np.abs(w)), name
@@ -288,8 +293,9 @@ def test_responsibilities_backward_checks_gamma(rng):
     assert np.isnan(responsibilities_backward(x, means, var, gamma, d_gamma, lp, check_finite=False).d_x[0]).all()
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("guarded", [False, True])
-def test_float32_in_float32_out_with_and_without_guarded_rows(rng, guarded):
+def test_float32_in_float32_out_with_and_without_guarded_rows(rng, guarded, impl):
     """float32 inputs give float32 scores, Γ and score VJPs, also when rows are recomputed element-wise."""
     x, means, var, lp = _inputs(rng)
     if guarded:
@@ -298,9 +304,10 @@ def test_float32_in_float32_out_with_and_without_guarded_rows(rng, guarded):
     x, means, var, lp = (a.astype(np.float32) for a in (x, means, var, lp))
     rows = _expanded_scores(npx, _expand(npx, x, means, var), var, lp)[1]
     assert bool(np.any(rows)) == guarded
-    gamma = responsibilities(x, means, var, lp)
-    assert scores(x, means, var, lp).dtype == gamma.dtype == np.float32
-    grads = responsibilities_backward(x, means, var, gamma, rng.normal(size=(N, K)).astype(np.float32), lp)
+    gamma_of, scores_of, backward_of = IMPLEMENTATIONS[impl]
+    gamma = gamma_of(x, means, var, lp)
+    assert scores_of(x, means, var, lp).dtype == gamma.dtype == np.float32
+    grads = backward_of(x, means, var, rng.normal(size=(N, K)).astype(np.float32), lp)
     assert [g.dtype for g in grads] == [np.float32] * 4
 
 

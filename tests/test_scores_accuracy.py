@@ -1,10 +1,12 @@
 """Accuracy of the scores, Γ and the score VJPs against 40-digit mpmath, in every hard regime.
 
-The scores are computed by matrix products on centred coordinates with a rounding-error guard
-(``gma_ref.posterior``). Here each regime is checked against the same quantities evaluated in
-mpmath at 40 significant digits from the very same float inputs, and the fast form's error is held
-to that of the direct element-wise form Σ_m (x_im − μ_km)²/σ²_km (written out below in NumPy, the
-formulation it replaces): error ≤ 4 × the element-wise error + a few units of roundoff of the scale.
+Two implementations: the specification of record, Eq. 50 term by term (``gma_ref.posterior``),
+and the fast path the pipeline uses, matrix products on centred coordinates with a rounding-error
+guard (``gma_ref.scores_fast``). Here each regime is checked, for both, against the same quantities
+evaluated in mpmath at 40 significant digits from the very same float inputs, and each error is held
+to that of the element-wise form Σ_m (x_im − μ_km)²/σ²_km written out below in NumPy: error ≤ 4 × the
+element-wise error + a few units of roundoff of the scale. The two are also compared with each other
+in every regime.
 Regimes: generic; far from every mean (1e6 σ); variances at the floor with points at the means;
 data shifted by 1e4 and 1e8; d_r = 1024; one-hot Γ; well-separated clusters (the guard's case);
 per-head broadcasting with half of the rows guarded; float32.
@@ -18,7 +20,8 @@ import mpmath
 import numpy as np
 import pytest
 
-from gma_ref.posterior import _expand, _expanded_scores, responsibilities, scores, scores_backward, softmax_backward
+import gma_ref.scores_fast as fast
+from gma_ref.posterior import responsibilities, scores, scores_backward, softmax_backward
 from tests._helpers import from_numpy, to_numpy
 
 _DPS = 40
@@ -60,6 +63,20 @@ REGIMES = ["generic", "far", "floor", "shift_1e4", "shift_1e8", "d1024", "one_ho
 FAST_REGIMES = ["generic", "far", "shift_1e4", "shift_1e8", "d1024"]
 
 
+def _guard_rows(xp, x, means, var, lp):
+    """The fast path's verdict: the rows it hands to the direct form."""
+    return fast.expanded_scores(xp, fast.expand(xp, x, means, var), var, lp)[1]
+
+
+#: (Γ, scores, score VJP) of each implementation, called as the public direct form is.
+IMPLEMENTATIONS = {
+    "direct": (responsibilities, scores, scores_backward),
+    "fast": (lambda x, m, v, lp: fast.responsibilities_and_guard(x, m, v, lp)[0],
+             lambda x, m, v, lp: fast.guarded_scores(x, m, v, lp)[0],
+             lambda x, m, v, d, lp: fast.scores_backward_guarded(x, m, v, d, tuple(lp.shape))),
+}
+
+
 def _mp(a: np.ndarray) -> np.ndarray:
     return np.vectorize(lambda v: mpmath.mpf(float(v)), otypes=[object])(a)
 
@@ -95,10 +112,11 @@ def _elementwise(x, means, var, lp, delta):
     return s, e / e.sum(axis=-1, keepdims=True), grads
 
 
-def _check(name: str, seed: int, dtype=np.float64, xp=None):
+def _check(name: str, seed: int, dtype=np.float64, xp=None, impl: str = "direct"):
     import array_api_strict
 
     xp = xp or array_api_strict
+    responsibilities, scores, scores_backward = IMPLEMENTATIONS[impl]
     rng = np.random.default_rng(seed)
     x, means, var, lp = _regime(name, rng, dtype)
     arrs = [from_numpy(xp, a) for a in (x, means, var, lp)]
@@ -126,17 +144,43 @@ def _check(name: str, seed: int, dtype=np.float64, xp=None):
             assert err <= 4 * err_el + 16 * u, (name, label, err, err_el)
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", REGIMES)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_scores_gamma_and_vjps_match_mpmath(name, seed):
-    """Scores, Γ and the score VJPs are as close to 40-digit mpmath as the direct element-wise form."""
-    _check(name, seed)
+def test_scores_gamma_and_vjps_match_mpmath(name, seed, impl):
+    """Scores, Γ and the score VJPs (direct and fast) are as close to 40-digit mpmath as the element-wise form."""
+    _check(name, seed, impl=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", ["generic", "shift_1e4", "clustered", "one_hot"])
-def test_float32_matches_mpmath_as_well_as_the_elementwise_form(name):
+def test_float32_matches_mpmath_as_well_as_the_elementwise_form(name, impl):
     """The same in float32 (the guard's budget is relative to the dtype's roundoff)."""
-    _check(name, 3, np.float32)
+    _check(name, 3, np.float32, impl=impl)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", REGIMES)
+def test_fast_path_agrees_with_the_direct_form(name, dtype):
+    """In every regime the fast path's scores, Γ and score VJP equal the direct form's to a few units of
+    roundoff of each score's scale (of each gradient's largest entry)."""
+    import array_api_compat.numpy as xp
+
+    rng = np.random.default_rng(4)
+    x, means, var, lp = _regime(name, rng, dtype)
+    u = float(np.finfo(dtype).eps)
+    s_direct = np.asarray(scores(x, means, var, lp), dtype=np.float64)
+    s_fast, rows = fast.guarded_scores(x, means, var, lp)
+    scale = _mp_reference(x, means, var, lp, np.zeros_like(s_direct))[3]
+    assert np.max(np.abs(np.asarray(s_fast, dtype=np.float64) - s_direct) / scale) <= 32 * u, name
+    gamma = fast.responsibilities_and_guard(x, means, var, lp)[0]
+    assert np.max(np.abs(gamma - responsibilities(x, means, var, lp))) <= 32 * u, name
+    delta = rng.normal(size=s_direct.shape).astype(dtype)
+    want = scores_backward(x, means, var, delta, lp)
+    got = fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape), xp.asarray(rows))
+    for label, g, w in zip(want._fields, got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, (name, label)
+        assert np.max(np.abs(g - w)) <= 64 * u * max(np.max(np.abs(w)), np.finfo(dtype).tiny), (name, label)
 
 
 @pytest.mark.parametrize("name", FAST_REGIMES)
@@ -145,7 +189,7 @@ def test_expanded_form_vouches_for_every_row_away_from_clusters(name):
     import array_api_compat.numpy as xp
 
     x, means, var, lp = _regime(name, np.random.default_rng(0))
-    _, rows = _expanded_scores(xp, _expand(xp, x, means, var), var, lp)
+    rows = _guard_rows(xp, x, means, var, lp)
     assert not np.any(rows), name
 
 
@@ -155,13 +199,16 @@ def test_guard_recomputes_the_rows_at_tight_clusters(name):
     import array_api_compat.numpy as xp
 
     x, means, var, lp = _regime(name, np.random.default_rng(0))
-    _, rows = _expanded_scores(xp, _expand(xp, x, means, var), var, lp)
+    rows = _guard_rows(xp, x, means, var, lp)
     assert np.all(rows), name
 
 
-def test_broadcast_heads_with_half_of_the_rows_guarded():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_broadcast_heads_with_half_of_the_rows_guarded(impl):
     """Per-head mixtures (H, K, d_r) against (B, H, N, d_r): guarded and fast rows mixed, VJPs summed over B."""
     import array_api_strict as xp
+
+    _, scores, scores_backward = IMPLEMENTATIONS[impl]
 
     rng = np.random.default_rng(5)
     b, h, n, k, d = 2, 3, 6, 4, 5
@@ -173,7 +220,7 @@ def test_broadcast_heads_with_half_of_the_rows_guarded():
     x[:, :, : n // 2] = np.take_along_axis(means[None], pick[..., None], axis=-2) + 0.1 * rng.normal(
         size=(b, h, n // 2, d))
     arrs = [from_numpy(xp, a) for a in (x, means, var, lp)]
-    rows = to_numpy(_expanded_scores(xp, _expand(xp, *arrs[:3]), arrs[2], arrs[3])[1])
+    rows = to_numpy(_guard_rows(xp, *arrs))
     assert np.any(rows) and not np.all(rows)
     s = to_numpy(scores(*arrs))
     delta = rng.normal(size=s.shape)
@@ -211,7 +258,7 @@ def test_guard_flags_exactly_the_rows_its_bound_rejects():
     ratio = np.max(2 * (a + cc) / (8 * (m + own)), axis=-1)
     expected = ratio > 1
     clear = np.abs(ratio - 1) > 0.01
-    _, rows = _expanded_scores(xp, _expand(xp, x, means, var), var, lp)
+    rows = _guard_rows(xp, x, means, var, lp)
     assert 0 < np.sum(expected) < n
     assert np.array_equal(np.asarray(rows)[clear], expected[clear])
 
@@ -224,5 +271,13 @@ def test_guard_counts_the_points_own_term():
     m = math.sqrt(5.0)
     means, var, lp = np.array([[m], [-m]]), np.ones((2, 1)), np.log(np.array([0.5, 0.5]))
     x = np.array([[m], [0.0]])
-    _, rows = _expanded_scores(xp, _expand(xp, x, means, var), var, lp)
+    rows = _guard_rows(xp, x, means, var, lp)
     assert np.asarray(rows).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", ["generic", "clustered"])
+def test_every_namespace_is_as_accurate(xp, name, impl):
+    """Under every array namespace of the suite (NumPy, array_api_strict, PyTorch, CuPy), the direct form
+    and the fast path (its guarded rows included: ``clustered``) meet the same mpmath bounds."""
+    _check(name, 1, xp=xp, impl=impl)

@@ -1,6 +1,7 @@
 """The rounding-error guard of the scores: it matters, it flags exactly what it documents, and it is cheap.
 
-:func:`gma_ref.posterior.scores` forms the squared distances by one matrix product on centred
+:func:`gma_ref.scores_fast.guarded_scores` (the pipeline's fast path beside the direct form of
+:func:`gma_ref.posterior.scores`) forms the squared distances by one matrix product on centred
 coordinates and recomputes element-wise every row whose a-posteriori bound
 2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π) (R = 8) it cannot vouch for. The bound is
 first tried with the cheap over-estimate A_ik ≤ a_i = Σ_m x'²_im max_l w_lm (a matrix–vector
@@ -24,12 +25,21 @@ import array_api_compat.numpy as npx
 import numpy as np
 import pytest
 
-import gma_ref.posterior as posterior
-from gma_ref.posterior import _expand, _expanded_scores, scores, scores_backward
+import gma_ref.scores_fast as fast
+from gma_ref.scores_fast import expand as _expand
+from gma_ref.scores_fast import expanded_scores as _expanded_scores
 from tests.test_scores_accuracy import FAST_REGIMES, _mp_reference, _regime
 
 U = float(np.finfo(np.float64).eps)
-R = posterior._CANCELLATION_BUDGET
+R = fast._CANCELLATION_BUDGET
+
+
+def scores(x, means, var, lp):
+    return fast.guarded_scores(x, means, var, lp)[0]
+
+
+def scores_backward(x, means, var, delta, lp):
+    return fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape))
 
 
 def _criterion(x, means, var):
@@ -69,7 +79,7 @@ def test_without_the_guard_the_expanded_form_loses_digits_at_tight_clusters(monk
     assert err_s <= 8 * U
     assert max(err_g) <= 64 * U, err_g
 
-    monkeypatch.setattr(posterior, "_CANCELLATION_BUDGET", 1e12)
+    monkeypatch.setattr(fast, "_CANCELLATION_BUDGET", 1e12)
     assert not np.any(_expanded_scores(npx, _expand(npx, x, means, var), var, lp)[1])
     err_s, (_, err_mu, err_var, _) = errors()
     assert err_s > 1e3 * U
@@ -133,7 +143,7 @@ class _CountingNamespace:
 
 def _count_matmuls(monkeypatch, x, means, var, lp):
     counter = _CountingNamespace(npx)
-    monkeypatch.setattr(posterior, "namespace", lambda **arrays: counter)
+    monkeypatch.setattr(fast, "namespace", lambda **arrays: counter)
     s = scores(x, means, var, lp)
     return counter.matmuls, s
 

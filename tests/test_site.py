@@ -30,10 +30,10 @@ from tests._cdp import Browser, find_chromium
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE_PAGES = 12
 API_MODULES = (
-    "mixture", "posterior", "bidirectional", "induced", "causal", "attention", "layer", "costs",
+    "mixture", "posterior", "scores_fast", "bidirectional", "induced", "causal", "attention", "layer", "costs",
     "diagnostics", "extensions", "baselines", "testing", "strategies", "verification",
 )
-EXECUTED_EXAMPLES = ("quickstart", "pictures", "streaming_decode", "scaling", "train_tiny")
+EXECUTED_EXAMPLES = ("quickstart", "pictures", "streaming_decode", "scaling", "train_tiny", "table1_memory")
 SHOWN_EXAMPLES = ("calibrate_tolerances", "check_torch_cuda")
 SCREENSHOT_PAGES = ("index", "guide/02-operator", "guide/04-causal", "guide/08-lipschitz",
                     "api/posterior", "auto_examples/index", "auto_examples/pictures")
@@ -185,7 +185,7 @@ def test_gallery_shows_every_example_with_output_and_pictures(site: Path) -> Non
     for name in EXECUTED_EXAMPLES:
         html = (site / "auto_examples" / f"{name}.html").read_text(encoding="utf-8")
         assert "sphx-glr-script-out" in html, f"{name}: no output shown"
-    for name in ("pictures", "scaling"):
+    for name in ("pictures", "scaling", "streaming_decode", "train_tiny", "table1_memory"):
         html = (site / "auto_examples" / f"{name}.html").read_text(encoding="utf-8")
         assert re.search(r'<img [^>]*src="[^"]*sphx_glr_' + name, html), f"{name}: no picture shown"
 

@@ -73,3 +73,11 @@ def test_figures_script_writes_every_png(tmp_path):
                      "notation_shapes.png"}
     for p in paths:
         assert p.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.skipif(not has_matplotlib(), reason='matplotlib is not installed (pip install -e ".[plot]")')
+def test_the_saved_measurement_is_drawn(table1, tmp_path):
+    """The gallery card's picture: the saved Table 1 measurement drawn as peak memory against N (a valid PNG)."""
+    saved = json.loads(SAVED.read_text(encoding="utf-8"))
+    path = table1._plot(saved, tmp_path)
+    assert path == tmp_path / "table1_memory.png" and path.read_bytes()[:8] == PNG_MAGIC

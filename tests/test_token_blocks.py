@@ -1,6 +1,6 @@
 """Scores and their VJP do not depend on how the guard's rows are split into blocks.
 
-:mod:`gma_ref.posterior` recomputes element-wise the rows its rounding-error guard flags (points
+:mod:`gma_ref.scores_fast` recomputes element-wise the rows its rounding-error guard flags (points
 at tight, separated components), forming their (row, component, coordinate) residuals a block of
 rows at a time, so that memory stays O(N·(K + d_r)). Every block boundary is a chance to drop,
 repeat or misplace rows; with the default block size (2²¹ triples) ordinary test sizes fit in one
@@ -20,15 +20,27 @@ import numpy as np
 import pytest
 
 import gma_ref.posterior as posterior
-from gma_ref.posterior import (
-    _expand,
-    _expanded_scores,
-    _flagged_rows,
-    log_gaussian_density,
-    responsibilities,
-    responsibilities_backward,
-    scores,
-)
+import gma_ref.scores_fast as fast
+from gma_ref.scores_fast import expand as _expand
+from gma_ref.scores_fast import expanded_scores as _expanded_scores
+from gma_ref.scores_fast import flagged_rows as _flagged_rows
+
+
+def scores(x, means, variances, log_priors):
+    return fast.guarded_scores(x, means, variances, log_priors)[0]
+
+
+def log_gaussian_density(x, means, variances):
+    return fast.guarded_scores(x, means, variances, None)[0]
+
+
+def responsibilities(x, means, variances, log_priors):
+    return fast.responsibilities_and_guard(x, means, variances, log_priors)[0]
+
+
+def responsibilities_backward(x, means, variances, gamma, d_gamma):
+    delta = posterior.softmax_backward(gamma, d_gamma)
+    return fast.scores_backward_guarded(x, means, variances, delta, tuple(means.shape[:-1]))
 
 
 def _direct_scores(x, means, variances, log_priors):
@@ -81,7 +93,7 @@ BLOCKS = [("rows", 1), ("rows", 3), ("rows", 4), ("rows", 9), ("triples", 1)]
 
 
 def _set_block(monkeypatch, k, d_r, unit, size):
-    monkeypatch.setattr(posterior, "_BLOCK_ELEMENTS", size * k * d_r if unit == "rows" else size)
+    monkeypatch.setattr(fast, "_BLOCK_ELEMENTS", size * k * d_r if unit == "rows" else size)
 
 
 @pytest.mark.parametrize(("unit", "size"), BLOCKS)
@@ -123,9 +135,9 @@ def test_a_sequence_longer_than_one_default_block(rng):
     x = means[rng.integers(0, k, size=n)] + 0.1 * rng.normal(size=(n, d_r))
     log_priors = np.log(np.full(k, 1.0 / k))
     rows = _rows(x, means, variances, log_priors)
-    assert np.all(rows) and n * k * d_r > posterior._BLOCK_ELEMENTS
+    assert np.all(rows) and n * k * d_r > fast._BLOCK_ELEMENTS
     blocks = [blk for blk, *_ in _flagged_rows(npx, x, means, variances, rows)]
-    assert [len(blk) for blk in blocks] == [posterior._BLOCK_ELEMENTS // (k * d_r), n - 65_536]
+    assert [len(blk) for blk in blocks] == [fast._BLOCK_ELEMENTS // (k * d_r), n - 65_536]
     np.testing.assert_array_equal(np.concatenate(blocks), np.arange(n))
     s = scores(x, means, variances, log_priors)
     picked = np.array([0, 65_535, 65_536, 65_537, n - 1])
@@ -140,3 +152,19 @@ def test_a_sequence_longer_than_one_default_block(rng):
                                atol=1e-14)
     others = np.setdiff1d(np.arange(n), picked)
     assert not np.any(d_x[others])
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 10**9])
+def test_the_direct_form_is_the_same_in_any_number_of_token_blocks(case, rng, monkeypatch, size):
+    """Eq. 50 as written (gma_ref.posterior), with token blocks of 1, 3, 7 or all tokens (a short last block
+    among them): the scores and the score VJP equal the direct NumPy evaluation, batch axes included."""
+    x, means, variances, log_priors = case
+    k, d_r = means.shape
+    monkeypatch.setattr(posterior, "_BLOCK_ELEMENTS", size * x.shape[0] * k * d_r)
+    want, scale = _direct_scores(x, means, variances, log_priors)
+    assert np.max(np.abs(posterior.scores(x, means, variances, log_priors) - want) / scale) <= 1e-14
+    delta = rng.normal(size=want.shape)
+    got = posterior.scores_backward(x, means, variances, delta, log_priors)
+    for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got,
+                          _direct_scores_vjp(x, means, variances, delta), strict=True):
+        assert np.max(np.abs(g - w)) <= 1e-12 * np.max(np.abs(w)), name

@@ -2,8 +2,10 @@
 
 * On ``builder-inited`` every ``docs/figures*.py`` script draws its figures into
   ``docs/_figures/`` (not committed: every build redraws them from the code).
-* The gallery runs the examples as scripts. :func:`example_argv` gives ``pictures.py`` and
-  ``scaling.py`` an output directory (and ``scaling.py`` small sizes), and
+* The gallery runs the examples as scripts, in the order of :class:`GalleryOrder` (quickstart
+  first, tools last). :func:`example_argv` gives the examples that draw (``pictures.py``,
+  ``scaling.py``, ``streaming_decode.py``, ``train_tiny.py``, ``table1_memory.py``) an output
+  directory (and ``scaling.py`` small sizes, ``table1_memory.py`` ``--quick``), and
   :func:`example_png_scraper` puts the PNG files an example writes there into its gallery page,
   beside any matplotlib figure left open.
 """
@@ -23,7 +25,28 @@ FIGURES = DOCS / "_figures"
 EXAMPLE_ARGS: dict[str, list[str]] = {
     "pictures": [],
     "scaling": ["--sizes", "256", "512", "1024", "2048"],
+    "streaming_decode": [],
+    "train_tiny": [],
+    "table1_memory": ["--quick"],
 }
+
+#: The gallery's order: the quickstart first, then the results a reader runs, then the checks of other
+#: implementations, and the tools (calibrate_*.py, titled "Tool: ...") last. Unlisted files follow, by name.
+GALLERY_ORDER = (
+    "quickstart.py", "pictures.py", "streaming_decode.py", "train_tiny.py", "table1_memory.py", "scaling.py",
+    "check_torch_cuda.py", "check_fla.py", "calibrate_tolerances.py", "calibrate_long.py",
+)
+
+
+class GalleryOrder:
+    """Sphinx-Gallery's ``within_subsection_order`` key: :data:`GALLERY_ORDER`, then the file name."""
+
+    def __init__(self, src_dir: str | Path) -> None:
+        self.src_dir = src_dir
+
+    def __call__(self, filename: str) -> tuple[int, str]:
+        name = Path(filename).name
+        return (GALLERY_ORDER.index(name) if name in GALLERY_ORDER else len(GALLERY_ORDER), name)
 
 
 def _out_dir(src_file: str | Path) -> Path:

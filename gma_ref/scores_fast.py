@@ -1,0 +1,278 @@
+"""The scores of Eq. 50 by matrix products, with a rounding guard: the fast path beside :mod:`.posterior`.
+
+:func:`gma_ref.posterior.scores` is the specification: Eq. 50 term by term,
+s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km with b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|.
+This module computes the same scores (and their VJP) with two or three matrix products
+instead of N·K·d_r element-wise terms, which is what :mod:`gma_ref.attention` uses by
+default. It is tested against the direct form and 40-digit mpmath in every regime of
+``tests/test_scores_accuracy.py``. The derivation, step by step:
+
+1. *Centre.* M_ik = Σ_m (x_im − μ_km)² w_km (w = 1/σ²) is unchanged when x and μ are shifted
+   by the same vector. With c = the mean of the K means (per batch/head), x' = x − c and
+   μ' = μ − c: M_ik = Σ_m (x'_im − μ'_km)² w_km. Centring removes any common offset of the
+   data (1e4 or 1e8 costs nothing), which the expansion below would otherwise square.
+
+2. *Expand the square.* (x' − μ')² w = x'² w − 2 x' μ' w + μ'² w, so
+
+       M_ik = A_ik − 2 X_ik + C_k,   A_ik = Σ_m x'²_im w_km,  X_ik = Σ_m x'_im μ'_km w_km,
+                                     C_k = Σ_m μ'²_km w_km.
+
+3. *One product.* s_ik = b_k − ½ M_ik = Σ_m x'²_im (−½ w_km) + Σ_m x'_im (μ'_km w_km) + 1·(b_k − ½ C_k):
+   the inner product of the row ``features_i = [x'²_i, x'_i, 1]`` (length 2d_r + 1) with the row
+   ``weights_k = [−½ w_k, μ'_k w_k, b_k − ½ C_k]``, so S = features · weightsᵀ, one matrix product.
+
+4. *Its rounding error.* An inner product of n = 2d_r + 1 terms errs by at most γ_n = n u/(1 − n u)
+   times the sum of the absolute values of its terms (u the unit roundoff); forming x', x'², μ'w
+   and C adds a few u more. By Cauchy–Schwarz that sum is ½ A + Σ_m w |x'||μ'| + |b − ½ C| ≤
+   ½ (√A + √C)² + |b|, so |ŝ − s| ≤ γ_{n+4} (½ (√A + √C)² + |b|), against γ_{d_r+4} (½ M + |b|) for
+   the direct form. They differ only where (√A + √C)² ≫ M: x near μ_k while both are far from c
+   in units of σ (tight, separated components; the variance floor).
+
+5. *The guard.* (√A + √C)² ≤ 2 (A + C), so a row is trusted when for every k
+   2 (A_ik + C_k) ≤ R (M_ik + own_k), own_k = |log|Σ_k|| + d_r log 2π, R = ``_CANCELLATION_BUDGET``:
+   every entry kept then carries at most R times the direct form's error bound. Rows that fail are
+   recomputed by the direct form, in cache-sized blocks. M is not at hand, but M = 2 (b − s):
+
+       2 (A + C) > R (2 (b − s) + own)  ⇔  A + R s > R (b + own/2) − C
+                                       ⇔  s + A/R > b + own/2 − C/R =: offset_k.
+
+   The last form divides by R = 8, a power of two (exact), so that R s cannot overflow where s
+   does not (float16 holds scores to 6.5e4 only).
+
+6. *Cheaply first.* A_ik ≤ a_i = Σ_m x'²_im max_l w_lm (one matrix–vector product), so a row with
+   max_k (s_ik − offset_k) ≤ −a_i/R has s_ik + A_ik/R ≤ offset_k for every k and passes without A.
+   Only if some row fails that is A formed, and by the *same* kind of product as the scores: the
+   row R·weights_k + [w_k, 0, 0] dotted with [x'²_i, x'_i, 1] is R s_ik (the product of step 3,
+   times R) plus Σ_m x'²_im w_km = A_ik (the added w_k meets the x'² columns, the zeros the rest).
+   Divided by R: ``weights_k + [w_k/R, 0, 0]`` gives ``guard = s + A/R`` in one product, compared
+   with offset.
+
+The VJP (:func:`scores_backward_guarded`) uses the same centred coordinates; see its docstring.
+Nothing here validates its inputs: the callers (:func:`gma_ref.attention.gma_attention`) do.
+Memory O(N·(K + d_r)) plus the flagged rows' blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from ._array import Array, broadcast_shapes, device_of, n_elements, namespace, sum_to_shape
+from .posterior import ScoresGrad, softmax_backward, softmax_scores
+
+__all__ = [
+    "guarded_scores",
+    "responsibilities_and_guard",
+    "scores_backward_guarded",
+    "responsibilities_backward_guarded",
+]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+#: Upper bound on the number of (token, component, coordinate) triples of the flagged rows formed at once.
+_BLOCK_ELEMENTS = 1 << 21
+#: R of step 5: an entry is trusted when its rounding bound 2 (A + C) is at most R (M + own).
+_CANCELLATION_BUDGET = 8.0
+
+
+class Expanded(NamedTuple):
+    """Step 1–2's operands: ``features`` [x'², x', 1] ``(..., N, 2d_r + 1)``; ``x`` x'; ``means`` μ' and
+    ``precisions`` w = 1/σ² ``(..., K, d_r)`` (broadcast together); ``c`` C_k = Σ_m μ'²_km w_km ``(..., K)``."""
+
+    features: Array
+    x: Array
+    means: Array
+    precisions: Array
+    c: Array
+
+
+def expand(xp: Any, x: Array, means: Array, variances: Array) -> Expanded:
+    """Step 1: centre x and μ on the mean of the means of their component set (per batch/head)."""
+    batch = broadcast_shapes(means.shape[:-2], variances.shape[:-2])
+    means = xp.broadcast_to(means, batch + tuple(means.shape[-2:]))
+    w = xp.broadcast_to(1.0 / variances, batch + tuple(variances.shape[-2:]))
+    centre = xp.mean(means, axis=-2, keepdims=True)
+    xc, mc = x - centre, means - centre
+    ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
+    return Expanded(xp.concat([xc * xc, xc, ones], axis=-1), xc, mc, w, xp.sum(mc * mc * w, axis=-1))
+
+
+def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
+    """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K)."""
+    out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
+    return out if log_priors is None else log_priors + out
+
+
+def expanded_scores(xp: Any, ex: Expanded, variances: Array, log_priors: Array | None) -> tuple[Array, Array]:
+    """Steps 3–6: s = [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the boolean rows ``(..., N)`` the guard rejects."""
+    base = _constant(xp, variances, log_priors)
+    base = xp.broadcast_to(base, broadcast_shapes(base.shape, ex.c.shape))
+    c = xp.broadcast_to(ex.c, tuple(base.shape))
+    kd = tuple(ex.precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
+    w = xp.broadcast_to(ex.precisions, tuple(base.shape[:-1]) + kd)
+    weights = xp.concat([-0.5 * w, xp.broadcast_to(ex.means * ex.precisions, tuple(w.shape)),
+                         xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
+    s = xp.matmul(ex.features, xp.matrix_transpose(weights))  # step 3
+    # step 5: reject where s + A/R > offset = b + own/2 − C/R
+    budget = _CANCELLATION_BUDGET
+    d_r = variances.shape[-1]
+    own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
+    offset = xp.expand_dims(base + 0.5 * own - c / budget, axis=-2)
+    # step 6, first with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product)
+    a_row = xp.matmul(ex.features[..., :d_r], xp.expand_dims(xp.max(ex.precisions, axis=-2), axis=-1))[..., 0]
+    rows = xp.max(s - offset, axis=-1) > -a_row / budget
+    if bool(xp.any(rows)):  # then s + A/R itself, by one product: weights + [w/R, 0, 0] (step 6)
+        zeros = xp.zeros_like(ex.precisions)
+        guard_weights = weights + xp.concat([ex.precisions / budget, zeros, zeros[..., :1]], axis=-1)
+        guard = xp.matmul(ex.features, xp.matrix_transpose(guard_weights))
+        rows = xp.max(guard - offset, axis=-1) > 0
+    return s, rows
+
+
+def flagged_rows(xp: Any, x: Array, means: Array, variances: Array, rows: Array):
+    """Yield (row indices into the flattened (B·N) token axis, batch index, x rows, means, variances)
+    for the flagged rows, in blocks of at most ~_BLOCK_ELEMENTS (row, component, coordinate) triples."""
+    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
+    batch = broadcast_shapes(x.shape[:-2], means.shape[:-2], variances.shape[:-2], rows.shape[:-1])
+    flat = xp.reshape(xp.broadcast_to(rows, batch + (n,)), (-1,))
+    idx = xp.nonzero(flat)[0]
+    xb = xp.reshape(xp.broadcast_to(x, batch + (n, d_r)), (-1, d_r))
+    mb = xp.reshape(xp.broadcast_to(means, batch + (k, d_r)), (-1, k, d_r))
+    vb = xp.reshape(xp.broadcast_to(variances, batch + (k, d_r)), (-1, k, d_r))
+    size = max(1, _BLOCK_ELEMENTS // max(1, k * d_r))
+    for start in range(0, idx.shape[0], size):
+        blk = idx[start:min(start + size, idx.shape[0])]
+        b = blk // n
+        yield blk, b, xp.take(xb, blk, axis=0), xp.take(mb, b, axis=0), xp.take(vb, b, axis=0)
+
+
+def _set_rows(xp: Any, a: Array, rows: Array, values: list[Array]) -> Array:
+    """Copy of ``a`` (..., N, c) with the flagged rows (in row-major order) replaced by ``values``."""
+    shape = tuple(a.shape)
+    flat = xp.reshape(a, (-1, shape[-1]))
+    flat = xp.asarray(flat, copy=True)
+    mask = xp.reshape(xp.broadcast_to(rows, shape[:-1]), (-1,))
+    mask = xp.broadcast_to(xp.expand_dims(mask, axis=-1), tuple(flat.shape))
+    new = xp.concat(values, axis=0) if len(values) > 1 else values[0]
+    flat[mask] = xp.reshape(new, (-1,))
+    return xp.reshape(flat, shape)
+
+
+def guarded_scores(x: Array, means: Array, variances: Array, log_priors: Array | None) -> tuple[Array, Array]:
+    """The scores of :func:`gma_ref.posterior.scores` by steps 1–6, on inputs the caller validated.
+
+    Shapes as there: ``x`` ``(..., N, d_r)``, ``means``/``variances`` ``(..., K, d_r)``, ``log_priors``
+    ``(..., K)`` or ``None`` (then the log densities, Eq. 2). Returns ``(s, rows)``: ``s`` ``(..., N, K)``
+    in the promoted dtype, equal to the direct form's to R times its rounding bound; ``rows`` boolean
+    ``(..., N)``, true where the guard sent the row to the direct form Σ_m (x_im − μ_km)²/σ²_km.
+    Raises nothing of its own; non-finite inputs give non-finite scores.
+    """
+    xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
+    s, rows = expanded_scores(xp, expand(xp, x, means, variances), variances, log_priors)
+    if n_elements(s) and bool(xp.any(rows)):
+        base = _constant(xp, variances, log_priors)
+        base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
+        exact = []
+        for _, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
+            diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r): Eq. 50 on the flagged rows
+            exact.append(xp.take(base, b, axis=0) - 0.5 * xp.sum(diff * diff / vs, axis=-1))
+        s = _set_rows(xp, s, rows, exact)
+    return s, rows
+
+
+def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_priors: Array
+                               ) -> tuple[Array, Array]:
+    """Γ = softmax(:func:`guarded_scores`) (Eq. 3b) and the guard's rows, on validated inputs.
+
+    Returns ``(gamma, direct_rows)``, ``(..., N, K)`` and boolean ``(..., N)``, for
+    :func:`responsibilities_backward_guarded` to reuse.
+    """
+    s, rows = guarded_scores(x, means, variances, log_priors)
+    return softmax_scores(s)[0], rows
+
+
+def scores_backward_guarded(x: Array, means: Array, variances: Array, d_scores: Array,
+                            log_priors_shape: tuple[int, ...], rows: Array | None = None) -> ScoresGrad:
+    """The VJP of :func:`guarded_scores` (that of :func:`gma_ref.posterior.scores_backward`) on validated inputs.
+
+    With r_ikm = (x_im − μ_km) w_km and the centred x', μ' of step 1, the three reductions of
+    Eqs. 19, 54, 57 are matrix products (x − μ = x' − μ'):
+
+    * ∂L/∂x_i = −Σ_k δ_ik r_ik = −Σ_k δ_ik w_k x'_i + Σ_k δ_ik μ'_k w_k = δ (μ'w) − x' ⊙ (δ w);
+    * Σ_i δ_ik r_ikm = w_km ((δᵀ x')_km − (Σ_i δ_ik) μ'_km);
+    * Σ_i δ_ik r²_ikm = w²_km ((δᵀ x'²)_km − 2 μ'_km (δᵀ x')_km + (Σ_i δ_ik) μ'²_km),
+
+    the last two from one product δᵀ [x'², x', 1]. Their rounding error is bounded by the same
+    (√A + √C)² as the forward's, so the guard's ``rows`` (the forward's, or ``None`` to judge them
+    here) are left out of the products and done element-wise. Returns :class:`ScoresGrad` in the
+    shapes of the inputs (``d_log_priors`` of ``log_priors_shape``).
+    """
+    xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
+    ex = expand(xp, x, means, variances)
+    if rows is None:
+        _, rows = expanded_scores(xp, ex, variances, None)
+    any_rows = bool(xp.any(rows)) if n_elements(rows) else False
+    delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
+    d_r, w, mc = x.shape[-1], ex.precisions, ex.means
+    both = xp.matmul(delta, xp.concat([mc * w, w], axis=-1))  # [δ (μ'w), δ w], (..., N, 2 d_r)
+    d_x = both[..., :d_r] - ex.x * both[..., d_r:]
+    # δᵀ [x'², x', 1], (..., K, 2 d_r + 1), as ([x'², x', 1]ᵀ δ)ᵀ: OpenBLAS runs this orientation of the
+    # long reduction several times faster
+    sums = xp.matrix_transpose(xp.matmul(xp.matrix_transpose(ex.features), delta))
+    s2, s1, s0 = sums[..., :d_r], sums[..., d_r:2 * d_r], sums[..., 2 * d_r:]
+    d_means = w * (s1 - s0 * mc)
+    sq_sum = w * w * (s2 - 2.0 * mc * s1 + s0 * mc * mc)
+    if any_rows:
+        d_x, d_means, sq_sum = _backward_flagged_rows(xp, x, means, variances, d_scores, rows,
+                                                      d_x, d_means, sq_sum)
+    delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
+    d_variances = 0.5 * (sq_sum - xp.expand_dims(delta_sum, axis=-1) / variances)
+    return ScoresGrad(
+        d_x=sum_to_shape(xp, d_x, tuple(x.shape)),
+        d_means=sum_to_shape(xp, d_means, tuple(means.shape)),
+        d_variances=sum_to_shape(xp, d_variances, tuple(variances.shape)),
+        d_log_priors=sum_to_shape(xp, delta_sum, tuple(log_priors_shape)),
+    )
+
+
+def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
+                           rows: Array, d_x: Array, d_means: Array, sq_sum: Array
+                           ) -> tuple[Array, Array, Array]:
+    """Add the flagged rows' terms element-wise: their ∂L/∂x rows, and their shares of
+    Σ_i δ r and Σ_i δ r² summed into each batch entry (a one-hot matrix product, exact)."""
+    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
+    full = tuple(d_x.shape[:-2])
+    # the rows were judged without log π, whose batch axes (if it has its own) the cotangent carries
+    rows = xp.broadcast_to(rows, full + (n,))
+    n_batch = math.prod(full)
+    d_flat = xp.reshape(xp.broadcast_to(d_scores, full + (n, k)), (-1, k))
+    batch_ids = xp.arange(n_batch, device=device_of(x))
+    acc_r = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
+    acc_r2 = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
+    dx_rows = []
+    for blk, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
+        r = (xp.expand_dims(xs, axis=-2) - ms) / vs  # (F, K, d_r)
+        dr = xp.expand_dims(xp.take(d_flat, blk, axis=0), axis=-1) * r
+        dx_rows.append(-xp.sum(dr, axis=-2))
+        one_hot = xp.astype(xp.expand_dims(batch_ids, axis=-1) == xp.expand_dims(b, axis=0), acc_r.dtype)
+        acc_r = acc_r + xp.matmul(one_hot, xp.reshape(dr, (-1, k * d_r)))
+        acc_r2 = acc_r2 + xp.matmul(one_hot, xp.reshape(dr * r, (-1, k * d_r)))
+    d_x = _set_rows(xp, xp.broadcast_to(d_x, full + (n, d_r)), rows, dx_rows)
+    d_means = xp.broadcast_to(d_means, full + (k, d_r)) + xp.reshape(acc_r, full + (k, d_r))
+    sq_sum = xp.broadcast_to(sq_sum, full + (k, d_r)) + xp.reshape(acc_r2, full + (k, d_r))
+    return d_x, d_means, sq_sum
+
+
+def responsibilities_backward_guarded(
+    x: Array, means: Array, variances: Array, gamma: Array, d_gamma: Array, log_priors: Array,
+    direct_rows: Array,
+) -> ScoresGrad:
+    """The VJP of :func:`responsibilities_and_guard`: Eq. 18 (:func:`~gma_ref.posterior.softmax_backward`),
+    then :func:`scores_backward_guarded` with the forward's guard verdict.
+
+    ``gamma`` and ``direct_rows`` are what :func:`responsibilities_and_guard` returned for these
+    inputs, which the caller validated (only ``d_gamma``'s shape is checked, by Eq. 18). Any verdict
+    gives the same gradients to rounding; one that clears a row the bound rejects loses that row's
+    accuracy guarantee.
+    """
+    d_scores = softmax_backward(gamma, d_gamma)
+    return scores_backward_guarded(x, means, variances, d_scores, tuple(log_priors.shape), direct_rows)
