@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .adapters import Declaration, declaration_of
 from .cases import VARIANTS, default_cases, default_layer_cases, generate_cases, generate_layer_cases
 from .compare import Tolerance
+from .declaration import Declaration, declaration_of
 from .runner import _resolve_vjp, run_case
 
 __all__ = ["Calibration", "calibrate"]

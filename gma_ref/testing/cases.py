@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .names import DTYPES, LAYER_REGIMES, REGIMES, VARIANTS
+
 __all__ = [
     "tie_head_width",
     "VARIANTS",
@@ -48,16 +50,6 @@ __all__ = [
     "admissible_size",
     "constrain_case",
 ]
-
-#: The three variants of GMA the harness knows.
-VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")
-#: Dtype names the harness calibrates (``float64`` is the strictest mode).
-DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
-#: Input regimes (see the module docstring).
-REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps", "tiny_grad")
-#: Regimes of layer cases (``floor`` needs routing vectors placed within ~ε_σ of a mean, which projections of
-#: shared tokens cannot do for every head at once; the attention mode covers it).
-LAYER_REGIMES: tuple[str, ...] = ("normal", "far", "tiny_eps")
 
 _SHORT = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 

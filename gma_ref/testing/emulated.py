@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import Declaration
+from .declaration import Declaration
 
 __all__ = ["round_to", "NumpyKernel"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import Declaration
+from .declaration import Declaration
 from .emulated import NumpyKernel, round_to
 
 __all__ = ["NumpyLayer"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import Declaration
+from .declaration import Declaration
 from .emulated import round_to
 
 __all__ = ["LongKernel"]

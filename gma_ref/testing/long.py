@@ -43,7 +43,8 @@ from ..mixture import (
 from ..posterior import responsibilities, responsibilities_backward
 from .cases import VARIANTS, Case
 from .compare import Tolerance
-from .reference import Reference, _kappa, _mass_seen, _read_condition
+from .conditioning import mass_seen, read_condition, score_condition
+from .reference import Reference
 
 __all__ = ["LONG_SIZES", "LONG_THRESHOLD", "LongReference", "long_cases", "long_reference", "sum_length",
            "long_grad_magnitudes_rms", "calibrate_long", "generate_long_cases", "LONG_TOLERANCES"]
@@ -203,12 +204,12 @@ def long_reference(
         memory, mass = write_memory(gamma_k, v)
         out = read_memory(gamma_q, memory, mass, eps)
     tensors: dict[str, Array] = {"out": out, "memory": memory, "mass": mass}
-    kappa = max(_kappa(xp, q, means, variances, log_priors, gamma_q),
-                _kappa(xp, k, means, variances, log_priors, gamma_k))
-    lam = _read_condition(xp, gamma_q, gamma_k, causal, eps)
+    kappa = max(score_condition(xp, q, means, variances, log_priors, gamma_q),
+                score_condition(xp, k, means, variances, log_priors, gamma_k))
+    lam = read_condition(xp, gamma_q, gamma_k, causal, eps)
     batch = math.prod(q.shape[:-3]) if q.ndim > 3 else 1
     rho = sum_length(batch, q.shape[-2], k.shape[-2])
-    denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
+    denom = xp.sum(gamma_q * mass_seen(xp, gamma_k, causal), axis=-1) + eps
     out_floor = _out_floor(xp, gamma_q + underflow, gamma_k + underflow, v, out, denom, causal, chunk_size)
     fl: dict[str, float] = {"out": out_floor, "memory": 0.0, "mass": 0.0}
     if d_out is not None:
@@ -422,9 +423,9 @@ def calibrate_long(impl: Any, dtype: str, *, n_max: int = 131072, seeds: tuple[i
     :func:`generate_long_cases` (N up to ``n_hi``). The long-mode counterpart of
     :func:`gma_ref.testing.calibrate`; returns its :class:`~gma_ref.testing.calibration.Calibration`.
     """
-    from .adapters import Declaration, declaration_of
     from .calibration import Calibration
     from .compare import Tolerance
+    from .declaration import Declaration, declaration_of
     from .runner import _resolve_vjp, run_case
 
     decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))

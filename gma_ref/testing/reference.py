@@ -43,19 +43,13 @@ from .._array import Array
 from ..attention import gma_attention, gma_attention_backward
 from ..bidirectional import write_memory
 from ..mixture import log_priors_from_logits, sigmoid, variances_from_omega
-from ..posterior import log_gaussian_density, responsibilities
+from ..posterior import responsibilities
+from .conditioning import mass_seen, read_condition, score_condition
+from .names import GRAD_NAMES, INPUT_NAMES, LAYER_GRAD_NAMES, LAYER_INPUT_NAMES
 
 __all__ = ["INPUT_NAMES", "GRAD_NAMES", "LAYER_INPUT_NAMES", "LAYER_GRAD_NAMES", "Reference", "reference",
            "layer_reference"]
 
-#: Argument names of the calling convention, in order.
-INPUT_NAMES: tuple[str, ...] = ("q", "k", "v", "means", "omega", "prior_logits")
-#: Gradient names returned by a VJP (``d_`` + input name).
-GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in INPUT_NAMES)
-#: Argument names of the layer calling convention, in order (``y`` is ``None`` for self-attention).
-LAYER_INPUT_NAMES: tuple[str, ...] = ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")
-#: Gradient names returned by a layer VJP (``d_y`` only for cross-attention).
-LAYER_GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in LAYER_INPUT_NAMES)
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -119,18 +113,6 @@ def _rms(xp: Any, a: Array) -> float:
     return m * math.sqrt(float(xp.mean((a / m) ** 2)))
 
 
-def _kappa(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array, gamma: Array) -> float:
-    d_r = means.shape[-1]
-    log_det = xp.sum(xp.log(variances), axis=-1)
-    abs_log_det = xp.sum(xp.abs(xp.log(variances)), axis=-1)
-    log_dens = log_gaussian_density(x, means, variances, check_finite=False)
-    half_maha = -log_dens - 0.5 * d_r * _LOG_2PI - 0.5 * xp.expand_dims(log_det, axis=-2)
-    s_abs = (xp.expand_dims(xp.abs(log_priors), axis=-2) + 0.5 * d_r * _LOG_2PI
-             + 0.5 * xp.expand_dims(abs_log_det, axis=-2) + xp.abs(half_maha))
-    weighted = xp.sum(gamma * s_abs, axis=-1)
-    return float(xp.max(weighted)) if weighted.size else 0.0
-
-
 def _rss_side(xp: Any, x: Array, means: Array, variances: Array, delta: Array
               ) -> tuple[Array, Array, Array, Array]:
     """Root-sum-square magnitudes of (∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π) for one side, from |δ| ``(..., N, K)``."""
@@ -192,9 +174,9 @@ def reference(
     gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
     memory, mass = write_memory(gamma_k, v)
     tensors: dict[str, Array] = {"out": out, "memory": memory, "mass": mass}
-    kappa = max(_kappa(xp, q, means, variances, log_priors, gamma_q),
-                _kappa(xp, k, means, variances, log_priors, gamma_k))
-    lam = _read_condition(xp, gamma_q, gamma_k, causal, eps)
+    kappa = max(score_condition(xp, q, means, variances, log_priors, gamma_q),
+                score_condition(xp, k, means, variances, log_priors, gamma_k))
+    lam = read_condition(xp, gamma_q, gamma_k, causal, eps)
     fl: dict[str, float] = {"out": _rms(xp, v), "memory": 0.0, "mass": 0.0}
     grain: dict[str, Array] = {}
     if d_out is not None:
@@ -202,36 +184,13 @@ def reference(
         tensors.update(g._asdict())
         fl.update({name: 0.0 for name in GRAD_NAMES})
         if floors:
-            denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
+            denom = xp.sum(gamma_q * mass_seen(xp, gamma_k, causal), axis=-1) + eps
             fl.update(_grad_floors(xp, q, k, v, means, omega, variances, gamma_q + underflow, gamma_k + underflow,
                                    d_out, out, causal, denom, tiny))
             if grains:
                 grain = _grad_grains(xp, q, k, v, means, omega, variances, log_priors, gamma_q, gamma_k, out,
                                      causal, denom, 1.0, grain_in)
     return Reference(tensors=tensors, floors=fl, kappa=kappa, read_condition=lam, xp=xp, grains=grain)
-
-
-def _mass_seen(xp: Any, gamma_k: Array, causal: bool) -> Array:
-    """Z seen by each query: prefix sums (..., N, K) when causal, else (..., 1, K)."""
-    if causal:
-        return xp.cumulative_sum(gamma_k, axis=-2)
-    return xp.expand_dims(xp.sum(gamma_k, axis=-2), axis=-2)
-
-
-def _read_condition(xp: Any, gamma_q: Array, gamma_k: Array, causal: bool, eps: float) -> float:
-    """λ = max_i 2 n_i / (u_i + ε), O(N K): prefix masses for causal GMA."""
-    if gamma_q.shape[-2] == 0 or gamma_k.shape[-2] == 0:
-        return 1.0
-    n_k = gamma_k.shape[-2]
-    if causal:
-        mass = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i), (..., N, K)
-        u = xp.sum(gamma_q * mass, axis=-1)
-        seen = xp.astype(xp.arange(1, n_k + 1, device=getattr(u, "device", None)), u.dtype)
-    else:
-        u = xp.sum(gamma_q * xp.expand_dims(xp.sum(gamma_k, axis=-2), axis=-2), axis=-1)
-        seen = float(n_k)
-    lam = 2.0 * seen / (u + eps)
-    return float(xp.max(lam)) if lam.size else 1.0
 
 
 def _grad_floors(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
@@ -392,7 +351,7 @@ def _proj_sensitivity(xp: Any, inp: Array, w: Array, r: Array, means: Array, var
     return xp.sqrt(xp.sum(c * c * xp.expand_dims(xhat * xhat, axis=-2), axis=-1))
 
 
-def _proj_kappa(xp: Any, p_q: Array, p_k: Array, gamma_q: Array, gamma_k: Array, causal: bool
+def _projscore_condition(xp: Any, p_q: Array, p_k: Array, gamma_q: Array, gamma_k: Array, causal: bool
                 ) -> float:
     """κ_P = max_i Σ_j Σ_k γ^Q_ik γ^K_jk (P^Q_ik + P^K_jk) / u_i, j over the keys query i sees.
 
@@ -467,10 +426,10 @@ def layer_reference(
     log_priors = log_priors_from_logits(prior_logits, check_finite=False)
     gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
     gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
-    kappa = max(_kappa(xp, q, means, variances, log_priors, gamma_q),
-                _kappa(xp, k, means, variances, log_priors, gamma_k))
-    lam = _read_condition(xp, gamma_q, gamma_k, causal, eps)
-    kappa_p = _proj_kappa(xp, _proj_sensitivity(xp, x, w_q, q, means, variances, gamma_q),
+    kappa = max(score_condition(xp, q, means, variances, log_priors, gamma_q),
+                score_condition(xp, k, means, variances, log_priors, gamma_k))
+    lam = read_condition(xp, gamma_q, gamma_k, causal, eps)
+    kappa_p = _projscore_condition(xp, _proj_sensitivity(xp, x, w_q, q, means, variances, gamma_q),
                           _proj_sensitivity(xp, ctx, w_k, k, means, variances, gamma_k), gamma_q, gamma_k, causal)
     heads = gma_attention(q, k, v, means, omega, prior_logits, check_finite=False, **kw)
     tensors: dict[str, Array] = {"out": out}
@@ -507,7 +466,7 @@ def _layer_floors(xp: Any, x: Array, y: Array | None, params: Any, q: Array, k: 
     d_model = w_o.shape[-1]
     d_concat = xp.sqrt(xp.matmul(d_out * d_out, mt(w_o * w_o)))  # |∂L/∂concat|, (B, N, H·d_v)
     d_heads = xp.moveaxis(xp.reshape(d_concat, tuple(d_concat.shape[:-1]) + (h, d_v)), -2, -3)
-    denom = xp.sum(gamma_q * _mass_seen(xp, gamma_k, causal), axis=-1) + eps
+    denom = xp.sum(gamma_q * mass_seen(xp, gamma_k, causal), axis=-1) + eps
     mags = _grad_magnitudes(xp, q, k, v, params.means, params.omega, variances, gamma_q, gamma_k, d_heads, heads,
                             causal, denom)
     ctx = x if y is None else y

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import Declaration
 from .cases import Case, admissible_size, case_arrays, constrain_case, layer_case_arrays, tie_head_width
+from .declaration import Declaration
 
 __all__ = ["CaseFile", "load_case_file", "write_reproducer", "shrink_case", "shrink_and_write"]
 

@@ -1,0 +1,166 @@
+"""What an implementation declares it supports: :class:`Declaration`.
+
+Everything a kernel does not declare is skipped and listed in the report; a declared
+constraint (a fixed ε, a size multiple, a tied head width) makes the oracle generate only
+cases the kernel accepts. Every field is validated here, naming the field, before any case is
+generated or any array allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .names import DEVICES, DTYPES, MODES, NAMESPACES, VARIANTS
+
+__all__ = ["Declaration", "declaration_of", "MAX_MULTIPLE", "EPS_RANGE"]
+
+#: Largest admissible ``n_multiple``, ``k_multiple``, ``d_multiple``: beyond them even the smallest
+#: case would not fit the harness's O(N_q N_k) reference in memory.
+MAX_MULTIPLE: dict[str, int] = {"n_multiple": 512, "k_multiple": 128, "d_multiple": 512}
+#: Admissible range of a declared ``eps`` and ``eps_sigma``: outside it the generated cases leave
+#: float64 (ε) or a dtype's range (ε_σ scales the routing vectors by √ε_σ).
+EPS_RANGE: dict[str, tuple[float, float]] = {"eps": (1e-300, 1e10), "eps_sigma": (1e-300, 1e4)}
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What an implementation supports; everything else is skipped and listed in the report.
+
+    Attributes
+    ----------
+    variants : tuple of ``'bidirectional'``, ``'causal'``, ``'cross'``
+    dtypes : tuple of ``'float64'``, ``'float32'``, ``'float16'``, ``'bfloat16'``
+    grad : bool
+        Gradients are available (through ``vjp=`` or the framework's adapter).
+    devices : tuple of ``'cpu'``, ``'cuda'``
+    namespace : ``'numpy'``, ``'torch'``, ``'jax'`` or ``'cupy'``
+        The kind of arrays the implementation takes and returns.
+    returns_state : bool
+        The implementation returns ``(out, memory, mass)``: the written memory
+        Ṽ = (Γ^K)ᵀV ``(..., K, d_v)`` and mass Z ``(..., K)`` over all keys
+        (for causal GMA, the state after the last token).
+    accepts_chunk_size : bool
+        Pass ``chunk_size=C`` (the case's chunk size, often not dividing N).
+    deterministic : bool
+        Two calls on the same inputs give bitwise-identical outputs. When
+        ``False`` a difference is reported but does not fail.
+    extra : dict
+        Free-form notes. ``extra["unsupported"]``, a dict from an undeclared variant, dtype,
+        device or mode name (or ``"grad"``) to the reason, is printed in that skip line.
+    mode : ``'attention'`` or ``'layer'``
+        ``'attention'``: ``impl(q, k, v, means, omega, prior_logits, ...)`` → ``(B, H, N_q, d_v)``.
+        ``'layer'``: the multi-head layer, ``impl(x, y, w_q, w_k, w_v, w_o, means, omega,
+        prior_logits, ...)`` → ``(B, N_q, d_model)`` with ``y = None`` for self-attention
+        (docs/oracle.md, "Layer mode"). ``returns_state`` does not apply to layers.
+    tied_head_width : bool
+        Layer mode: the layer's head width is tied, d_r = d_v = d_model / H (as in most
+        multi-head layers); the layer cases are generated that way
+        (:func:`~gma_ref.testing.cases.tie_head_width`).
+    eps, eps_sigma : float or None
+        The read stabiliser ε and the variance floor ε_σ the kernel is built with. ``None``
+        (default): any value, the harness passes each case's own. A float: the kernel's
+        fixed value; every case is generated with it (the ``tiny_eps`` regime then drives
+        the read mass u_i near *that* ε). Admissible: :data:`EPS_RANGE` (ε in [1e-300, 1e10],
+        ε_σ in [1e-300, 1e4]).
+    n_multiple, k_multiple, d_multiple : int
+        Sequence lengths (N_q and N_k), component counts K and the dimensions d_r, d_v
+        the kernel accepts are multiples of these (default 1: any). Generated cases are
+        mapped to the nearest admissible size (an N = 1 edge case becomes N = ``n_multiple``).
+        At most :data:`MAX_MULTIPLE` (512, 128, 512).
+    n_max, k_max, d_max : int or None
+        Largest admissible N (N_q and N_k), K, and d_r/d_v (``None``: no limit).
+    flush_subnormals : bool
+        The kernel flushes subnormal results to 0 and reads subnormal inputs as 0 (a common
+        GPU setting): the tolerance's absolute granularity is then the smallest normal number
+        instead of half the smallest subnormal (docs/oracle.md, "The metric and the tolerances").
+
+    Raises ``TypeError`` for a flag (``grad``, ``returns_state``, ``accepts_chunk_size``,
+    ``deterministic``, ``flush_subnormals``, ``tied_head_width``) that is not a bool, ``ValueError``
+    for any other field out of its range; either names the field.
+    """
+
+    variants: tuple[str, ...] = VARIANTS
+    dtypes: tuple[str, ...] = ("float32",)
+    grad: bool = False
+    devices: tuple[str, ...] = ("cpu",)
+    namespace: str = "numpy"
+    returns_state: bool = False
+    accepts_chunk_size: bool = False
+    deterministic: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+    mode: str = "attention"
+    tied_head_width: bool = False
+    eps: float | None = None
+    eps_sigma: float | None = None
+    n_multiple: int = 1
+    n_max: int | None = None
+    k_multiple: int = 1
+    k_max: int | None = None
+    d_multiple: int = 1
+    d_max: int | None = None
+    flush_subnormals: bool = False
+
+    def __post_init__(self) -> None:
+        if self.namespace not in NAMESPACES:
+            raise ValueError(f"namespace must be one of {NAMESPACES}, got {self.namespace!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("variants", "dtypes", "devices"):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, (getattr(self, name),))
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        _check_names("variants", self.variants, VARIANTS)
+        _check_names("dtypes", self.dtypes, DTYPES)
+        _check_names("devices", self.devices, DEVICES)
+        for name in ("grad", "returns_state", "accepts_chunk_size", "deterministic", "tied_head_width",
+                     "flush_subnormals"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
+        for name, (lo, hi) in EPS_RANGE.items():
+            val = getattr(self, name)
+            if val is None:
+                continue
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not (lo <= val <= hi):
+                raise ValueError(f"{name} must be None (any value) or a float in [{lo:g}, {hi:g}], got {val!r}")
+            object.__setattr__(self, name, float(val))
+        for name, top in MAX_MULTIPLE.items():
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or not 1 <= val <= top:
+                raise ValueError(f"{name} must be an int from 1 to {top}, got {val!r}")
+        for name, mult in (("n_max", "n_multiple"), ("k_max", "k_multiple"), ("d_max", "d_multiple")):
+            val = getattr(self, name)
+            if val is None:
+                continue
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be None (no limit) or an int >= 1, got {val!r}")
+            if val < getattr(self, mult):
+                raise ValueError(f"{name} = {val} admits no size: it is below {mult} = {getattr(self, mult)}")
+
+    @property
+    def constrained(self) -> bool:
+        """True when the declaration fixes ε or ε_σ or restricts a size."""
+        return (self.eps is not None or self.eps_sigma is not None or self.tied_head_width
+                or (self.n_multiple, self.k_multiple, self.d_multiple) != (1, 1, 1)
+                or any(x is not None for x in (self.n_max, self.k_max, self.d_max)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def _check_names(what: str, got: tuple[Any, ...], known: tuple[str, ...]) -> None:
+    bad = [g for g in got if g not in known]
+    if bad or not got:
+        raise ValueError(f"{what} must be a non-empty tuple of {known}, got {got!r}")
+
+
+def declaration_of(impl: Callable[..., Any]) -> Declaration | None:
+    """The :class:`Declaration` attached to ``impl`` as ``impl.gma_declaration``, if any."""
+    decl = getattr(impl, "gma_declaration", None)
+    if decl is not None and not isinstance(decl, Declaration):
+        raise TypeError(f"gma_declaration must be a gma_ref.testing.Declaration, got {type(decl).__name__}")
+    return decl

@@ -1,0 +1,55 @@
+"""The oracle's vocabulary, defined once: calling conventions, variants, dtypes, modes, namespaces.
+
+This is the bottom layer of :mod:`gma_ref.testing`; every other module of the oracle takes
+these names from here (and re-exports some for compatibility). It imports nothing.
+
+The layers, bottom to top (each module imports only from layers below it)::
+
+    names → declaration → adapters, capture → cases → conditioning → reference, long → compare
+          → calls → report → case_runner → repro, calibration → runner (check, assert_conforms)
+          → scaling, pytest_plugin
+
+and, apart from the harness, the known-good kernels (``emulated``, ``emulated_layer``,
+``emulated_long``, ``rounding_family``), which import only ``declaration``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "INPUT_NAMES",
+    "GRAD_NAMES",
+    "LAYER_INPUT_NAMES",
+    "LAYER_GRAD_NAMES",
+    "VARIANTS",
+    "DTYPES",
+    "REGIMES",
+    "LAYER_REGIMES",
+    "MODES",
+    "NAMESPACES",
+    "DEVICES",
+]
+
+#: Argument names of the attention calling convention, in order.
+INPUT_NAMES: tuple[str, ...] = ("q", "k", "v", "means", "omega", "prior_logits")
+#: Gradient names returned by a VJP (``d_`` + input name).
+GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in INPUT_NAMES)
+#: Argument names of the layer calling convention, in order (``y`` is ``None`` for self-attention).
+LAYER_INPUT_NAMES: tuple[str, ...] = ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")
+#: Gradient names returned by a layer VJP (``d_y`` only for cross-attention).
+LAYER_GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in LAYER_INPUT_NAMES)
+
+#: The three variants of GMA the oracle knows.
+VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")
+#: Dtype names the oracle calibrates (``float64`` is the strictest mode).
+DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
+#: Input regimes of the short cases (see :mod:`gma_ref.testing.cases`).
+REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps", "tiny_grad")
+#: Regimes of layer cases (``floor`` needs routing vectors placed within ~ε_σ of a mean, which projections of
+#: shared tokens cannot do for every head at once; the attention mode covers it).
+LAYER_REGIMES: tuple[str, ...] = ("normal", "far", "tiny_eps")
+#: What an implementation computes: one GMA (``'attention'``) or the multi-head layer (``'layer'``).
+MODES: tuple[str, ...] = ("attention", "layer")
+#: Kinds of arrays an implementation may take.
+NAMESPACES: tuple[str, ...] = ("numpy", "torch", "jax", "cupy")
+#: Devices the oracle compares on.
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
