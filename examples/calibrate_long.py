@@ -29,8 +29,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gma_ref.testing import check  # noqa: E402
+from gma_ref.testing.calibration import calibrate_long  # noqa: E402
 from gma_ref.testing.emulated_long import LongKernel  # noqa: E402
-from gma_ref.testing.long import calibrate_long  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

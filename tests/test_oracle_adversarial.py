@@ -116,12 +116,12 @@ def test_keyboard_interrupt_stops_the_run_with_a_partial_report():
 
 def test_a_crash_inside_the_harness_is_a_labelled_failure(monkeypatch):
     """Anything that escapes the harness's handling of a candidate is a 'harness' failure, never a traceback."""
-    from gma_ref.testing import runner
+    from gma_ref.testing import case_runner
 
     def broken(run, impl):
         raise RuntimeError("the harness broke")
 
-    monkeypatch.setattr(runner, "_forward_checks", broken)
+    monkeypatch.setattr(case_runner, "_forward_checks", broken)
     r = _bidirectional(adv.Correct())
     assert not r.passed and {(x.check, x.metric) for x in r.failures} == {("harness", "raised")}
     assert "the harness broke" in r.failures[0].detail

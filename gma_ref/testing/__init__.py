@@ -14,27 +14,29 @@ Quick use (see docs/oracle.md)::
 
 or from the shell: ``gma-ref check mypkg.mymod:my_gma --dtype float32 --grad``.
 
-Pieces: :mod:`~gma_ref.testing.cases` (seeded case generator),
-:mod:`~gma_ref.testing.reference` (float64 reference, condition factor κ,
-cancellation-free scales), :mod:`~gma_ref.testing.compare` (metric and the
-calibrated tolerances), :mod:`~gma_ref.testing.adapters` (declarations,
-framework conversion by DLPack, PyTorch/JAX VJP adapters),
-:mod:`~gma_ref.testing.runner` (:func:`check` and the report),
-:mod:`~gma_ref.testing.emulated` (a correct NumPy kernel with low-precision
-storage), :mod:`~gma_ref.testing.emulated_layer` (the same for the
-multi-head layer), :mod:`~gma_ref.testing.calibration` (regenerate the
-tolerance table), :mod:`~gma_ref.testing.repro` (shrink a failing case and write
-it as a self-contained reproducer; ``check(..., repro=dir)``, ``check(..., case_file=path)``),
-:mod:`~gma_ref.testing.capture` (what the implementation prints, kept out of the report).
+The package is built in layers, each importing only from those below it (the order is in
+:mod:`~gma_ref.testing.names`): the vocabulary (:mod:`~gma_ref.testing.names`) and what a kernel
+declares (:mod:`~gma_ref.testing.declaration`); framework conversion and VJP adapters
+(:mod:`~gma_ref.testing.adapters`) and one guarded call of the candidate
+(:mod:`~gma_ref.testing.calls`); the seeded cases (:mod:`~gma_ref.testing.cases`); the condition
+factors (:mod:`~gma_ref.testing.conditioning`), the float64 reference
+(:mod:`~gma_ref.testing.reference`), the metric and tolerances (:mod:`~gma_ref.testing.compare`) and
+the long-sequence cases and reference (:mod:`~gma_ref.testing.long`); the verdict
+(:mod:`~gma_ref.testing.report`); checking one case (:mod:`~gma_ref.testing.case_runner`);
+reproducers (:mod:`~gma_ref.testing.repro`) and calibration (:mod:`~gma_ref.testing.calibration`);
+and :func:`check` (:mod:`~gma_ref.testing.runner`). The known-good kernels the oracle is
+calibrated with stand apart: :mod:`~gma_ref.testing.emulated`, :mod:`~gma_ref.testing.emulated_layer`,
+:mod:`~gma_ref.testing.emulated_long`, :mod:`~gma_ref.testing.rounding_family`.
 Layer mode — the multi-head layer with its projections,
 ``impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma)``
 — is selected by ``Declaration(mode="layer")`` or ``check(..., mode="layer")``.
 Importing this package does not import torch, jax or cupy.
 """
 
-from .adapters import MODES, Declaration, jax_vjp, torch_autograd
+from .adapters import jax_vjp, torch_autograd
 from .assertions import assert_gma_close
 from .calibration import calibrate
+from .case_runner import CaseOutcome, NotCheckable, evaluate_case, run_case
 from .cases import (
     DTYPES,
     LAYER_REGIMES,
@@ -49,8 +51,10 @@ from .cases import (
     layer_case_arrays,
 )
 from .compare import LAYER_TOLERANCES, TOLERANCES, UNIT_ROUNDOFF, Comparison, Tolerance, compare_tensor, unit_scale
+from .declaration import Declaration
 from .emulated import NumpyKernel, round_to
 from .emulated_layer import NumpyLayer
+from .names import MODES
 from .reference import (
     GRAD_NAMES,
     INPUT_NAMES,
@@ -60,8 +64,9 @@ from .reference import (
     layer_reference,
     reference,
 )
+from .report import CheckResult, Interrupted, Report, Skip
 from .repro import CaseFile, load_case_file
-from .runner import CheckResult, Interrupted, Report, Skip, assert_conforms, check, run_case
+from .runner import assert_conforms, check
 
 __all__ = [
     "DTYPES",
@@ -78,11 +83,13 @@ __all__ = [
     "VARIANTS",
     "Case",
     "CaseFile",
+    "CaseOutcome",
     "CheckResult",
     "Comparison",
     "Declaration",
     "Interrupted",
     "NumpyKernel",
+    "NotCheckable",
     "NumpyLayer",
     "Reference",
     "Report",
@@ -96,6 +103,7 @@ __all__ = [
     "compare_tensor",
     "default_cases",
     "default_layer_cases",
+    "evaluate_case",
     "generate_cases",
     "generate_layer_cases",
     "jax_vjp",

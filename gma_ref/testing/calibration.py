@@ -21,12 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .case_runner import evaluate_case, resolve_vjp
 from .cases import VARIANTS, default_cases, default_layer_cases, generate_cases, generate_layer_cases
 from .compare import Tolerance
 from .declaration import Declaration, declaration_of
-from .runner import _resolve_vjp, run_case
+from .long import generate_long_cases, long_cases
 
-__all__ = ["Calibration", "calibrate"]
+__all__ = ["Calibration", "calibrate", "calibrate_long"]
 
 
 @dataclass
@@ -102,21 +103,44 @@ def calibrate(
     declared mode) uses the layer cases and the layer reference.
     """
     decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))
-    the_vjp = _resolve_vjp(impl, decl, vjp)[0] if grad else None
+    the_vjp = resolve_vjp(impl, decl, vjp)[0] if grad else None
     layer = (mode or decl.mode) == "layer"
     defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
     cases = defaults(tuple(variants), dtype=dtype, seed=seed)
     cases += generate(n_cases, variants=tuple(variants), dtype=dtype, seed=seed + 1)
+    return _calibrate_cases(impl, cases, decl, the_vjp, dtype, device)
+
+
+def _calibrate_cases(impl: Callable[..., Any], cases: list[Any], decl: Declaration, vjp: Any, dtype: str,
+                     device: str = "cpu") -> Calibration:
+    """Every case evaluated with τ = 1: the errors in units of ν, the skipped and the failed contract checks."""
     cal = Calibration(getattr(impl, "__name__", repr(impl)), dtype, len(cases))
     unit = Tolerance(1.0, 1.0)
     for case in cases:
-        results, _ = run_case(impl, case, decl, vjp=the_vjp, device=device, contract=False, tolerance=unit)
-        if len(results) == 1 and results[0].check == "conditioning":
+        outcome = evaluate_case(impl, case, decl, vjp=vjp, device=device, contract=False, tolerance=unit)
+        if outcome.not_checkable is not None:
             cal.skipped.append(case.case_id)
             continue
-        for r in results:
+        for r in outcome.results:
             if r.metric in ("norm", "elem"):
                 getattr(cal, r.metric).setdefault(r.tensor, []).append(r.value / r.threshold)
             elif not r.passed:
                 cal.failures.append(f"{r.case_id} {r.check} {r.tensor} {r.metric} {r.detail}")
     return cal
+
+
+def calibrate_long(impl: Callable[..., Any], dtype: str, *, n_max: int = 131072, seeds: tuple[int, ...] = (0,),
+                   grad: bool = True,
+                   variants: tuple[str, ...] = VARIANTS, declaration: Declaration | None = None, n_generated: int = 0,
+                   n_hi: int = 16384) -> Calibration:
+    """Normalised errors (error / ν_long) of a correct ``impl`` over long cases, with τ = 1.
+
+    The cases: :func:`~gma_ref.testing.long.long_cases` of each seed plus ``n_generated``
+    :func:`~gma_ref.testing.long.generate_long_cases` (N up to ``n_hi``). The long-mode counterpart of
+    :func:`gma_ref.testing.calibrate`; returns its :class:`Calibration`.
+    """
+    decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))
+    the_vjp = resolve_vjp(impl, decl, None)[0] if grad and decl.grad else None
+    cases = [c for s in seeds for c in long_cases(variants, dtype=dtype, seed=s, n_max=n_max)]
+    cases += generate_long_cases(n_generated, variants=variants, dtype=dtype, seed=seeds[0] + 1, n_hi=n_hi)
+    return _calibrate_cases(impl, cases, decl, the_vjp, dtype)

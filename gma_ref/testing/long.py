@@ -47,7 +47,7 @@ from .conditioning import mass_seen, read_condition, score_condition
 from .reference import Reference
 
 __all__ = ["LONG_SIZES", "LONG_THRESHOLD", "LongReference", "long_cases", "long_reference", "sum_length",
-           "long_grad_magnitudes_rms", "calibrate_long", "generate_long_cases", "LONG_TOLERANCES"]
+           "long_grad_magnitudes_rms", "generate_long_cases", "LONG_TOLERANCES"]
 
 #: Sequence lengths of the long case set (``n_max`` adds 2^20, 2^21, … up to it).
 LONG_SIZES: tuple[int, ...] = (4096, 32768, 131072)
@@ -412,35 +412,3 @@ def long_grad_magnitudes_rms(xp: Any, q: Array, k: Array, v: Array, means: Array
         "d_omega": rms((sq[2] + sk[2]) * sig * sig),
         "d_prior_logits": rms(sq[3] + sk[3]),
     }
-
-
-def calibrate_long(impl: Any, dtype: str, *, n_max: int = 131072, seeds: tuple[int, ...] = (0,), grad: bool = True,
-                   variants: tuple[str, ...] = VARIANTS, declaration: Any = None, n_generated: int = 0,
-                   n_hi: int = 16384) -> Any:
-    """Normalised errors (error / ν_long) of a correct ``impl`` over long cases, with τ = 1.
-
-    The cases: :func:`long_cases` of each seed plus ``n_generated``
-    :func:`generate_long_cases` (N up to ``n_hi``). The long-mode counterpart of
-    :func:`gma_ref.testing.calibrate`; returns its :class:`~gma_ref.testing.calibration.Calibration`.
-    """
-    from .calibration import Calibration
-    from .compare import Tolerance
-    from .declaration import Declaration, declaration_of
-    from .runner import _resolve_vjp, run_case
-
-    decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))
-    the_vjp = _resolve_vjp(impl, decl, None)[0] if grad and decl.grad else None
-    cases = [c for s in seeds for c in long_cases(variants, dtype=dtype, seed=s, n_max=n_max)]
-    cases += generate_long_cases(n_generated, variants=variants, dtype=dtype, seed=seeds[0] + 1, n_hi=n_hi)
-    cal = Calibration(getattr(impl, "__name__", repr(impl)), dtype, len(cases))
-    for case in cases:
-        results, _ = run_case(impl, case, decl, vjp=the_vjp, contract=False, tolerance=Tolerance(1.0, 1.0))
-        if len(results) == 1 and results[0].check == "conditioning":
-            cal.skipped.append(case.case_id)
-            continue
-        for r in results:
-            if r.metric in ("norm", "elem"):
-                getattr(cal, r.metric).setdefault(r.tensor, []).append(r.value / r.threshold)
-            elif not r.passed:
-                cal.failures.append(f"{r.case_id} {r.check} {r.tensor} {r.metric} {r.detail}")
-    return cal

@@ -3,14 +3,25 @@
 This is the bottom layer of :mod:`gma_ref.testing`; every other module of the oracle takes
 these names from here (and re-exports some for compatibility). It imports nothing.
 
-The layers, bottom to top (each module imports only from layers below it)::
+The layers, bottom to top (each module imports only from layers below it; the test
+``tests/test_testing_layers.py`` enforces the order)::
 
-    names → declaration → adapters, capture → cases → conditioning → reference, long → compare
-          → calls → report → case_runner → repro, calibration → runner (check, assert_conforms)
-          → scaling, pytest_plugin
+    names                          the vocabulary (this module)
+    declaration, capture           what a kernel declares; capturing what it prints
+    adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
+    cases                          short and layer cases
+    conditioning                   the condition factors κ and λ
+    reference                      the float64 reference of a short or layer case
+    compare                        the metric and the tolerances
+    long                           long cases and their O(N)-memory reference
+    report                         CheckResult, Skip, Report
+    case_runner                    checking one case (an outcome, or "not checkable")
+    repro, calibration, assertions shrinking and case files; calibration; assert_gma_close
+    runner                         check, assert_conforms
+    scaling, pytest_plugin         the complexity check; the pytest plugin
 
-and, apart from the harness, the known-good kernels (``emulated``, ``emulated_layer``,
-``emulated_long``, ``rounding_family``), which import only ``declaration``.
+Apart from the harness stand the known-good kernels (``emulated``, ``emulated_layer``,
+``emulated_long``, ``rounding_family``), which import only ``names``, ``declaration`` and each other.
 """
 
 from __future__ import annotations

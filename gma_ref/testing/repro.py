@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from .calls import CallTimeout, with_timeout
+from .capture import captured_output
+from .case_runner import evaluate_case
 from .cases import Case, admissible_size, case_arrays, constrain_case, layer_case_arrays, tie_head_width
 from .declaration import Declaration
 
@@ -218,8 +221,6 @@ def shrink_and_write(impl: Callable[..., Any], case: Case, decl: Declaration, di
     run: a failure that shrinks to the same shapes and regime is not written again
     (returns ``None``). Raises ``OSError`` when the directory cannot be written.
     """
-    from .capture import captured_output
-    from .runner import _Timeout, _with_timeout, run_case
 
     deadline = time.perf_counter() + budget_s
     stats = {} if stats is None else stats
@@ -233,9 +234,9 @@ def shrink_and_write(impl: Callable[..., Any], case: Case, decl: Declaration, di
         stats["steps"] += 1
         try:
             with captured_output():
-                res, _ = _with_timeout(lambda: run_case(impl, c, decl, vjp=vjp, device=device, xp=xp, contract=True,
-                                                        tolerance=tolerance), limit)
-        except _Timeout:
+                res = with_timeout(lambda: evaluate_case(impl, c, decl, vjp=vjp, device=device, xp=xp, contract=True,
+                                                         tolerance=tolerance), limit).results
+        except CallTimeout:
             stats["hung"] = True
             return False
         except Exception:  # noqa: BLE001 - a case the harness cannot run is not a smaller reproducer

@@ -1,0 +1,222 @@
+"""The oracle's verdict: :class:`CheckResult` (one line), :class:`Skip`, :class:`Report` (all of a run).
+
+A report prints readably (:meth:`Report.format`) and as strict JSON (:meth:`Report.to_json`);
+:attr:`Report.exit_code` is the status the command line exits with (docs/oracle.md, "Exit status").
+:class:`Interrupted` carries the partial report of a run stopped by ``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .capture import MAX_TEXT, truncated
+from .declaration import Declaration
+
+__all__ = ["EXIT_INTERRUPTED", "CheckResult", "json_safe", "Skip", "Report", "Interrupted"]
+
+
+#: :attr:`Report.exit_code` of a run stopped by ``KeyboardInterrupt`` (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class CheckResult:
+    """One line of the report: a check of one tensor (or one contract property) in one case."""
+
+    case_id: str
+    check: str
+    tensor: str
+    metric: str
+    value: float | None
+    threshold: float | None
+    passed: bool
+    worst_index: tuple[int, ...] | None = None
+    worst_actual: float | None = None
+    worst_expected: float | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        # plain Python types only (NumPy scalars would break the JSON report)
+        for name in ("value", "threshold", "worst_actual", "worst_expected"):
+            x = getattr(self, name)
+            if x is not None:
+                setattr(self, name, float(x))
+        self.passed = bool(self.passed)
+        if self.worst_index is not None:
+            self.worst_index = tuple(int(i) for i in self.worst_index)
+        self._full_detail = self.detail  # the report and the JSON keep MAX_TEXT characters, a reproducer all
+        self.detail = truncated(self.detail, MAX_TEXT)
+
+    @property
+    def full_detail(self) -> str:
+        """The detail before truncation to :data:`~gma_ref.testing.capture.MAX_TEXT` characters."""
+        return getattr(self, "_full_detail", self.detail)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (non-finite numbers as the strings ``'nan'``, ``'inf'``, ``'-inf'``)."""
+        d = asdict(self)
+        d["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
+        return json_safe(d)
+
+    def format(self, full: bool = False) -> str:
+        """One readable line (``full``: with the detail before truncation)."""
+        status = "ok  " if self.passed else "FAIL"
+        s = f"  {status} {self.check:<11} {self.tensor:<15} {self.metric:<10}"
+        if self.value is not None:
+            s += f" {self.value:9.3g}"
+            if self.threshold is not None:
+                s += f" <= {self.threshold:9.3g}" if self.passed else f" >  {self.threshold:9.3g}"
+        if self.worst_index is not None:
+            s += f"  worst {list(self.worst_index)}: {self.worst_actual!r} vs {self.worst_expected!r}"
+        detail = self.full_detail if full else self.detail
+        if detail:
+            s += "  " + detail.replace("\n", "\n      ")
+        return s
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NumPy scalars as Python numbers and non-finite floats as strings (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if hasattr(obj, "item") and not hasattr(obj, "__len__"):  # NumPy scalar
+        obj = obj.item()
+    if isinstance(obj, bool):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return float(obj)
+    return str(obj)
+
+
+@dataclass
+class Skip:
+    """Something the harness did not check, and why."""
+
+    what: str
+    reason: str
+    requested: bool = False
+
+
+@dataclass
+class Report:
+    """All results of one :func:`check` run."""
+
+    implementation: str
+    declaration: Declaration
+    dtype: str
+    device: str
+    grad: bool
+    results: list[CheckResult] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    case_ids: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    reference_backend: str = "numpy"
+    mode: str = "attention"
+    reproducers: list[str] = field(default_factory=list)
+    #: What the run itself has to say: shrinking time against its budget, reproducers not written, an interrupt.
+    notes: list[str] = field(default_factory=list)
+    #: case id -> what the implementation printed (stdout and stderr) during that case, truncated.
+    candidate_output: dict[str, str] = field(default_factory=dict)
+    #: The run was stopped by ``KeyboardInterrupt``; the results are those of the cases finished before.
+    interrupted: bool = False
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        """The failed checks."""
+        return [r for r in self.results if not r.passed]
+
+    @property
+    def passed(self) -> bool:
+        """True when at least one check ran and none failed."""
+        return bool(self.results) and not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        """0: all passed; 1: a mismatch (or nothing checked); 2: passed, but something requested was skipped;
+        :data:`EXIT_INTERRUPTED` (130): stopped by ``KeyboardInterrupt``."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        if not self.passed:
+            return 1
+        return 2 if any(s.requested for s in self.skipped) else 0
+
+    def failed_cases(self) -> list[str]:
+        """Ids of the cases with at least one failure, in order."""
+        seen: dict[str, None] = {}
+        for r in self.failures:
+            seen.setdefault(r.case_id, None)
+        return list(seen)
+
+    def format(self, verbose: bool = False) -> str:
+        """Readable report: every failing case in full, passing cases as one line each (all lines if ``verbose``)."""
+        lines = [f"gma-ref check {self.implementation}  " + ("mode=layer " if self.mode == "layer" else "")
+                 + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"]
+        by_case: dict[str, list[CheckResult]] = {}
+        for r in self.results:
+            by_case.setdefault(r.case_id, []).append(r)
+        for cid, rs in by_case.items():
+            bad = [r for r in rs if not r.passed]
+            lines.append(f"{'FAIL' if bad else 'pass'} {cid}  ({len(rs) - len(bad)}/{len(rs)} checks)")
+            for r in rs if (verbose or bad) else []:
+                if verbose or not r.passed:
+                    lines.append(r.format())
+        for s in self.skipped:
+            lines.append(f"skip {s.what}: {s.reason}" + ("  [requested]" if s.requested else ""))
+        for path in self.reproducers:
+            lines.append(f"reproducer {path}\n  re-run: gma-ref check {self.implementation} --case-file {path}")
+        for cid, text in self.candidate_output.items():
+            lines.append(f"output of the implementation during {cid}:\n  | " + text.rstrip().replace("\n", "\n  | "))
+        lines += [f"note {n}" for n in self.notes]
+        if not self.results:
+            why = "; ".join(f"{s.what}: {s.reason}" for s in self.skipped if s.requested)
+            why = why or "; ".join(f"{s.what}: {s.reason}" for s in self.skipped[:3]) or "no case was run"
+            lines.append(f"nothing was checked ({why})")
+        n_fail = len(self.failed_cases())
+        verdict = "INTERRUPTED" if self.interrupted else ("PASS" if self.passed else "FAIL")
+        lines.append(f"{verdict}: {len(by_case) - n_fail}/{len(by_case)} cases passed, {len(self.failures)} failed "
+                     f"checks, {len(self.skipped)} skipped, {self.elapsed_s:.1f} s")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        """Machine-readable report: strict JSON (non-finite numbers as the strings ``'nan'``, ``'inf'``)."""
+        return json.dumps(json_safe({
+            "implementation": self.implementation, "declaration": self.declaration.as_dict(), "mode": self.mode,
+            "dtype": self.dtype,
+            "device": self.device, "grad": self.grad, "passed": self.passed, "exit_code": self.exit_code,
+            "elapsed_s": self.elapsed_s, "reference_backend": self.reference_backend,
+            "failed_cases": self.failed_cases(), "cases": self.case_ids,
+            "results": [r.as_dict() for r in self.results],
+            "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
+            "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
+            "interrupted": self.interrupted,
+        }), indent=1, allow_nan=False)
+
+    def add_output(self, case_id: str, text: str) -> None:
+        """Keep what the implementation printed during ``case_id`` (truncated), if anything."""
+        if text.strip():
+            self.candidate_output[case_id] = truncated(text, MAX_TEXT)
+
+    def raise_if_failed(self) -> None:
+        """``AssertionError`` with the failing lines when anything failed."""
+        if not self.passed:
+            raise AssertionError(self.format())
+
+
+class Interrupted(KeyboardInterrupt):
+    """``KeyboardInterrupt`` raised by :func:`check`; ``.report`` is the partial :class:`Report`."""
+
+    def __init__(self, report: Report) -> None:
+        super().__init__("gma-ref check interrupted")
+        self.report = report
