@@ -1,0 +1,206 @@
+"""gma_ref.testing.triton_interpreter: each workaround repairs what it says, and is still needed.
+
+Every workaround has a pair of assertions on a tiny ``@triton.jit`` kernel run by the interpreter:
+*without* it the interpreter misbehaves as documented (so the test fails, and the workaround can
+be deleted, once Triton fixes the interpreter), and *with* it the kernel gives the value a GPU
+gives. Skipped, with the reason, without triton or torch. ``TRITON_INTERPRET=1`` is set here before
+triton is imported; if triton was imported earlier in this process without it, the tests skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gma_ref.testing.triton_interpreter import WORKAROUNDS, interpreter_workarounds
+
+MISSING = [m for m in ("triton", "torch") if importlib.util.find_spec(m) is None]
+if not MISSING:
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import triton
+    import triton.language as tl
+    from triton import knobs
+
+    INTERPRETING = bool(knobs.runtime.interpret)
+else:  # pragma: no cover - the fresh environment
+    INTERPRETING = False
+
+needs_triton = pytest.mark.skipif(
+    bool(MISSING) or not INTERPRETING,
+    reason=(f"needs {' and '.join(MISSING)}: pip install -e '.[triton]'" if MISSING
+            else "triton was imported before TRITON_INTERPRET=1 was set"))
+
+ROOT = Path(__file__).resolve().parent.parent
+
+if not MISSING:
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})], key=["n"])
+    @triton.jit
+    def copy_autotuned(x, y, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(y + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
+
+    @triton.jit
+    def loop_offsets(y, n_steps):
+        for i in range(0, n_steps):
+            tl.store(y + i, i.to(tl.int64) * 3)
+
+    @triton.jit
+    def dot16(a, b, c, M: tl.constexpr):
+        r = tl.arange(0, M)
+        x = tl.load(a + r[:, None] * M + r[None, :])
+        w = tl.load(b + r[:, None] * M + r[None, :])
+        tl.store(c + r[:, None] * M + r[None, :], tl.dot(x, w))
+
+    @triton.jit
+    def to_bf16(x, y, n: tl.constexpr):
+        r = tl.arange(0, n)
+        tl.store(y + r, tl.load(x + r).to(tl.bfloat16))
+
+    @triton.jit
+    def to_f32(x, y, n: tl.constexpr):
+        r = tl.arange(0, n)
+        tl.store(y + r, tl.load(x + r).to(tl.float32))
+
+    @triton.jit
+    def add_and_less(x, z, s, lt, n: tl.constexpr):
+        r = tl.arange(0, n)
+        a = tl.load(x + r)
+        b = tl.load(z + r)
+        tl.store(s + r, a + b)
+        tl.store(lt + r, (a < b).to(tl.int32))
+
+
+def with_only(names):
+    """The context manager with exactly ``names`` applied."""
+    return interpreter_workarounds(tuple(names))
+
+
+def test_importing_the_module_does_not_import_triton_or_torch():
+    """`gma_ref.testing.triton_interpreter` imports triton/torch only inside its functions."""
+    code = ("import sys, gma_ref.testing.triton_interpreter\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_name_is_refused_naming_the_known_ones():
+    """A misspelt workaround is a ValueError that lists the valid names, before anything is patched."""
+    with pytest.raises(ValueError, match="bf16_dot"), interpreter_workarounds(("bf16-dot",)):
+        pass
+
+
+@needs_triton
+def test_patches_are_undone_on_exit():
+    """Leaving the block restores every patched attribute, also after an exception."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import ASTTransformer, InterpreterBuilder
+
+    names = ("create_dot", "cast_impl", "binary_op", "unary_op", "create_fma")
+    before = [getattr(InterpreterBuilder, n) for n in names] + [Autotuner.prune_configs]
+    assert "visit_For" not in vars(ASTTransformer)
+    with pytest.raises(KeyError), interpreter_workarounds(WORKAROUNDS, tf32=True):
+        assert InterpreterBuilder.create_dot is not before[0] and "visit_For" in vars(ASTTransformer)
+        raise KeyError("inside")
+    assert [getattr(InterpreterBuilder, n) for n in names] + [Autotuner.prune_configs] == before
+    assert "visit_For" not in vars(ASTTransformer)
+
+
+@pytest.mark.skipif(not MISSING and torch.cuda.is_available(), reason="a GPU driver is active: autotuning works")
+@needs_triton
+def test_autotune_needs_a_driver_without_the_workaround():
+    """Without a GPU driver the autotuner fails to benchmark; with the workaround the first config runs."""
+    x = torch.arange(6, dtype=torch.float32)
+    y = torch.zeros(6)
+    with with_only(()), pytest.raises(RuntimeError, match="active drivers"):
+        copy_autotuned[(1,)](x, y, 6)
+    with with_only(("autotune",)):
+        copy_autotuned.cache.clear()
+        copy_autotuned[(1,)](x, y, 6)
+        assert copy_autotuned.best_config.kwargs == {"BLOCK": 4}  # the first config, not a benchmarked one
+    assert y.tolist() == [0.0, 1.0, 2.0, 3.0, 0.0, 0.0]  # BLOCK = 4 copies four elements
+
+
+@needs_triton
+def test_loop_variable_is_a_python_int_without_the_workaround():
+    """`for i in range(n)` binds an int (so `i.to(tl.int64)` raises); with the workaround, a tensor."""
+    y = torch.zeros(4, dtype=torch.int64)
+    with with_only(()), pytest.raises(Exception, match="to"):
+        loop_offsets[(1,)](y, 4)
+    with with_only(("loop_tensors",)):
+        loop_offsets[(1,)](y, 4)
+    assert y.tolist() == [0, 3, 6, 9]
+
+
+@needs_triton
+def test_bf16_dot_multiplies_bit_patterns_without_the_workaround():
+    """triton#11584: a bfloat16 dot of small integers is off by ~1e10; with the workaround it is exact."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(-2, 3, (16, 16), generator=g).to(torch.bfloat16) for _ in range(2))
+    expected = a.float() @ b.float()
+    c = torch.zeros(16, 16)
+    with with_only(()):
+        dot16[(1,)](a, b, c, M=16)
+    assert (c - expected).abs().max().item() > 1e6
+    with with_only(("bf16_dot",)):
+        dot16[(1,)](a, b, c, M=16)
+    assert torch.equal(c, expected)
+
+
+@needs_triton
+def test_bf16_casts_truncate_and_lose_subnormals_without_the_workaround():
+    """float32 → bfloat16 truncates (1 + 3·2⁻⁹ → 1, not 1 + 2⁻⁷); bfloat16 → float32 loses subnormals."""
+    x = torch.tensor([1 + 3 * 2.0**-9, -(1 + 3 * 2.0**-9), 2.0**-130, 1.0], dtype=torch.float32)
+    y = torch.zeros(4, dtype=torch.bfloat16)
+    sub = torch.tensor([2.0**-130, -(2.0**-128 + 2.0**-132), 1e-38, 3.0], dtype=torch.bfloat16)
+    w = torch.zeros(4)
+    with with_only(()):
+        to_bf16[(1,)](x, y, n=4)
+        to_f32[(1,)](sub, w, n=4)
+    assert y[0].item() == 1.0 and not torch.equal(y, x.to(torch.bfloat16))
+    assert not torch.equal(w, sub.float())
+    with with_only(("bf16_casts",)):
+        to_bf16[(1,)](x, y, n=4)
+        to_f32[(1,)](sub, w, n=4)
+    assert torch.equal(y, x.to(torch.bfloat16))  # torch rounds to nearest even
+    assert torch.equal(w, sub.float())
+
+
+@needs_triton
+def test_bf16_arithmetic_runs_on_bit_patterns_without_the_workaround():
+    """triton#10919: bfloat16 2.5 + 2.0 is not 4.5 and −5 < −2 is false; with the workaround both are right."""
+    a = torch.tensor([2.5, -5.0, 1.0, 3.0], dtype=torch.bfloat16)
+    b = torch.tensor([2.0, -2.0, 2.0**-8, -3.0], dtype=torch.bfloat16)
+    s = torch.zeros(4, dtype=torch.bfloat16)
+    lt = torch.zeros(4, dtype=torch.int32)
+    with with_only(("bf16_casts",)):
+        add_and_less[(1,)](a, b, s, lt, n=4)
+    assert s[0].item() != 4.5 and lt[1].item() == 0
+    with with_only(("bf16_casts", "bf16_arithmetic")):
+        add_and_less[(1,)](a, b, s, lt, n=4)
+    assert torch.equal(s, a + b)  # torch's bfloat16 add: float32, rounded to nearest even
+    assert lt.tolist() == (a < b).int().tolist()
+
+
+@needs_triton
+def test_float32_dot_ignores_tf32_and_the_emulation_rounds_to_10_bits():
+    """The interpreter's float32 `tl.dot` is exact float32 despite input_precision='tf32' (so the
+    emulation is needed to see TF32); emulated, each operand is rounded to 10 mantissa bits."""
+    m = 16
+    a = torch.full((m, m), 1 + 2.0**-12)  # not representable in TF32: rounds to 1
+    b = torch.eye(m)
+    c = torch.zeros(m, m)
+    with with_only(()):
+        dot16[(1,)](a, b, c, M=m)
+    assert torch.equal(c, a)
+    with interpreter_workarounds((), tf32=True):
+        dot16[(1,)](a, b, c, M=m)
+    assert torch.equal(c, torch.ones(m, m))
