@@ -127,10 +127,10 @@ def unavailable() -> str | None:
     return None
 
 
-def worst_ratio(report: Any) -> float:
-    """The largest value/threshold over the report's numeric checks (> 1 means a failure)."""
+def worst_ratio(report: Any, case_id: str | None = None) -> float:
+    """The largest value/threshold over the report's numeric checks (of one case if given; > 1 is a failure)."""
     ratios = [r.value / r.threshold for r in report.results
-              if r.value is not None and r.threshold not in (None, 0.0)]
+              if r.value is not None and r.threshold not in (None, 0.0) and case_id in (None, r.case_id)]
     return max(ratios, default=float("nan"))
 
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.verbose:
                 print(report.format())
             else:
-                print("  failing: " + ", ".join(report.failed_cases()))
+                print("  failing: " + ", ".join(f"{c} ({worst_ratio(report, c):.3g})" for c in report.failed_cases()))
     print(f"{len(rows) - failed}/{len(rows)} checks passed in {time.perf_counter() - t0:.1f} s")
     return 1 if failed else 0
 
