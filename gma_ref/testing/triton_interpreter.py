@@ -228,8 +228,9 @@ def bf16_value_arithmetic() -> Undo:
     (triton#10919; the fix, triton#10945, was closed unmerged). Patched: bfloat16 operands are
     widened to float32, the op runs there, and a floating result is rounded to nearest even (a
     comparison's boolean result is kept). A GPU computes bfloat16 add/mul the same way (one
-    rounding per op). Not covered: reductions and scans of bfloat16 (``tl.sum``, ``tl.cumsum``) —
-    cast to float32 first, as fla's kernels do.
+    rounding per op). Not covered (they bypass these three methods): reductions and scans of
+    bfloat16 (``tl.sum``, ``tl.cumsum``), ``erf``, ``rsqrt`` and ``clamp`` — cast to float32 first,
+    as fla's kernels do — and casts with an explicit ``fp_downcast_rounding``.
     """
     import triton.language as tl
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
