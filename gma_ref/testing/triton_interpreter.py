@@ -71,8 +71,8 @@ def _set(owner: Any, name: str, value: Any) -> Undo:
 
 # ---- bfloat16 <-> float32 on the interpreter's uint16 storage ---------------------------------------------
 # bfloat16 is the top half of a float32: widening is a shift (exact, subnormals included); narrowing
-# adds 0x7FFF plus the lowest kept bit, then shifts (round to nearest, ties to even). A NaN stays a
-# (quiet) NaN instead of rounding into Inf.
+# adds 0x7FFF plus the lowest kept bit, then shifts (round to nearest, ties to even). A NaN becomes
+# the quiet NaN 0x7FC0 instead of rounding into Inf.
 
 def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
@@ -82,8 +82,7 @@ def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     b = x.view(np.uint32)
     rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    quiet_nan = (b >> np.uint32(16)) | np.uint32(0x0040)
-    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint32(0x7FC0), rounded).astype(np.uint16)
 
 
 def _is_bf16(handle: Any) -> bool:
