@@ -167,23 +167,17 @@ def bf16_dot() -> Undo:
     Reason: the interpreter stores bfloat16 as ``uint16`` and ``InterpreterBuilder.create_dot``
     converts only 8-bit float operands before ``np.matmul``, so a bfloat16 dot multiplies the
     raw 16-bit integers (values around 1e10 for inputs in [-2, 2]): triton#11584 (closed: "we
-    just don't support it yet"). Patched: bfloat16 operands are widened (exactly) to float32 first;
-    a bfloat16 accumulator is widened and the result rounded back to nearest even. The products
-    of two bfloat16 values are exact in float32, as on a GPU's tensor cores.
+    just don't support it yet"). Patched: bfloat16 operands are widened (exactly) to float32 first
+    (the accumulator of a bfloat16 dot is float32: Triton refuses ``out_dtype=tl.bfloat16``). The
+    products of two bfloat16 values are exact in float32, as on a GPU's tensor cores.
     """
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    from triton.runtime.interpreter import InterpreterBuilder
 
     dot = InterpreterBuilder.create_dot
 
     def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
-        if not (_is_bf16(a) or _is_bf16(b) or _is_bf16(d)):
-            return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-        a, b = (_as_f32(h) if _is_bf16(h) else h for h in (a, b))
-        if not _is_bf16(d):
-            return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-        out = dot(self, a, b, _as_f32(d), input_precision, max_num_imprecise_acc)
-        return TensorHandle(_f32_to_bf16(out.data), tl.bfloat16)
+        a, b = (_as_f32(h) if _is_bf16(h) else h for h in (a, b))  # d is float32: Triton refuses a bf16 out_dtype
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     return _set(InterpreterBuilder, "create_dot", create_dot)
 
