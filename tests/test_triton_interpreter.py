@@ -80,6 +80,18 @@ if not MISSING:
         tl.store(y + r, tl.load(x + r).to(tl.float32))
 
     @triton.jit
+    def bf16_to_others(x, yi, yd, n: tl.constexpr):
+        r = tl.arange(0, n)
+        b = tl.load(x + r)
+        tl.store(yi + r, b.to(tl.int32))
+        tl.store(yd + r, b.to(tl.float64))
+
+    @triton.jit
+    def int_to_bf16(x, y, n: tl.constexpr):
+        r = tl.arange(0, n)
+        tl.store(y + r, tl.load(x + r).to(tl.bfloat16))
+
+    @triton.jit
     def add_and_less(x, z, s, lt, n: tl.constexpr):
         r = tl.arange(0, n)
         a = tl.load(x + r)
@@ -200,6 +212,24 @@ def test_bf16_casts_truncate_and_lose_subnormals_without_the_workaround():
     assert y[finite].view(torch.int16).tolist() == x[finite].to(torch.bfloat16).view(torch.int16).tolist()
     assert y[~finite].view(torch.int16).tolist() == [0x7FC0]  # a quiet NaN (PyTorch's is 0xFFFF: any NaN will do)
     assert torch.equal(w, sub.float())
+
+
+@needs_triton
+def test_integer_to_bf16_cast_keeps_the_bit_pattern_without_the_workaround():
+    """int32 → bfloat16 makes the integer the bit pattern (3 → 2.8e-45); with the workaround it goes
+    through float32 (257 → 256 by ties to even, as PyTorch), and bfloat16 → int32/float64 stays right."""
+    b = torch.tensor([3.5, -2.0, 256.0, 1e-3], dtype=torch.bfloat16)
+    yi, yd = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.float64)
+    ints = torch.tensor([3, 257, -5, 1000], dtype=torch.int32)
+    yb = torch.zeros(4, dtype=torch.bfloat16)
+    with with_only(()):
+        int_to_bf16[(1,)](ints, yb, n=4)
+    assert yb.view(torch.int16)[0].item() == 3  # the integer 3 became the bit pattern 0x0003
+    with with_only(("bf16_casts",)):
+        bf16_to_others[(1,)](b, yi, yd, n=4)
+        int_to_bf16[(1,)](ints, yb, n=4)
+    assert yi.tolist() == b.to(torch.int32).tolist() and torch.equal(yd, b.double())
+    assert torch.equal(yb, ints.to(torch.bfloat16))
 
 
 @needs_triton

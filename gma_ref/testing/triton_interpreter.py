@@ -15,7 +15,8 @@ name                  what the interpreter does (Triton 3.9.0) and what the work
 ``bf16_dot``          ``tl.dot`` on bfloat16 multiplies the raw 16-bit patterns (stored as
                       ``uint16``; triton#11584). → multiply the values in float32.
 ``bf16_casts``        float32 → bfloat16 truncates instead of rounding to nearest even;
-                      bfloat16 → float32 loses subnormals. → exact, round-to-nearest-even.
+                      bfloat16 → float32 loses subnormals; an integer cast to bfloat16
+                      becomes the bit pattern. → exact, round-to-nearest-even.
 ``bf16_arithmetic``   elementwise ops and comparisons on bfloat16 run on the bit patterns
                       (triton#10919). → compute in float32, round the result to bfloat16.
 ====================  ==========================================================================
@@ -187,11 +188,11 @@ def bf16_rounding_casts() -> Undo:
 
     Reason: ``InterpreterBuilder.cast_impl`` converts float32 ↔ bfloat16 with ``_convert_float``
     and no rounding mode, which truncates the mantissa (a GPU's ``cvt.rn.bf16.f32`` rounds to
-    nearest even) and mis-normalises bfloat16 subnormals on the way up; casts between bfloat16 and
-    any other type use ``astype`` on the bit pattern. No upstream issue found (the interpreter's
-    documentation says bfloat16 is unsupported). Patched: ``cast_impl`` goes through float32 —
-    bfloat16 → float32 is a shift, float32 → bfloat16 rounds to nearest even (a float64 or
-    integer source is rounded twice, via float32).
+    nearest even) and mis-normalises bfloat16 subnormals on the way up; an integer or float64 cast
+    to bfloat16 uses ``astype(uint16)``, so the value becomes the bit pattern (3 → 2.8e-45). No
+    upstream issue found (the interpreter's documentation says bfloat16 is unsupported). Patched:
+    ``cast_impl`` goes through float32 — bfloat16 → float32 is a shift, float32 → bfloat16 rounds to
+    nearest even (a float64 or integer source is rounded twice, via float32).
     """
     import triton.language as tl
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
@@ -199,13 +200,10 @@ def bf16_rounding_casts() -> Undo:
     cast = InterpreterBuilder.cast_impl
 
     def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
-        src_bf16, dst_bf16 = src.dtype.scalar == tl.bfloat16, dst_type.scalar == tl.bfloat16
-        if src_bf16 and dst_bf16:
-            return TensorHandle(src.data.copy(), tl.bfloat16)
-        if src_bf16:
+        if src.dtype.scalar == tl.bfloat16:  # Triton's semantic routes bfloat16 -> any type through float32
             wide = _as_f32(src)
             return wide if dst_type.scalar == tl.float32 else cast(self, wide, dst_type)
-        if dst_bf16:
+        if dst_type.scalar == tl.bfloat16:
             wide = src if src.dtype.scalar == tl.float32 else cast(self, src, tl.float32)
             return TensorHandle(_f32_to_bf16(wide.data), tl.bfloat16)
         return cast(self, src, dst_type)
