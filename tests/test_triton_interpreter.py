@@ -13,6 +13,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,13 @@ if not MISSING:
         tl.store(y + r, tl.load(x + r).to(tl.bfloat16))
 
     @triton.jit
-    def add_and_less(x, z, s, lt, n: tl.constexpr):
+    def add_and_less(x, z, s, lt, f, e, n: tl.constexpr):
         r = tl.arange(0, n)
         a = tl.load(x + r)
         b = tl.load(z + r)
         tl.store(s + r, a + b)
+        tl.store(f + r, tl.fma(a, b, a))
+        tl.store(e + r, -b)
         tl.store(lt + r, (a < b).to(tl.int32) * (r + 1))  # integer arithmetic: left to the interpreter
 
 
@@ -234,17 +237,22 @@ def test_integer_to_bf16_cast_keeps_the_bit_pattern_without_the_workaround():
 
 @needs_triton
 def test_bf16_arithmetic_runs_on_bit_patterns_without_the_workaround():
-    """triton#10919: bfloat16 2.5 + 2.0 is not 4.5 and −5 < −2 is false; with the workaround both are right."""
+    """triton#10919: bfloat16 2.5 + 2.0 is not 4.5 and −5 < −2 is false; with the workaround +, <, fma (one
+    rounding) and negation agree with PyTorch."""
     a = torch.tensor([2.5, -5.0, 1.0, 3.0], dtype=torch.bfloat16)
     b = torch.tensor([2.0, -2.0, 2.0**-8, -3.0], dtype=torch.bfloat16)
     s = torch.zeros(4, dtype=torch.bfloat16)
     lt = torch.zeros(4, dtype=torch.int32)
-    with with_only(("bf16_casts",)):
-        add_and_less[(1,)](a, b, s, lt, n=4)
+    f, e = torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16)
+    with with_only(("bf16_casts",)), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the fma of two bit patterns overflows uint16
+        add_and_less[(1,)](a, b, s, lt, f, e, n=4)
     assert s[0].item() != 4.5 and lt[1].item() == 0
     with with_only(("bf16_casts", "bf16_arithmetic")):
-        add_and_less[(1,)](a, b, s, lt, n=4)
+        add_and_less[(1,)](a, b, s, lt, f, e, n=4)
     assert torch.equal(s, a + b)  # torch's bfloat16 add: float32, rounded to nearest even
+    assert torch.equal(f, (a.float() * b.float() + a.float()).to(torch.bfloat16))  # one rounding
+    assert torch.equal(e, -b)
     assert lt.tolist() == ((a < b).int() * torch.arange(1, 5)).tolist()
 
 
