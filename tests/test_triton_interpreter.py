@@ -125,6 +125,14 @@ def test_unknown_name_is_refused_naming_the_known_ones():
 
 
 @needs_triton
+def test_refused_when_triton_is_not_interpreting(monkeypatch: pytest.MonkeyPatch):
+    """Outside interpreter mode the workarounds would patch nothing that runs: a RuntimeError says so."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"), interpreter_workarounds():
+        pass
+
+
+@needs_triton
 def test_patches_are_undone_on_exit():
     """Leaving the block restores every patched attribute, also after an exception."""
     from triton.runtime.autotuner import Autotuner
@@ -164,6 +172,8 @@ def test_loop_variable_is_a_python_int_without_the_workaround():
     with with_only(("loop_tensors",)):
         loop_offsets[(1,)](y, 4)
     assert y.tolist() == [0, 3, 6, 9]
+    with with_only(()), pytest.raises(Exception, match="has no attribute 'to'"):  # undone: no rewrite survives
+        loop_offsets[(1,)](y, 4)
 
 
 @needs_triton
