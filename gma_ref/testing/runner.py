@@ -513,10 +513,13 @@ def check(
         :func:`~gma_ref.testing.cases.generate_layer_cases`), gradients
         ``d_x``, ``d_y`` (cross), ``d_w_q`` … ``d_prior_logits``. A mode that differs from the
         declared one is skipped (requested), so nothing is checked and the run fails.
-    scale : ``'short'`` or ``'long'``
+    scale : ``'short'``, ``'long'`` or ``'scaling'``
         ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.long.long_cases`
         (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
         the sum-length term in ν (docs/oracle.md, "Long sequences"). Ignored when ``cases`` is given.
+        ``'scaling'``: no accuracy check; the growth of peak memory and time with N (up to ``n_max``) and
+        with the width K = d_v, each size in a child process, fitted and judged on memory
+        (:mod:`~gma_ref.testing.scaling`, docs/oracle.md "Scaling check").
     timeout : float, optional
         Seconds one case (all its calls) may take. A case that takes longer fails
         ("timeout") and the remaining cases are not run (listed as skipped); the
@@ -608,8 +611,10 @@ def check(
     if not decl.returns_state and mode == "attention":
         report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
     layer = mode == "layer"
-    if scale not in ("short", "long"):
-        raise ValueError(f"scale must be 'short' or 'long', got {scale!r}")
+    if scale not in ("short", "long", "scaling"):
+        raise ValueError(f"scale must be 'short', 'long' or 'scaling', got {scale!r}")
+    if scale == "scaling":
+        return _scaling(impl, decl, report, variants, vjp, the_vjp is not None, n_max or decl.n_max, timeout, t0)
     if cases is None and scale == "long":
         cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
     if cases is None:
@@ -656,6 +661,28 @@ def check(
                                     xp=xp, tolerance=tolerance, timeout=timeout, written=written)
             if path is not None:
                 report.reproducers.append(path)
+    report.elapsed_s = time.perf_counter() - t0
+    return report
+
+
+def _scaling(impl: Callable[..., Any], decl: Declaration, report: Report, variants: Sequence[str] | None,
+             vjp: Any, grad: bool, n_max: int | None, timeout: float | None, t0: float) -> Report:
+    """``scale='scaling'``: the memory and time sweeps of :mod:`~gma_ref.testing.scaling` as report lines."""
+    from .scaling import MEMORY_EXPONENT_MAX, run_sweeps
+
+    if report.mode == "layer" or any(s.requested for s in report.skipped):
+        report.skipped.append(Skip("scaling", "attention mode with a declared dtype, device and mode only",
+                                   requested=True))
+        return report
+    for sw, detail in run_sweeps(impl, decl, variants=tuple(v for v in variants or () if v in decl.variants),
+                                 dtype=report.dtype, device=report.device, grad=grad, vjp=vjp, n_max=n_max,
+                                 timeout=timeout):
+        cid = f"scaling-{sw.variant}-{sw.name}"
+        report.case_ids.append(cid)
+        report.results += [
+            CheckResult(cid, "scaling", "memory", "exponent", sw.memory_exponent, MEMORY_EXPONENT_MAX, sw.passed,
+                        detail="\n" + detail),
+            CheckResult(cid, "scaling", "time", "exponent", sw.time_exponent, None, True, detail=sw.time_claim)]
     report.elapsed_s = time.perf_counter() - t0
     return report
 
