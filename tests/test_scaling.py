@@ -94,3 +94,29 @@ def test_scaling_refuses_a_bad_request():
     assert not rep.passed and rep.exit_code == 1
     with pytest.raises(ValueError, match="scale must be"):
         check(LinearKernel(), scale="huge")
+
+
+def test_cli_scaling_flag_dispatches_and_prints_the_table(monkeypatch, capsys):
+    """`gma-ref check ... --scaling --n-max N` calls check(scale='scaling') with the declared n_max N and prints
+    every line (the tables), exiting with the report's status."""
+    import gma_ref.testing
+    from gma_ref.check_cli import main
+    from gma_ref.testing import Report
+
+    seen = {}
+
+    def fake_check(impl, declaration, **kw):
+        seen.update(kw, n_max=declaration.n_max if declaration else None)
+        rep = Report("x", declaration or impl.gma_declaration, "float32", "cpu", False)
+        from gma_ref.testing import CheckResult
+
+        rep.results.append(CheckResult("scaling-causal-length", "scaling", "memory", "exponent", 2.0, 1.5, False,
+                                       detail="\n  table line"))
+        return rep
+
+    monkeypatch.setattr(gma_ref.testing, "check", fake_check)
+    assert main(["tests.scaling_impls:LinearKernel", "--scaling", "--n-max", "4096", "-q"]) == 1
+    assert seen["scale"] == "scaling" and seen["n_max"] == 4096
+    assert "table line" in capsys.readouterr().out
+    main(["tests.scaling_impls:LinearKernel", "--long", "-q"])
+    assert seen["scale"] == "long"
