@@ -220,3 +220,34 @@ def test_plugin_module_imports_no_framework():
             "print([m for m in ('torch', 'jax', 'cupy', 'triton') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_helper_maps_cases_to_the_declared_constraints():
+    """A kernel built for fixed ε and shape multiples gets exactly check()'s constrained cases, and each passes
+    through check_case; without its declaration the same kernel fails them."""
+    from gma_ref.testing import check
+    from gma_ref.testing.pytest_plugin import check_case, gma_case_list
+
+    from .planted_impls import ConstrainedKernel, constrained_kernel
+
+    kern = constrained_kernel()
+    lst = gma_case_list(kern, variants=("causal",), grad=True)
+    assert [c.case_id for c in lst] == check(kern, variants=("causal",), grad=True).case_ids
+    assert all(c.case.eps == 1e-10 and c.case.n_q % 16 == 0 for c in lst)
+    assert any(c.case.n_q == 112 and 112 % c.case.chunk_size for c in lst)  # N = 100, C = 7: still not dividing
+    for c in lst[:3]:
+        assert check_case(kern, c).passed
+    bare = ConstrainedKernel("float32")
+    with pytest.raises(AssertionError, match="raised"):
+        check_case(bare, gma_case_list(bare, variants=("causal",))[0])
+
+
+def test_helper_gradients_follow_the_request_and_the_declaration():
+    """grad=None: gradients when declared; grad=False: none; a kernel declaring none gets none."""
+    from gma_ref.testing import Declaration
+    from gma_ref.testing.pytest_plugin import gma_case_list
+
+    k = NumpyKernel("float32")
+    assert all(c.grad for c in gma_case_list(k, variants=("cross",)))
+    assert not any(c.grad for c in gma_case_list(k, variants=("cross",), grad=False))
+    assert not any(c.grad for c in gma_case_list(k, Declaration(variants=("cross",)), variants=("cross",)))
