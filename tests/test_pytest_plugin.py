@@ -111,7 +111,7 @@ def test_xfail_file_is_strict(pytester):
     result = pytester.runpytest(*PLUGIN, "--gma-impl", BAD, "--gma-variant", "causal", "--gma-xfail", str(xfail),
                                 "-rx")
     result.assert_outcomes(xfailed=len(bad_ids), failed=1, passed=11 - len(bad_ids) - 1)
-    result.stdout.fnmatch_lines([f"*_ gma-ref::{good_id} _*", "[[]XPASS(strict)[]]*",
+    result.stdout.fnmatch_lines([f"*_ gma-ref::{good_id} _*", "[[]XPASS(strict)[]] known failure listed in *known.txt",
                                  "*1 id(s) match no collected case: causal-no-such-case*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     xfail.write_text("\n".join(bad_ids) + "\n")
@@ -240,6 +240,8 @@ def test_helper_maps_cases_to_the_declared_constraints():
     bare = ConstrainedKernel("float32")
     with pytest.raises(AssertionError, match="raised"):
         check_case(bare, gma_case_list(bare, variants=("causal",))[0])
+    carried = gma_case_list(bare, kern.gma_declaration, variants=("causal",))[0]  # the declaration travels along
+    assert carried.declaration is kern.gma_declaration and check_case(bare, carried).passed
 
 
 def test_helper_gradients_follow_the_request_and_the_declaration():
@@ -251,3 +253,56 @@ def test_helper_gradients_follow_the_request_and_the_declaration():
     assert all(c.grad for c in gma_case_list(k, variants=("cross",)))
     assert not any(c.grad for c in gma_case_list(k, variants=("cross",), grad=False))
     assert not any(c.grad for c in gma_case_list(k, Declaration(variants=("cross",)), variants=("cross",)))
+
+
+def test_helper_case_sets_follow_every_option():
+    """long, n_cases and seed give check()'s own sets (same ids); undeclared variants or devices are refused."""
+    from gma_ref.testing import VARIANTS, Declaration, generate_cases
+    from gma_ref.testing.long import long_cases
+    from gma_ref.testing.pytest_plugin import gma_case_list
+
+    k64 = NumpyKernel("float64")
+    got = [c.case_id for c in gma_case_list(k64, long=True, n_max=4096, seed=3)]
+    assert got == [c.case_id for c in long_cases(VARIANTS, dtype="float64", seed=3, n_max=4096)]
+    assert max(c.case.n_k for c in gma_case_list(k64, long=True)) == 131072
+    got = [c.case_id for c in gma_case_list(k64, n_cases=5, seed=2)]
+    assert got == [c.case_id for c in default_cases(dtype="float64", seed=2)
+                   + generate_cases(5, variants=VARIANTS, dtype="float64", seed=3)]
+    causal_only = Declaration(variants=("causal",), dtypes=("float64",))
+    with pytest.raises(ValueError, match="variant cross: not declared"):
+        gma_case_list(k64, causal_only, variants=("cross",))
+    with pytest.raises(ValueError, match="device cuda"):
+        gma_case_list(k64, device="cuda")
+
+
+def test_check_case_runs_the_case_as_described():
+    """check_case checks exactly its case, with its dtype, gradients and contract flag; a timeout, a full
+    traceback and an unconditionable case (skipped with the reason) behave as in check()."""
+    from gma_ref.testing import Declaration
+    from gma_ref.testing.pytest_plugin import check_case, gma_case_list
+
+    k = NumpyKernel("float64")
+    two = Declaration(dtypes=("float32", "float64"), grad=True)
+    lst = gma_case_list(k, two, dtype="float64", variants=("cross",))
+    first, second = check_case(k, lst[0]), check_case(k, lst[1])
+    assert first.case_ids == [lst[0].case_id] and first.dtype == "float64" and first.grad
+    assert any(r.check == "determinism" for r in first.results)
+    assert not any(r.check == "determinism" for r in second.results)
+    with pytest.raises(AssertionError, match="timeout"):
+        check_case(k, lst[0], timeout=1e-6)
+    bad = StrictCausalMask()
+
+    def raising(*args, **kw):
+        raise RuntimeError("kernel exploded")
+
+    raising.gma_declaration = bad.gma_declaration
+    case = gma_case_list(raising, variants=("causal",), grad=False)[0]
+    with pytest.raises(AssertionError, match="kernel exploded") as short:
+        check_case(raising, case)
+    assert "Traceback (most recent call last)" not in str(short.value)
+    with pytest.raises(AssertionError, match="Traceback [(]most recent call last[)]"):
+        check_case(raising, case, full_traceback=True)
+    k16 = NumpyKernel("float16")
+    ill = next(c for c in gma_case_list(k16, variants=("causal",), grad=False) if c.case.n_q == 1)
+    with pytest.raises(pytest.skip.Exception, match="not checkable"):
+        check_case(k16, ill)
