@@ -306,3 +306,29 @@ def test_check_case_runs_the_case_as_described():
     ill = next(c for c in gma_case_list(k16, variants=("causal",), grad=False) if c.case.n_q == 1)
     with pytest.raises(pytest.skip.Exception, match="not checkable"):
         check_case(k16, ill)
+
+
+def test_command_line_options_reach_the_case_list(pytester):
+    """Each --gma-* option changes the collected ids as gma_case_list's keyword does; refusals are usage errors."""
+    from gma_ref.testing.pytest_plugin import gma_case_list
+
+    pytester.makepyfile(kern="from gma_ref.testing import NumpyKernel, Declaration\nk64 = NumpyKernel('float64')\n"
+                             "fwd = NumpyKernel('float64')\nfwd.gma_declaration = Declaration(dtypes=('float64',))\n")
+    k64 = NumpyKernel("float64")
+
+    def ids(*opts):
+        res = pytester.runpytest(*PLUGIN, "--gma-impl", "kern:k64", "--collect-only", "-q", *opts)
+        return [ln.removeprefix("gma-ref::") for ln in res.stdout.lines if ln.startswith("gma-ref::")], res
+
+    got, res = ids("--gma-variant", "cross", "--gma-cases", "2", "--gma-seed", "4")
+    assert got == [c.case_id for c in gma_case_list(k64, variants=("cross",), n_cases=2, seed=4)]
+    got, _ = ids("--gma-long", "--gma-n-max", "4096", "--gma-variant", "causal")
+    assert got == [c.case_id for c in gma_case_list(k64, variants=("causal",), long=True, n_max=4096)]
+    for opts, why in ((("--gma-mode", "layer"), "mode layer"), (("--gma-device", "cuda"), "device cuda"),
+                      (("--gma-impl", "kern:fwd", "--gma-grad"), "gradients: not declared"),
+                      (("--gma-impl", "no_such_module:fn"), "cannot load it")):
+        res = pytester.runpytest(*PLUGIN, "--gma-impl", "kern:k64", *opts)
+        assert res.ret == pytest.ExitCode.USAGE_ERROR and why in res.stderr.str(), (opts, res.stderr.str())
+    res = pytester.runpytest(*PLUGIN, "--gma-impl", "kern:k64", "-k", "cross and s0", "--gma-timeout", "1e-6")
+    res.assert_outcomes(failed=1, deselected=28)
+    res.stdout.fnmatch_lines(["gma-ref: conformance cases of kern:k64 (items gma-ref::<case id>)", "*timeout*"])
