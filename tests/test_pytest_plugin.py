@@ -288,6 +288,8 @@ def test_check_case_runs_the_case_as_described():
     assert first.case_ids == [lst[0].case_id] and first.dtype == "float64" and first.grad
     assert any(r.check == "determinism" for r in first.results)
     assert not any(r.check == "determinism" for r in second.results)
+    nograd = gma_case_list(k, two, dtype="float64", variants=("cross",), grad=False)[0]
+    assert not check_case(k, nograd).grad
     with pytest.raises(AssertionError, match="timeout"):
         check_case(k, lst[0], timeout=1e-6)
     bad = StrictCausalMask()
