@@ -3,7 +3,7 @@
 ::
 
     gma-ref check package.module:function --variant causal --dtype float32 [--device cuda] [--grad]
-                  [--mode layer] [--cases N] [--seed S] [--json] [--verbose] [--timeout S]
+                  [--mode layer] [--cases N] [--seed S] [--long | --scaling] [--json] [--verbose] [--timeout S]
                   [--traceback] [--repro DIR | --no-repro] [--case-file FILE]
                   [--eps E] [--eps-sigma E] [--n-multiple M] [--n-max M] [--k-multiple M] [--k-max M]
                   [--d-multiple M] [--d-max M] [--tied-head-width]
@@ -95,6 +95,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the case generator")
     p.add_argument("--long", action="store_true",
                    help="long-sequence mode: N = 4096, 32768, 131072 (up to --n-max), O(N)-memory reference")
+    p.add_argument("--scaling", action="store_true",
+                   help="complexity check: peak memory and time against N (1024 ... 65536, up to --n-max) and the "
+                        "width K = d_v, each size in a child process; super-linear memory fails")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")
     p.add_argument("--no-contract", dest="contract", action="store_false",
@@ -270,7 +273,8 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
             timeout=getattr(args, "timeout", 0.0) or None, full_traceback=getattr(args, "traceback", False),
             repro=repro, case_file=getattr(args, "case_file", None),
             progress=None if getattr(args, "quiet", False) else _Progress(),
-            scale="long" if getattr(args, "long", False) else "short")
+            scale="scaling" if getattr(args, "scaling", False) else "long" if getattr(args, "long", False)
+            else "short")
     except Interrupted as exc:
         report = exc.report
     except (TypeError, ValueError) as exc:
@@ -279,7 +283,8 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
         return 1, _failure(args, 1, "the harness failed", exc)
     if note:
         report.notes.append(note)
-    return report.exit_code, report.to_json() if args.json else report.format(verbose=args.verbose)
+    verbose = args.verbose or getattr(args, "scaling", False)  # a scaling report is its sweeps' tables
+    return report.exit_code, report.to_json() if args.json else report.format(verbose=verbose)
 
 
 def run_check(args: argparse.Namespace) -> int:

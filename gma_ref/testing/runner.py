@@ -107,10 +107,13 @@ def check(
         :func:`~gma_ref.testing.cases.generate_layer_cases`), gradients
         ``d_x``, ``d_y`` (cross), ``d_w_q`` … ``d_prior_logits``. A mode that differs from the
         declared one is skipped (requested), so nothing is checked and the run fails.
-    scale : ``'short'`` or ``'long'``
+    scale : ``'short'``, ``'long'`` or ``'scaling'``
         ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.long.long_cases`
         (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
         the sum-length term in ν (docs/oracle.md, "Long sequences"). Ignored when ``cases`` is given.
+        ``'scaling'``: no accuracy check; the growth of peak memory and time with N (up to ``n_max``) and
+        with the width K = d_v, each size in a child process, fitted and judged on memory
+        (:mod:`~gma_ref.testing.scaling`, docs/oracle.md "Scaling check").
     timeout : float, optional
         Seconds one case (all its calls) may take. A case that takes longer fails
         ("timeout") and the remaining cases are not run (listed as skipped); the
@@ -148,6 +151,8 @@ def check(
     """
     t0 = time.perf_counter()
     _validate_request(impl, declaration, variants, dtype, device, mode, n_cases, timeout)
+    if scale not in ("short", "long", "scaling"):
+        raise ValueError(f"scale must be 'short', 'long' or 'scaling', got {scale!r}")
     if repro is not None:
         check_writable_dir(repro, "repro")
     file_case = None
@@ -160,6 +165,8 @@ def check(
         grad = file_case.grad if grad is None else grad
         cases = [file_case.case]
     report, decl, active, xp, the_vjp = _plan(impl, declaration, vjp, variants, dtype, device, grad, mode, name)
+    if scale == "scaling":
+        return _scaling(impl, decl, report, variants, the_vjp, the_vjp is not None, n_max or decl.n_max, timeout, t0)
     case_list = _case_list(report, decl, active, cases, n_cases, seed, scale, n_max, file_case is not None)
     if file_case is not None:
         _explain_file_case(report, file_case, case_file, case_list)
@@ -274,8 +281,6 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
     dtype, layer = report.dtype, report.mode == "layer"
     if not decl.returns_state and not layer:
         report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
-    if scale not in ("short", "long"):
-        raise ValueError(f"scale must be 'short' or 'long', got {scale!r}")
     if cases is None and scale == "long" and layer:
         report.skipped.append(Skip("long cases", "long-sequence cases exist for attention mode only (a layer's "
                                    "long sequences are its attention's: check that with mode='attention')",
@@ -335,6 +340,28 @@ def _run_cases(report: Report, impl: Callable[..., Any], decl: Declaration, case
         report.case_ids.append(case.case_id)
         if shrinker is not None and any(not r.passed for r in res):
             shrinker.add(case, res, time.perf_counter() - t_case)
+
+
+def _scaling(impl: Callable[..., Any], decl: Declaration, report: Report, variants: Sequence[str] | None,
+             vjp: Any, grad: bool, n_max: int | None, timeout: float | None, t0: float) -> Report:
+    """``scale='scaling'``: the memory and time sweeps of :mod:`~gma_ref.testing.scaling` as report lines."""
+    from .scaling import MEMORY_EXPONENT_MAX, run_sweeps
+
+    if report.mode == "layer" or any(s.requested for s in report.skipped):
+        report.skipped.append(Skip("scaling", "attention mode with a declared dtype, device and mode only",
+                                   requested=True))
+        return report
+    for sw, detail in run_sweeps(impl, decl, variants=tuple(v for v in variants or () if v in decl.variants),
+                                 dtype=report.dtype, device=report.device, grad=grad, vjp=vjp, n_max=n_max,
+                                 timeout=timeout):
+        cid = f"scaling-{sw.variant}-{sw.name}"
+        report.case_ids.append(cid)
+        report.results += [
+            CheckResult(cid, "scaling", "memory", "exponent", sw.memory_exponent, MEMORY_EXPONENT_MAX, sw.passed,
+                        detail="\n" + detail),
+            CheckResult(cid, "scaling", "time", "exponent", sw.time_exponent, None, True, detail=sw.time_claim)]
+    report.elapsed_s = time.perf_counter() - t0
+    return report
 
 
 def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declaration, opts: dict[str, Any],

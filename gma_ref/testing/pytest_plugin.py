@@ -1,0 +1,306 @@
+"""A pytest plugin: one pytest test item per conformance case, so ``-k``, ``--lf``, ``-x``, xfail and JUnit work.
+
+Installed with gma-ref (the ``pytest11`` entry point), and **off** unless ``--gma-impl`` is given::
+
+    pytest --gma-impl mypkg.kernels:my_gma [--gma-dtype float32] [--gma-grad] [--gma-long]
+           [--gma-mode layer] [--gma-variant causal]... [--gma-cases N] [--gma-seed S]
+           [--gma-n-max N] [--gma-device cuda] [--gma-timeout S]
+           [--gma-xfail FILE] [--gma-repro DIR]
+
+collects, beside the project's own tests, the items ``gma-ref::<case id>`` — one per case
+of the set ``gma-ref check`` runs with the same options (the ids are
+:attr:`gma_ref.testing.Case.case_id`: variant, sizes, dtype, chunk, regime, seed, e.g.
+``gma-ref::causal-B2-H3-N63-K7-dr5-dv60-f32-c16-s0``). Each item runs its case through
+:func:`gma_ref.testing.check` (``cases=[case]``); a failing item shows the oracle's report
+lines of that case and, with ``--gma-repro DIR``, writes the shrunk reproducer there.
+``--gma-xfail FILE`` marks the case ids listed in FILE (one a line, ``#`` comments) as
+*strict* expected failures: a listed case that passes fails the run (XPASS strict).
+
+From a kernel author's own test module, the same items come from a parametrisation::
+
+    import pytest
+    from gma_ref.testing.pytest_plugin import check_case, gma_cases
+
+    @pytest.mark.parametrize("case", gma_cases(my_gma, dtype="float32", grad=True))
+    def test_my_gma(case):
+        check_case(my_gma, case)
+
+pytest imports this module at start-up (the entry point): it imports gma_ref.testing (NumPy),
+never torch, JAX or CuPy, and without ``--gma-impl`` it adds only its options.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from .adapters import Declaration, declaration_of
+from .cases import (
+    VARIANTS,
+    Case,
+    constrain_case,
+    default_cases,
+    default_layer_cases,
+    generate_cases,
+    generate_layer_cases,
+)
+from .long import LONG_SIZES, long_cases
+from .runner import Report, check
+
+__all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "read_xfail_file"]
+
+#: Name of the collector node: item ids are ``gma-ref::<case id>``.
+NODE_NAME = "gma-ref"
+
+
+@dataclass(frozen=True)
+class GmaCase:
+    """One case as a pytest parameter: the case and how it is checked.
+
+    ``contract`` runs the determinism and non-contiguous-layout checks (the first case of each
+    variant, as :func:`gma_ref.testing.check` does). ``declaration`` (``None``: the
+    implementation's own) overrides what the implementation declares.
+    """
+
+    case: Case
+    grad: bool
+    device: str
+    mode: str
+    contract: bool
+    declaration: Declaration | None = None
+
+    @property
+    def case_id(self) -> str:
+        """The case's id (:attr:`gma_ref.testing.Case.case_id`)."""
+        return self.case.case_id
+
+    def __str__(self) -> str:
+        return self.case.case_id
+
+
+class GmaCaseFailed(AssertionError):
+    """A case failed; the message is the oracle's report of that case."""
+
+
+def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = None, *, dtype: str | None = None,
+                  device: str | None = None, grad: bool | None = None, mode: str | None = None,
+                  variants: Sequence[str] | None = None, long: bool = False, n_cases: int = 0, seed: int = 0,
+                  n_max: int | None = None) -> list[GmaCase]:
+    """The cases :func:`gma_ref.testing.check` would run for these options, as :class:`GmaCase` objects.
+
+    Defaults as in ``check``: the declared (else every) variant, the first declared dtype and
+    device, the declared mode, gradients if declared; ``long`` the long cases up to ``n_max``
+    (else the declared ``n_max``, else 131072); ``n_cases`` seeded random cases added.
+    Cases are mapped to the declared constraints (:func:`gma_ref.testing.cases.constrain_case`).
+
+    Raises
+    ------
+    ValueError
+        The request names something the implementation does not declare (a dtype, mode,
+        device, variant, or gradients without a VJP) — listed one per line — or a bad value.
+    TypeError
+        ``impl`` is not callable or ``declaration`` not a Declaration.
+    """
+    probe = check(impl, declaration, cases=[], variants=variants, dtype=dtype, device=device, grad=grad, mode=mode)
+    refused = [f"{s.what}: {s.reason}" for s in probe.skipped if s.requested]
+    if refused:
+        raise ValueError("cannot check as requested:\n  " + "\n  ".join(refused))
+    decl = declaration or declaration_of(impl) or Declaration()
+    active = tuple(v for v in (tuple(variants) if variants is not None else VARIANTS) if v in decl.variants)
+    dtype, layer = probe.dtype, probe.mode == "layer"
+    if long:
+        cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
+    else:
+        defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
+        cases = defaults(active, dtype=dtype, seed=seed) + (
+            generate(n_cases, variants=active, dtype=dtype, seed=seed + 1) if n_cases and active else [])
+    if decl.constrained:
+        cases = [constrain_case(c, eps=decl.eps, eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple,
+                                n_max=decl.n_max, k_multiple=decl.k_multiple, k_max=decl.k_max,
+                                d_multiple=decl.d_multiple, d_max=decl.d_max, chunked=decl.accepts_chunk_size)[0]
+                 for c in cases]
+    grad_on = probe.grad and not any(s.what == "gradients" for s in probe.skipped)
+    out, seen = [], set()
+    for c in cases:
+        out.append(GmaCase(c, grad=grad_on, device=probe.device, mode=probe.mode, contract=c.variant not in seen,
+                           declaration=declaration))
+        seen.add(c.variant)
+    return out
+
+
+def read_xfail_file(path: str | os.PathLike[str]) -> set[str]:
+    """The case ids listed in ``path``: one a line; blank lines and ``#`` comments (whole or trailing) ignored."""
+    ids = set()
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            text = line.split("#", 1)[0].strip()
+            if text:
+                ids.add(text)
+    return ids
+
+
+def _xfail_mark(source: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=f"known failure listed in {source}")
+
+
+def gma_cases(impl: Callable[..., Any], declaration: Declaration | None = None, *,
+              xfail: str | os.PathLike[str] | Iterable[str] | None = None, **options: Any) -> list[Any]:
+    """``pytest.param`` objects for ``@pytest.mark.parametrize``: one per case, id = the case id.
+
+    ``options`` are those of :func:`gma_case_list` (``dtype``, ``device``, ``grad``, ``mode``,
+    ``variants``, ``long``, ``n_cases``, ``seed``, ``n_max``). ``xfail``: a file of case ids
+    (:func:`read_xfail_file`) or the ids themselves; those cases are marked
+    ``xfail(strict=True)``. Run each with :func:`check_case`. Raises as :func:`gma_case_list`.
+    """
+    if xfail is None:
+        known, source = set(), ""
+    elif isinstance(xfail, (str, os.PathLike)):
+        known, source = read_xfail_file(xfail), os.fspath(xfail)
+    else:
+        known, source = set(xfail), "the xfail list"
+    return [pytest.param(c, id=c.case_id, marks=[_xfail_mark(source)] if c.case_id in known else [])
+            for c in gma_case_list(impl, declaration, **options)]
+
+
+def check_case(impl: Callable[..., Any], case: GmaCase, *, repro: str | None = None, timeout: float | None = None,
+               name: str | None = None, full_traceback: bool = False) -> Report:
+    """Check one :class:`GmaCase` through :func:`gma_ref.testing.check`; returns the report when it passes.
+
+    Raises :class:`GmaCaseFailed` (an ``AssertionError``) with the report lines of the case when
+    any check fails (with ``repro``, after writing the shrunk reproducer there), and calls
+    ``pytest.skip`` when the case is too ill-conditioned for its dtype to be checked.
+    """
+    __tracebackhide__ = True
+    c = case.case
+    report = check(impl, case.declaration, cases=[c], variants=(c.variant,), dtype=c.dtype, device=case.device,
+                   grad=case.grad, mode=case.mode, contract=case.contract, repro=repro, timeout=timeout, name=name,
+                   full_traceback=full_traceback)
+    if not report.results and not report.failures:
+        reasons = [s.reason for s in report.skipped if s.what == f"case {c.case_id}"]
+        if reasons:
+            pytest.skip(reasons[0])
+    if not report.passed:
+        bad = report.failures
+        head = (f"{len(bad)} failed check(s); first: " + " ".join(bad[0].format().split()[1:]) if bad
+                else "nothing could be checked")
+        raise GmaCaseFailed(head + "\n" + report.format())
+    return report
+
+
+# --------------------------------------------------------------------------- the plugin
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``--gma-*`` options (all inert without ``--gma-impl``)."""
+    g = parser.getgroup("gma-ref", "GMA conformance cases (gma_ref.testing); off unless --gma-impl is given")
+    g.addoption("--gma-impl", metavar="MOD:FN", default=None,
+                help="collect one test per conformance case of this implementation (package.module:function; "
+                     "a class is instantiated)")
+    g.addoption("--gma-dtype", choices=("float64", "float32", "float16", "bfloat16"), default=None,
+                help="dtype under test (default: the first declared)")
+    g.addoption("--gma-device", choices=("cpu", "cuda"), default=None, help="device (default: the first declared)")
+    g.addoption("--gma-grad", action="store_true", default=None, help="check every gradient (needs a VJP)")
+    g.addoption("--gma-long", action="store_true", default=False, help="the long-sequence cases (N >= 4096)")
+    g.addoption("--gma-n-max", type=int, default=None, metavar="N", help="largest N of the long cases")
+    g.addoption("--gma-mode", choices=("attention", "layer"), default=None, help="default: the declared mode")
+    g.addoption("--gma-variant", action="append", choices=("bidirectional", "causal", "cross"), default=None,
+                help="variant to collect (repeatable; default: every declared variant)")
+    g.addoption("--gma-cases", type=int, default=0, metavar="N", help="add N seeded random cases")
+    g.addoption("--gma-seed", type=int, default=0, metavar="S", help="seed of the case generator")
+    g.addoption("--gma-timeout", type=float, default=None, metavar="S", help="seconds one case may take")
+    g.addoption("--gma-xfail", metavar="FILE", default=None,
+                help="case ids (one a line) that are known to fail: marked xfail(strict=True)")
+    g.addoption("--gma-repro", metavar="DIR", default=None,
+                help="write the shrunk reproducer of every failing case to DIR")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the case collector when ``--gma-impl`` is given; otherwise do nothing at all."""
+    target = config.getoption("gma_impl", None)
+    if target:
+        config.pluginmanager.register(_GmaSession(config, target), "gma-ref-cases")
+
+
+class _GmaSession:
+    """Adds the case items to the session's items (before ``-k``/``-m``/``--lf`` select among them)."""
+
+    def __init__(self, config: pytest.Config, target: str) -> None:
+        self.config, self.target = config, target
+
+    def _cases(self) -> tuple[Callable[..., Any], list[GmaCase]]:
+        from ..check_cli import load_implementation  # the CLI's loader (the CLI sits above this package)
+
+        opt = self.config.getoption
+        try:
+            impl = load_implementation(self.target)
+        except Exception as exc:
+            raise pytest.UsageError(f"--gma-impl {self.target}: cannot load it: {type(exc).__name__}: {exc}") from exc
+        try:
+            cases = gma_case_list(impl, dtype=opt("gma_dtype"), device=opt("gma_device"), grad=opt("gma_grad"),
+                                  mode=opt("gma_mode"), variants=opt("gma_variant"), long=opt("gma_long"),
+                                  n_cases=opt("gma_cases"), seed=opt("gma_seed"), n_max=opt("gma_n_max"))
+        except (TypeError, ValueError) as exc:
+            raise pytest.UsageError(f"--gma-impl {self.target}: {exc}") from exc
+        return impl, cases
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        impl, cases = self._cases()
+        xfail_file = config.getoption("gma_xfail")
+        known = read_xfail_file(xfail_file) if xfail_file else set()
+        parent = _GmaCollector.from_parent(session, name=NODE_NAME, nodeid=NODE_NAME)
+        seen: dict[str, int] = {}
+        for c in cases:
+            seen[c.case_id] = seen.get(c.case_id, 0) + 1
+            name = c.case_id if seen[c.case_id] == 1 else f"{c.case_id}-{seen[c.case_id]}"  # ids stay unique
+            item = GmaCaseItem.from_parent(parent, name=name, impl=impl, gma_case=c, target=self.target)
+            if c.case_id in known:
+                item.add_marker(_xfail_mark(xfail_file))
+            items.append(item)
+        unmatched = sorted(known - {c.case_id for c in cases})
+        if unmatched:
+            warnings.warn(pytest.PytestWarning(
+                f"--gma-xfail {xfail_file}: {len(unmatched)} id(s) match no collected case: "
+                + ", ".join(unmatched[:5]) + (" ..." if len(unmatched) > 5 else "")), stacklevel=1)
+
+    def pytest_report_header(self, config: pytest.Config) -> str:
+        return f"gma-ref: conformance cases of {self.target} (items gma-ref::<case id>)"
+
+
+class _GmaCollector(pytest.Collector):
+    """The parent node of the case items (never collected from a path)."""
+
+    def collect(self) -> list[pytest.Item]:  # pragma: no cover - items are built by the session hook
+        return []
+
+
+class GmaCaseItem(pytest.Item):
+    """One conformance case of the implementation given by ``--gma-impl``."""
+
+    def __init__(self, *, impl: Callable[..., Any], gma_case: GmaCase, target: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.impl, self.gma_case, self.target = impl, gma_case, target
+        self.user_properties += [("gma_impl", target), ("gma_case", gma_case.case_id),
+                                 ("gma_grad", str(gma_case.grad))]
+
+    def runtest(self) -> None:
+        """Run the case; raises :class:`GmaCaseFailed` with its report lines when it fails."""
+        opt = self.config.getoption
+        timeout = opt("gma_timeout")
+        check_case(self.impl, self.gma_case, repro=opt("gma_repro"), timeout=timeout if timeout else None,
+                   name=self.target)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        """The oracle's report of the case (no Python traceback) for a failed case."""
+        if isinstance(excinfo.value, GmaCaseFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{NODE_NAME}::{self.name}"
