@@ -30,9 +30,9 @@ LAYERS: dict[str, int] = {
     "emulated": 2, "emulated_layer": 3, "emulated_long": 3, "rounding_family": 3,
     "report": 8,
     "case_runner": 9,
-    "repro": 10, "calibration": 10, "assertions": 10,
+    "repro": 10, "calibration": 10, "assertions": 10, "scaling": 10,
     "runner": 11,
-    "scaling": 12, "pytest_plugin": 13, "triton_interpreter": 12,
+    "pytest_plugin": 12, "triton_interpreter": 12,
     "__init__": 99,
 }
 #: The known-good kernels: apart from the harness, they import only the vocabulary, the declaration and each other.

@@ -16,9 +16,12 @@ The layers, bottom to top (each module imports only from layers below it; the te
     long                           long cases and their O(N)-memory reference
     report                         CheckResult, Skip, Report
     case_runner                    checking one case (an outcome, or "not checkable")
-    repro, calibration, assertions shrinking and case files; calibration; assert_gma_close
+    repro, calibration, assertions shrinking and case files; calibration; assert_gma_close;
+    scaling                        the complexity check
     runner                         check, assert_conforms
-    scaling, pytest_plugin         the complexity check; the pytest plugin
+    pytest_plugin                  the pytest plugin (one test item per case)
+
+``triton_interpreter`` (workarounds for Triton's CPU interpreter) imports nothing of the package.
 
 Apart from the harness stand the known-good kernels (``emulated``, ``emulated_layer``,
 ``emulated_long``, ``rounding_family``), which import only ``names``, ``declaration`` and each other.

@@ -39,7 +39,6 @@ from typing import Any
 
 import pytest
 
-from .adapters import Declaration, declaration_of
 from .cases import (
     VARIANTS,
     Case,
@@ -49,8 +48,10 @@ from .cases import (
     generate_cases,
     generate_layer_cases,
 )
+from .declaration import Declaration, declaration_of
 from .long import LONG_SIZES, long_cases
-from .runner import Report, check
+from .report import Report
+from .runner import check
 
 __all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "read_xfail_file"]
 

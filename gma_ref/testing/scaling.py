@@ -70,9 +70,10 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import Declaration, jax_vjp, to_candidate, torch_autograd
+from .adapters import jax_vjp, to_candidate, torch_autograd
 from .cases import Case, case_arrays
-from .reference import INPUT_NAMES
+from .declaration import Declaration
+from .names import INPUT_NAMES
 
 __all__ = ["LENGTHS", "WIDTHS", "MEMORY_EXPONENT_MAX", "MEMORY_BUDGET", "Point", "Sweep", "fit_exponent",
            "run_sweeps"]
