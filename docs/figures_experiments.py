@@ -164,7 +164,7 @@ def errata_figure(outdir: Path) -> Path:
             gq = gma_ref.responsibilities(c["q"], c["means"], c["variances"], lp)
             gk = gma_ref.responsibilities(c["k"], c["means"], c["variances"], lp)
             _, mass = gma_ref.write_memory(gk, np.ones((8, 1), dtype))
-            if float(gma_ref.query_mass(gq, mass)[0]) == 0.0:
+            if float(gma_ref.bidirectional.query_mass(gq, mass)[0]) == 0.0:
                 zero_at = s
                 break
         if zero_at is not None:

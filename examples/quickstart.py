@@ -56,7 +56,7 @@ def main(n: int = 12, n_context: int = 7, k: int = 4, d_r: int = 3, d_v: int = 5
     k_ctx = rng.normal(size=(n_context, d_r))
     v_ctx = rng.normal(size=(n_context, d_v))
     gamma_ctx = responsibilities(k_ctx, means, variances, log_priors)
-    out_cross = gma_ref.gma_cross(gamma_q, gamma_ctx, v_ctx, eps)  # App. E.4
+    out_cross = gma_ref.bidirectional.gma_cross(gamma_q, gamma_ctx, v_ctx, eps)  # App. E.4
     print(f"bidirectional O: {out_bi.shape}, causal O: {out_causal.shape}, cross O: {out_cross.shape}")
 
     weights = gma_ref.attention_weights(gamma_q, gamma_k, eps)  # Eq. 9, N × N
@@ -68,7 +68,7 @@ def main(n: int = 12, n_context: int = 7, k: int = 4, d_r: int = 3, d_v: int = 5
     print(np.array2string(weights[:6, :6], precision=3, suppress_small=True))
 
     _, mass = gma_ref.write_memory(gamma_k, v)  # Z
-    u = gma_ref.query_mass(gamma_q, mass)  # u = Γ^Q Z
+    u = gma_ref.bidirectional.query_mass(gamma_q, mass)  # u = Γ^Q Z
     row_sums = weights.sum(axis=-1)
     expected = u / (u + eps)
     row_sum_error = float(np.max(np.abs(row_sums - expected)))

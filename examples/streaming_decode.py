@@ -55,16 +55,16 @@ def main(n: int = 256, n_prompt: int = 100, k: int = 8, d_r: int = 6, d_v: int =
     )
     decoded = [prompt_out]
     for t in range(n_prompt, n):
-        out_t, state = gma_ref.causal_step(state, gamma_q[t], gamma_k[t], v[t])
+        out_t, state = gma_ref.causal.causal_step(state, gamma_q[t], gamma_k[t], v[t])
         decoded.append(out_t[None, :])
     streamed = np.concatenate(decoded, axis=0)
     max_diff_prefill = float(np.max(np.abs(streamed - full)))
 
     # The same from the empty state, without a prefill.
-    state0 = gma_ref.initial_causal_state(k, d_v)
+    state0 = gma_ref.causal.initial_causal_state(k, d_v)
     outs = []
     for t in range(n):
-        out_t, state0 = gma_ref.causal_step(state0, gamma_q[t], gamma_k[t], v[t])
+        out_t, state0 = gma_ref.causal.causal_step(state0, gamma_q[t], gamma_k[t], v[t])
         outs.append(out_t)
     max_diff_from_empty = float(np.max(np.abs(np.stack(outs) - full)))
     token_diff_prefill = np.max(np.abs(streamed - full), axis=-1)

@@ -15,9 +15,13 @@ Modules, in the order of the paper:
 * :mod:`gma_ref.attention` — the full pipeline from routing vectors, with all gradients.
 * :mod:`gma_ref.layer` — Eq. 4 and footnote 18: the multi-head layer.
 
-Every public function is also importable from the package itself:
-``gma_ref.responsibilities`` (Eq. 3) and ``gma_ref.affinity`` (Eq. 11) are
-functions; no module shares a name with a function.
+The package exports what a reader of the paper needs (``gma_ref.__all__``, pinned by
+``tests/test_public_api.py``): the parameterisation (Eqs. 14, 15), the responsibilities
+(Eqs. 3, 16), the write and read (Eqs. 5–7), the induced weights (Eqs. 9–11), the three causal
+forms (Eq. 8b), the pipeline and the layer with their backward passes, and their named results.
+Everything else — the local backward of each step, the helpers of the diagnostics, the aliases —
+is imported from its module (``gma_ref.posterior.scores_backward``); a name that used to be
+exported here still resolves, with a ``DeprecationWarning`` naming its module, for one release.
 
 One convention throughout: every backward pass takes the forward's arguments
 then the cotangent (``d_out``; keyword-only in :func:`gma_layer_backward`),
@@ -31,61 +35,13 @@ Every causal form takes ``state=`` and returns ``(out, state)`` only with
 """
 
 from ._array import DEFAULT_MAX_BYTES
-from .attention import FORMS, AttentionGrad, AttentionResiduals, gma_attention, gma_attention_backward
-from .bidirectional import (
-    GMAGrad,
-    ReadGrad,
-    gma_bidirectional,
-    gma_bidirectional_backward,
-    gma_cross,
-    gma_cross_backward,
-    query_mass,
-    read_memory,
-    read_memory_backward,
-    write_memory,
-    write_memory_backward,
-)
-from .causal import (
-    CausalState,
-    causal_step,
-    gma_causal_chunked,
-    gma_causal_chunked_backward,
-    gma_causal_prefix,
-    gma_causal_prefix_backward,
-    gma_causal_streaming,
-    gma_causal_streaming_backward,
-    initial_causal_state,
-)
-from .induced import (
-    affinity,
-    attention_weights,
-    gma_materialized,
-    gma_materialized_backward,
-    memory_slots,
-    read_weights,
-)
+from .attention import AttentionGrad, AttentionResiduals, gma_attention, gma_attention_backward
+from .bidirectional import GMAGrad, gma_bidirectional, gma_bidirectional_backward, read_memory, write_memory
+from .causal import CausalState, gma_causal_chunked, gma_causal_prefix, gma_causal_streaming
+from .induced import affinity, attention_weights, gma_materialized
 from .layer import GMALayerParams, LayerGrad, gma_layer, gma_layer_backward, init_layer_params
-from .mixture import (
-    DEFAULT_EPS,
-    DEFAULT_EPS_SIGMA,
-    log_priors_from_logits,
-    log_priors_from_logits_backward,
-    omega_from_variances,
-    priors_from_logits,
-    sigmoid,
-    variances_from_omega,
-    variances_from_omega_backward,
-)
-from .posterior import (
-    ScoresGrad,
-    log_gaussian_density,
-    log_softmax_backward,
-    responsibilities,
-    responsibilities_backward,
-    scores,
-    scores_backward,
-    softmax_backward,
-)
+from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA, log_priors_from_logits, variances_from_omega
+from .posterior import responsibilities, scores
 
 __version__ = "0.1.0"
 
@@ -93,55 +49,72 @@ __all__ = [
     "DEFAULT_EPS",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_EPS_SIGMA",
-    "FORMS",
     "AttentionGrad",
     "AttentionResiduals",
     "CausalState",
     "GMAGrad",
     "GMALayerParams",
     "LayerGrad",
-    "ReadGrad",
-    "ScoresGrad",
     "affinity",
     "attention_weights",
-    "causal_step",
     "gma_attention",
     "gma_attention_backward",
     "gma_bidirectional",
     "gma_bidirectional_backward",
     "gma_causal_chunked",
-    "gma_causal_chunked_backward",
     "gma_causal_prefix",
-    "gma_causal_prefix_backward",
     "gma_causal_streaming",
-    "gma_causal_streaming_backward",
-    "gma_cross",
-    "gma_cross_backward",
     "gma_layer",
     "gma_layer_backward",
     "gma_materialized",
-    "gma_materialized_backward",
     "init_layer_params",
-    "initial_causal_state",
-    "log_gaussian_density",
     "log_priors_from_logits",
-    "log_priors_from_logits_backward",
-    "log_softmax_backward",
-    "memory_slots",
-    "omega_from_variances",
-    "priors_from_logits",
-    "query_mass",
     "read_memory",
-    "read_memory_backward",
-    "read_weights",
     "responsibilities",
-    "responsibilities_backward",
     "scores",
-    "scores_backward",
-    "sigmoid",
-    "softmax_backward",
     "variances_from_omega",
-    "variances_from_omega_backward",
     "write_memory",
-    "write_memory_backward",
 ]
+
+#: Names exported here before the surface was reduced, and the module each lives in now.
+_MOVED: dict[str, str] = {
+    "FORMS": "gma_ref.attention",
+    "ReadGrad": "gma_ref.bidirectional",
+    "ScoresGrad": "gma_ref.posterior",
+    "causal_step": "gma_ref.causal",
+    "gma_causal_chunked_backward": "gma_ref.causal",
+    "gma_causal_prefix_backward": "gma_ref.causal",
+    "gma_causal_streaming_backward": "gma_ref.causal",
+    "gma_cross": "gma_ref.bidirectional",
+    "gma_cross_backward": "gma_ref.bidirectional",
+    "gma_materialized_backward": "gma_ref.induced",
+    "initial_causal_state": "gma_ref.causal",
+    "log_gaussian_density": "gma_ref.posterior",
+    "log_priors_from_logits_backward": "gma_ref.mixture",
+    "log_softmax_backward": "gma_ref.posterior",
+    "memory_slots": "gma_ref.induced",
+    "omega_from_variances": "gma_ref.mixture",
+    "priors_from_logits": "gma_ref.mixture",
+    "query_mass": "gma_ref.bidirectional",
+    "read_memory_backward": "gma_ref.bidirectional",
+    "read_weights": "gma_ref.induced",
+    "responsibilities_backward": "gma_ref.posterior",
+    "scores_backward": "gma_ref.posterior",
+    "sigmoid": "gma_ref.mixture",
+    "softmax_backward": "gma_ref.posterior",
+    "variances_from_omega_backward": "gma_ref.mixture",
+    "write_memory_backward": "gma_ref.bidirectional",
+}
+
+
+def __getattr__(name: str) -> object:
+    """A name that moved to its module: still resolved, with a ``DeprecationWarning`` saying where it lives."""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gma_ref' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"gma_ref.{name} is deprecated: import it from {module} ({module}.{name})",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module), name)

@@ -260,7 +260,7 @@ def test_guard_rows_change_accuracy_only(rng):
 def test_residuals_are_exported():
     """AttentionResiduals is part of the public surface."""
     assert "AttentionResiduals" in gma_ref.__all__
-    assert gma_ref.AttentionResiduals is AttentionResiduals
+    assert gma_ref.attention.AttentionResiduals is AttentionResiduals
 
 
 @pytest.mark.parametrize(("causal", "form"), _VARIANTS)

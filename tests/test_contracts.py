@@ -18,31 +18,39 @@ import gma_ref
 from gma_ref import (
     CausalState,
     GMAGrad,
-    causal_step,
     gma_attention,
     gma_attention_backward,
     gma_bidirectional,
     gma_bidirectional_backward,
     gma_causal_chunked,
-    gma_causal_chunked_backward,
     gma_causal_prefix,
-    gma_causal_prefix_backward,
     gma_causal_streaming,
-    gma_causal_streaming_backward,
-    gma_cross_backward,
     gma_layer,
     gma_layer_backward,
     gma_materialized,
-    gma_materialized_backward,
     init_layer_params,
-    initial_causal_state,
     log_priors_from_logits,
-    log_priors_from_logits_backward,
-    read_memory_backward,
-    variances_from_omega_backward,
     write_memory,
 )
 from gma_ref import extensions as ext
+from gma_ref.bidirectional import (
+    gma_cross_backward,
+    read_memory_backward,
+)
+from gma_ref.causal import (
+    causal_step,
+    gma_causal_chunked_backward,
+    gma_causal_prefix_backward,
+    gma_causal_streaming_backward,
+    initial_causal_state,
+)
+from gma_ref.induced import (
+    gma_materialized_backward,
+)
+from gma_ref.mixture import (
+    log_priors_from_logits_backward,
+    variances_from_omega_backward,
+)
 
 N, K, D_V, D_R = 5, 3, 2, 2
 
@@ -124,7 +132,7 @@ def test_core_backward_rejects_k_zero(name: str) -> None:
         _core_backwards()[name](z, z, np.ones((N, D_V)), np.ones((N, D_V)))
 
 
-@pytest.mark.parametrize(("causal", "form"), [(c, f) for c in (False, True) for f in gma_ref.FORMS[c]])
+@pytest.mark.parametrize(("causal", "form"), [(c, f) for c in (False, True) for f in gma_ref.attention.FORMS[c]])
 def test_attention_backward_validates_like_the_forward(pipe, causal: bool, form: str) -> None:
     """gma_attention_backward: NaN, wrong-shaped and integer d_out; zero variances (ε_σ = 0); K = 0."""
     q, k, v, means, omega, logits = pipe
@@ -223,7 +231,7 @@ def test_core_backwards_return_gmagrad(core, name: str) -> None:
     gq, gk, v, d = core
     grad = _core_backwards()[name](gq, gk, v, d)
     if name == "read_memory_backward":
-        assert isinstance(grad, gma_ref.ReadGrad)
+        assert isinstance(grad, gma_ref.bidirectional.ReadGrad)
     else:
         assert isinstance(grad, GMAGrad) and grad._fields == ("d_gamma_q", "d_gamma_k", "d_v")
 

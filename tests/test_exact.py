@@ -22,16 +22,22 @@ from gma_ref import (
     gma_bidirectional,
     gma_bidirectional_backward,
     gma_causal_chunked,
-    gma_causal_chunked_backward,
     gma_causal_prefix,
-    gma_causal_prefix_backward,
     gma_causal_streaming,
-    gma_causal_streaming_backward,
-    gma_cross,
-    gma_cross_backward,
     gma_layer,
     gma_layer_backward,
     gma_materialized,
+)
+from gma_ref.bidirectional import (
+    gma_cross,
+    gma_cross_backward,
+)
+from gma_ref.causal import (
+    gma_causal_chunked_backward,
+    gma_causal_prefix_backward,
+    gma_causal_streaming_backward,
+)
+from gma_ref.induced import (
     gma_materialized_backward,
 )
 from tests.exact import as_float, attention_exact, core_exact, layer_exact, max_abs
