@@ -217,3 +217,20 @@ def test_gated_layer_in_other_namespaces(xp):
         g = gma_layer_backward(p, x, d_out=cot, gate=gate)
         assert rel_err(to_numpy(gx.d_params.gate_w), g.d_params.gate_w) <= 1e-13
         assert rel_err(to_numpy(gx.d_x), g.d_x) <= 1e-13
+
+
+@pytest.mark.parametrize("gate", GATED)
+def test_gate_gradients_equal_the_sympy_derivation(rng, gate):
+    """One head, d_model = d_v = 2: ∂L/∂W_G, ∂L/∂b_G (u, c) and ∂L/∂W_O equal derivations.gates at the head output."""
+    from derivations import gates as sym
+    from gma_ref.attention import gma_attention
+
+    p = init_layer_params(2, 1, 2, 2, 2, seed=4, gate=gate)
+    p = dataclasses.replace(p, gate_b=rng.normal(size=p.gate_b.shape))
+    x, cot = rng.normal(size=(2, 2)), rng.normal(size=(2, 2))
+    g = gma_layer_backward(p, x, d_out=cot, eps=0.05, gate=gate)
+    o = gma_attention(x @ p.w_q[0], x @ p.w_k[0], x @ p.w_v[0], p.means[0], p.omega[0], p.prior_logits[0], eps=0.05)
+    _, _, d_w, d_b, d_w_o = sym.numeric_gradient(gate, o, x, p.gate_w[0], p.gate_b[0], p.w_o, cot)
+    assert rel_err(g.d_params.gate_w[0], d_w) <= 1e-12
+    assert rel_err(g.d_params.gate_b[0], d_b) <= 1e-12
+    assert rel_err(g.d_params.w_o, d_w_o) <= 1e-12
