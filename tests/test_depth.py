@@ -8,6 +8,7 @@ layers; with them the relative residual stays far from 0.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,3 +87,25 @@ def test_rank_collapse_example_reports_the_measured_pattern(tmp_path):
         assert rows[("residual", gate)]["r@8"] > 0.1 and rows[("residual + pre-LN", gate)]["r@8"] > 0.1
     if has_matplotlib():
         assert result["plot"].read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_matplotlib(), reason="matplotlib is not installed")
+def test_geometry_figures_are_drawn_and_the_hull_panel_says_what_the_page_says(tmp_path):
+    """docs/figures_geometry.py writes both PNGs; in its data no ungated output leaves the triangle of slot means, no
+    head-wise gated output leaves conv{0, m_k}, and some elementwise gated outputs do."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gma_ref_docs_figures_geometry_test",
+                                                  Path(__file__).resolve().parents[1] / "docs" / "figures_geometry.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = module.hull_data()
+    m = data["slot_means"]
+    with_zero = np.vstack([m, np.zeros((1, 2))])
+    assert module._inside(data["None"], m).all()
+    assert module._inside(data["headwise"], with_zero).all()
+    assert not module._inside(data["elementwise"], with_zero).all()
+    paths = module.main(tmp_path)
+    assert {p.name for p in paths} == {"output_hull.png", "rank_collapse.png"}
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in paths)
