@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ._array import Array, check_positive_int, check_rank, namespace
+from ._array import Array, check_positive_int, namespace
 from .geometry import affine_rank, collapse_residual
 from .layer import GMALayerParams, gma_layer, init_layer_params
 from .mixture import DEFAULT_EPS
@@ -65,7 +65,6 @@ def collapse_profile(x: Array, layers: Sequence[GMALayerParams], *, residual: bo
     Raises ``ValueError`` for ``x`` not of shape (N, d_model) and as ``gma_layer``.
     """
     xp = namespace(x=x)
-    check_rank("x", x, 2, "(N, d_model)")
     if x.ndim != 2:
         raise ValueError(f"x must have shape (N, d_model), got shape {tuple(x.shape)}")
 

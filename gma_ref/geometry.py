@@ -155,7 +155,6 @@ def affine_rank(points: Array, *, rtol: float | None = None) -> AffineRank:
     ``ValueError`` for a rank other than 2 and ``TypeError`` for a non-floating dtype.
     """
     xp = namespace(points=points)
-    check_rank("points", points, 2, "(N, d)")
     if points.ndim != 2:
         raise ValueError(f"points must have shape (N, d), got shape {tuple(points.shape)}")
     if not xp.isdtype(points.dtype, "real floating"):

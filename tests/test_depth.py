@@ -109,3 +109,22 @@ def test_geometry_figures_are_drawn_and_the_hull_panel_says_what_the_page_says(t
     paths = module.main(tmp_path)
     assert {p.name for p in paths} == {"output_hull.png", "rank_collapse.png"}
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in paths)
+
+
+def test_stack_seeds_and_layer_norm_wiring(rng):
+    """Layer l of random_stack(seed=s) is init_layer_params(seed=1000 s + l), the default seed is 0; one pre-LN
+    residual layer is X + f(LN(X)) and one plain LN layer f(LN(X)), which differ from the wirings without LN."""
+    from gma_ref.layer import gma_layer, init_layer_params
+
+    stack = random_stack(2, 8, 2, 2, 2, 4, seed=2)
+    np.testing.assert_array_equal(stack[1].w_q, init_layer_params(8, 2, 2, 2, 4, seed=2001).w_q)
+    np.testing.assert_array_equal(random_stack(1, 8, 2, 2, 2, 4)[0].w_q, random_stack(1, 8, 2, 2, 2, 4, seed=0)[0].w_q)
+    x = rng.normal(size=(6, 8)) * 3 + 1
+    f = stack[0]
+    for residual in (False, True):
+        want = (x if residual else 0) + gma_layer(f, layer_norm(x))
+        got = collapse_profile(x, stack[:1], residual=residual, normalise=True)
+        assert got.norm[1] == pytest.approx(float(np.linalg.norm(want)), rel=1e-14)
+        assert got.residual[1] == pytest.approx(float(collapse_residual(want)), rel=1e-14)
+        plain = collapse_profile(x, stack[:1], residual=residual, normalise=False)
+        assert abs(plain.norm[1] - got.norm[1]) > 1e-6 * got.norm[1]

@@ -187,3 +187,36 @@ def test_geometry_rejects_bad_input():
         collapse_residual(np.zeros(3))
     with pytest.raises(ValueError, match="gamma_q"):
         barycentric_weights(-gq, gk, v)
+
+
+def test_batched_inputs_give_the_per_item_weights():
+    """Batch axes (2, N, K): weights, means and u equal those of each item computed alone (bidirectional, causal)."""
+    items = [_case(s, 3) for s in (1, 2)]
+    gq, gk, v = (np.stack([it[a] for it in items]) for a in range(3))
+    for fn in (barycentric_weights, causal_barycentric_weights):
+        batched = fn(gq, gk, v, 1e-2)
+        for b, it in enumerate(items):
+            single = fn(*it, 1e-2)
+            for got, want in zip(batched, single, strict=True):
+                np.testing.assert_allclose(got[b], want, rtol=1e-14, atol=0)
+
+
+def test_weights_check_finiteness_by_default():
+    """A NaN in v raises a ValueError naming v unless check_finite=False (both functions)."""
+    gq, gk, v = _case(4, 2)
+    v = v.copy()
+    v[0, 0] = np.nan
+    for fn in (barycentric_weights, causal_barycentric_weights):
+        with pytest.raises(ValueError, match=r"\bv\b"):
+            fn(gq, gk, v)
+        assert np.isnan(fn(gq, gk, v, check_finite=False).means).any()
+
+
+def test_affine_rank_of_no_points_and_of_all_zero_points():
+    """N = 0 rows: rank 0, no singular values, tolerance 0. All-zero rows: tolerance 0 and rank 0 (not d)."""
+    empty = affine_rank(np.zeros((0, 3)))
+    assert empty.rank == 0 and empty.singular_values.shape == (0,) and empty.tolerance == 0.0
+    assert empty.singular_values.dtype == np.float64
+    assert affine_rank(np.zeros((0, 3), dtype=np.float32)).singular_values.dtype == np.float32
+    zeros = affine_rank(np.zeros((5, 3)))
+    assert zeros.tolerance == 0.0 and zeros.rank == 0
