@@ -128,3 +128,16 @@ def test_stack_seeds_and_layer_norm_wiring(rng):
         assert got.residual[1] == pytest.approx(float(collapse_residual(want)), rel=1e-14)
         plain = collapse_profile(x, stack[:1], residual=residual, normalise=False)
         assert abs(plain.norm[1] - got.norm[1]) > 1e-6 * got.norm[1]
+
+
+def test_profile_passes_causal_and_eps_to_every_layer(rng):
+    """causal=True and eps reach gma_layer: one residual layer gives X + gma_layer(X, causal=True, eps=0.5)."""
+    from gma_ref.layer import gma_layer
+
+    x = rng.normal(size=(6, 8))
+    stack = random_stack(1, 8, 2, 2, 2, 4, seed=3)
+    want = x + gma_layer(stack[0], x, causal=True, eps=0.5)
+    got = collapse_profile(x, stack, residual=True, normalise=False, causal=True, eps=0.5)
+    assert got.norm[1] == pytest.approx(float(np.linalg.norm(want)), rel=1e-14)
+    assert got.residual[1] == pytest.approx(float(collapse_residual(want)), rel=1e-14)
+    assert got.norm[1] != pytest.approx(collapse_profile(x, stack, residual=True, normalise=False).norm[1], rel=1e-6)

@@ -220,3 +220,11 @@ def test_affine_rank_of_no_points_and_of_all_zero_points():
     assert affine_rank(np.zeros((0, 3), dtype=np.float32)).singular_values.dtype == np.float32
     zeros = affine_rank(np.zeros((5, 3)))
     assert zeros.tolerance == 0.0 and zeros.rank == 0
+
+
+def test_collapse_residual_is_scale_invariant_down_to_small_norms(rng):
+    """r(c X) = r(X) for c = 1e-3 … 1e3 (also when ‖c X‖_F < 1), against the definition computed here."""
+    x = rng.normal(size=(7, 3)) + 0.5
+    want = np.linalg.norm(x - x.mean(axis=0)) / np.linalg.norm(x)
+    for c in (1e-3, 0.1, 1.0, 1e3):
+        assert float(collapse_residual(c * x)) == pytest.approx(want, rel=1e-13)
