@@ -234,3 +234,15 @@ def test_gate_gradients_equal_the_sympy_derivation(rng, gate):
     assert rel_err(g.d_params.gate_w[0], d_w) <= 1e-12
     assert rel_err(np.asarray(g.d_params.gate_b[0]), np.asarray(d_b)) <= 1e-12
     assert rel_err(g.d_params.w_o, d_w_o) <= 1e-12
+
+
+def test_backward_refuses_a_cotangent_from_another_namespace(rng):
+    """d_out of array_api_strict with NumPy x and parameters: a TypeError naming d_out, gated or not."""
+    import array_api_strict
+
+    x = rng.normal(size=(3, 4))
+    d_out = array_api_strict.asarray(rng.normal(size=(3, 4)))
+    for gate in (None, "headwise"):
+        p = init_layer_params(4, 2, 3, 2, 2, seed=0, gate=gate)
+        with pytest.raises(TypeError, match=r"one array namespace.*d_out"):
+            gma_layer_backward(p, x, d_out=d_out, gate=gate)
