@@ -31,6 +31,7 @@ NAMES: tuple[str, ...] = (
     "cross",
     "causal",
     "lipschitz",
+    "gates",
 )
 """Derivation names in reading order."""
 

@@ -29,7 +29,6 @@ component usage.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -121,7 +120,7 @@ def main(steps: int = 100, n_train: int = 512, n_test: int = 256, n_tokens: int 
     x_test, y_test, cats_test = make_data(n_test, n_tokens, d_model, rng, centres, marker)
 
     layer = init_layer_params(d_model, n_heads, n_components, d_route, d_value, seed=seed)
-    names = [f.name for f in dataclasses.fields(GMALayerParams)]
+    names = list(layer.arrays())  # the ungated layer's fields
     params: dict[str, np.ndarray] = {n: getattr(layer, n) for n in names}
     params["readout_w"] = np.zeros(d_model)  # zero readout: initial loss is exactly ln 2
     params["readout_b"] = np.zeros(())

@@ -16,11 +16,14 @@ multiply by batch × heads for a layer.
 - :func:`chain_cost` — Eqs. 43–44, ``(AB)C`` versus ``A(BC)``.
 - :func:`gma_association_cost` — Eqs. 45–49, ``(Γ^Q(Γ^K)ᵀ)V_X`` versus
   ``Γ^Q((Γ^K)ᵀV_X)`` and the ``O(NK)`` normaliser.
+- :func:`gate_parameters` — parameters of the layer's output gates against W_O: elementwise
+  ``H·d_model·d_v + H·d_v``, head-wise ``H·d_model + H``.
 - :func:`matmul_multiply_adds`, :class:`MatmulProduct`, :func:`count_multiply_adds`,
   :func:`latent_memory_products` — a pure-Python multiply-add counter over the
   shapes of the products a latent-memory forward performs.
 
-Nothing here touches arrays; arguments are Python integers >= 1 (shapes may hold 0).
+Nothing here touches arrays; arguments are Python integers >= 1 (shapes may hold 0), and
+:func:`gate_parameters` also takes the gate's name.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ __all__ = [
     "routing_storage_total",
     "ProjectionCost",
     "projection_cost",
+    "GateParameters",
+    "gate_parameters",
     "ChainCost",
     "chain_cost",
     "GmaAssociationCost",
@@ -209,6 +214,56 @@ def projection_cost(n: int, d_model: int, d_r: int, d_v: int) -> ProjectionCost:
     n, d_model, d_r, d_v = _positive_ints(n=n, d_model=d_model, d_r=d_r, d_v=d_v)
     return ProjectionCost(query=n * d_model * d_r, key=n * d_model * d_r,
                           value=n * d_model * d_v)
+
+
+# --------------------------------------------------------------------------- output gates of the layer
+
+
+@dataclass(frozen=True)
+class GateParameters:
+    """Trainable parameters an output gate adds to one layer, and the output projection's size.
+
+    Attributes: ``weights`` (``W_G``: ``H·d_model·d_v``; head-wise ``u``: ``H·d_model``),
+    ``biases`` (``b_G``: ``H·d_v``; head-wise ``c``: ``H``), ``output_projection``
+    (``W_O``: ``H·d_v·d_model``).
+    """
+
+    weights: int
+    biases: int
+    output_projection: int
+
+    @property
+    def total(self) -> int:
+        """``weights + biases``."""
+        return self.weights + self.biases
+
+    @property
+    def overhead(self) -> float:
+        """``total / output_projection``: the gate's parameters as a fraction of W_O's."""
+        return self.total / self.output_projection
+
+    def as_dict(self) -> dict[str, int | float]:
+        """The items plus ``total`` and ``overhead`` as a plain ``dict``."""
+        return {**asdict(self), "total": self.total, "overhead": self.overhead}
+
+
+def gate_parameters(gate: str, n_heads: int, d_model: int, d_v: int) -> GateParameters:
+    """Parameter count of the layer's output gate (:func:`gma_ref.layer.gma_layer` ``gate=``).
+
+    elementwise: ``W_G,h`` (d_model × d_v) and ``b_G,h`` (d_v) per head, ``H·d_model·d_v + H·d_v``
+    in all — as many weights as W_O itself (``H·d_v·d_model``). head-wise: ``u_h`` (d_model) and
+    ``c_h`` per head, ``H·d_model + H``; relative to W_O that is ``(d_model + 1) / (d_v·d_model)``
+    ≈ 1/d_v. For d_model = 768, H = 12 (d_v = 64, W_O 768 × 768 = 589 824 weights) the head-wise
+    weights are 9 216 = 1.5625 % of W_O and 9 228 = 1.5645 % with the 12 biases.
+
+    Args: ``gate`` ``"elementwise"`` or ``"headwise"``; ``n_heads`` = H, ``d_model``, ``d_v``
+    integers >= 1. Raises ValueError (unknown gate, size < 1), TypeError (non-integer size).
+    """
+    if gate not in ("elementwise", "headwise"):
+        raise ValueError(f"gate must be 'elementwise' or 'headwise', got {gate!r}")
+    h, d_model, d_v = _positive_ints(n_heads=n_heads, d_model=d_model, d_v=d_v)
+    width = d_v if gate == "elementwise" else 1
+    return GateParameters(weights=h * d_model * width, biases=h * width, output_projection=h * d_v * d_model)
 
 
 # --------------------------------------------------------------------------- Appendix B

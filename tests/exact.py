@@ -227,11 +227,15 @@ def attention_exact(
 
 def layer_exact(
     params: dict[str, np.ndarray], x: np.ndarray, d_out: np.ndarray, *, eps: float, eps_sigma: float, causal: bool,
+    gate: str | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`gma_ref.gma_layer` (self-attention, 2-D ``x``) and its gradients at 100 digits.
 
     ``params`` holds ``w_q``, ``w_k`` ``(H, d_model, d_r)``, ``w_v`` ``(H, d_model, d_v)``,
-    ``w_o`` ``(H·d_v, d_model)``, ``means``, ``omega`` ``(H, K, d_r)``, ``prior_logits`` ``(H, K)``.
+    ``w_o`` ``(H·d_v, d_model)``, ``means``, ``omega`` ``(H, K, d_r)``, ``prior_logits`` ``(H, K)``,
+    and with ``gate`` also ``gate_w``, ``gate_b``: elementwise ``(H, d_model, d_v)``, ``(H, d_v)`` —
+    head h's output entry (i, c) times 1 / (1 + exp(−(Σ_m x_im W_hmc + b_hc))); headwise
+    ``(H, d_model)``, ``(H,)`` — head h's whole row i times 1 / (1 + exp(−(Σ_m x_im u_hm + c_h))).
     Returns ``out``, ``d_x`` and ``d_<name>`` for each parameter, as float64 arrays.
     """
     def matmul(a: Matrix, b: Matrix) -> Matrix:
@@ -250,6 +254,8 @@ def layer_exact(
                 q, k, v = matmul(p["x"], p["w_q"][h]), matmul(p["x"], p["w_k"][h]), matmul(p["x"], p["w_v"][h])
                 heads.append(_attention_mp(q, k, v, p["means"][h], p["omega"][h], p["prior_logits"][h], e, es,
                                            causal))
+                if gate is not None:
+                    heads[-1] = _gated_mp(heads[-1], p["x"], p["gate_w"][h], p["gate_b"][h], gate)
             concat = [[x for head in heads for x in head[i]] for i in range(len(p["x"]))]
             return matmul(concat, p["w_o"])
 
@@ -259,6 +265,22 @@ def layer_exact(
         result = {"out": np.array(forward(p0), dtype=object)}
         result.update(_gradients(loss, p0))
         return {n: np.vectorize(float, otypes=[np.float64])(a) for n, a in result.items()}
+
+
+def _gated_mp(head: Matrix, x: Matrix, w: Any, b: Any, gate: str) -> Matrix:
+    """One head's output times its gate, entry by entry (see :func:`layer_exact`)."""
+    def logistic(z: Any) -> Any:
+        return 1 / (1 + mpmath.exp(-z))
+
+    out = []
+    for i, row in enumerate(head):
+        if gate == "elementwise":
+            out.append([row[c] * logistic(mpmath.fsum(x[i][m] * w[m][c] for m in range(len(x[i]))) + b[c])
+                        for c in range(len(row))])
+        else:
+            scale = logistic(mpmath.fsum(x[i][m] * w[m] for m in range(len(x[i]))) + b)
+            out.append([r * scale for r in row])
+    return out
 
 
 def as_float(a: Sequence[Sequence[Fraction]]) -> np.ndarray:

@@ -418,11 +418,11 @@ def test_inputs_are_never_modified(xp):
     )
     a = {name: from_numpy(xp, arr) for name, arr in b.items()}
     params = _layer_params(xp)
-    params_before = {name: to_numpy(arr).copy() for name, arr in params.__dict__.items()}
+    params_before = {name: to_numpy(arr).copy() for name, arr in params.arrays().items()}
     before = {name: to_numpy(arr).copy() for name, arr in a.items()}
     for name, call in _all_calls(xp, a, params).items():
         call()
         for arg, arr in a.items():
             assert np.array_equal(to_numpy(arr), before[arg]), f"{name} modified its input {arg}"
-        for arg, arr in params.__dict__.items():
+        for arg, arr in params.arrays().items():
             assert np.array_equal(to_numpy(arr), params_before[arg]), f"{name} modified params.{arg}"

@@ -25,6 +25,7 @@ from derivations import (
     _common,
     causal,
     cross,
+    gates,
     lipschitz,
     means,
     priors,
@@ -202,6 +203,16 @@ def _case_causal(rng: np.random.Generator) -> tuple[Any, Any, list[Any], list[in
     return causal.numeric_gradient, causal.numeric_loss, _gma_args(rng, 3, 3, 2, 2), [0, 1, 2]
 
 
+def _case_gates(kind: str) -> Callable[[np.random.Generator], tuple[Any, Any, list[Any], list[int]]]:
+    def case(rng: np.random.Generator) -> tuple[Any, Any, list[Any], list[int]]:
+        w_shape, b_shape = ((2, 2), (2,)) if kind == "elementwise" else ((2,), ())
+        args = [rng.normal(size=(2, 2)), rng.normal(size=(2, 2)), rng.normal(size=w_shape), rng.normal(size=b_shape),
+                rng.normal(size=(2, 2)), rng.normal(size=(2, 2))]
+        return (lambda *a: gates.numeric_gradient(kind, *a)), (lambda *a: gates.numeric_loss(kind, *a)), args, [
+            0, 1, 2, 3, 4]
+    return case
+
+
 CASES = {
     "softmax": _case_softmax,
     "means": _case_means,
@@ -212,6 +223,8 @@ CASES = {
     "write_read": _case_write_read,
     "cross": _case_cross,
     "causal": _case_causal,
+    "gates elementwise": _case_gates("elementwise"),
+    "gates headwise": _case_gates("headwise"),
 }
 
 
@@ -255,3 +268,12 @@ def test_numeric_gradient_broadcasts_over_leading_dimensions() -> None:
     for b, it in enumerate(items):
         for out_b, out_single in zip(got, write_read.numeric_gradient(*it), strict=True):
             np.testing.assert_allclose(out_b[b], out_single, rtol=1e-14, atol=0)
+
+
+def test_zero_test_rejects_a_gate_gradient_without_the_sigmoid_slope() -> None:
+    """Writing ∂L/∂W_G = Xᵀ (P ⊙ O ⊙ S), without the factor (1 − S), fails the identity check."""
+    st = gates.build("elementwise")
+    p = st["G"] * st["wo"].T
+    wrong = st["x"].T * p.multiply_elementwise(st["o"]).multiply_elementwise(st["gates"])
+    assert not _common.check_equal("wrong", "no (1 − S)", wrong, st["d_w"]).ok
+    assert _common.check_equal("right", "closed form", gates.closed_forms("elementwise")["d_w"], st["d_w"]).ok

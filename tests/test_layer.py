@@ -119,7 +119,9 @@ def test_layer_cross_with_context_equal_to_input_is_self_attention(xp):
 def test_init_layer_params_shapes_and_output_shape(xp):
     """init_layer_params gives the documented shapes; the layer maps (B, N, d_model) → (B, N, d_model)."""
     p = init_layer_params(8, 2, 5, 3, 4, seed=0, xp=xp)
-    shapes = {f.name: tuple(getattr(p, f.name).shape) for f in dataclasses.fields(p)}
+    assert p.gate is None and p.gate_w is None and p.gate_b is None
+    shapes = {name: tuple(a.shape) for name, a in p.arrays().items()}
+    assert [f.name for f in dataclasses.fields(p)][-2:] == ["gate_w", "gate_b"]
     assert shapes == {"w_q": (2, 8, 3), "w_k": (2, 8, 3), "w_v": (2, 8, 4), "w_o": (8, 8),
                       "means": (2, 5, 3), "omega": (2, 5, 3), "prior_logits": (2, 5)}
     x = from_numpy(xp, np.random.default_rng(0).normal(size=(3, 9, 8)))

@@ -56,9 +56,8 @@ def test_init_is_reproducible_from_the_seed(params):
 def test_init_follows_the_requested_namespace_and_dtype():
     """xp and dtype are honoured (array_api_strict float32); the default is NumPy float64."""
     p = init_layer_params(4, 1, 2, 3, 2, xp=array_api_strict, dtype=array_api_strict.float32)
-    for f in dataclasses.fields(p):
-        a = getattr(p, f.name)
-        assert type(a).__module__.startswith("array_api_strict") and a.dtype == array_api_strict.float32, f.name
+    for name, a in p.arrays().items():
+        assert type(a).__module__.startswith("array_api_strict") and a.dtype == array_api_strict.float32, name
     d = init_layer_params(4, 1, 2, 3, 2)
     assert isinstance(d.w_q, np.ndarray) and d.w_q.dtype == np.float64
 

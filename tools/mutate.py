@@ -147,6 +147,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_exact.py",
     ],
     "gma_ref/layer.py": [
+        "tests/test_layer_gates.py",
         "tests/test_layer.py",
         "tests/test_layer_contract.py",
         "tests/test_layer_backward_checks.py",
@@ -154,7 +155,10 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_gradients.py",
         "tests/test_saved_output.py",
         "tests/test_exact.py",
+        "tests/test_costs_gates.py",
     ],
+    "gma_ref/geometry.py": ["tests/test_geometry.py"],
+    "gma_ref/depth.py": ["tests/test_depth.py"],
     "gma_ref/testing/compare.py": [
         "tests/test_compare_metric.py",
     ],

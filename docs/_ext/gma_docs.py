@@ -34,7 +34,8 @@ EXAMPLE_ARGS: dict[str, list[str]] = {
 #: implementations, and the tools (calibrate_*.py, titled "Tool: ...") last. Unlisted files follow, by name.
 GALLERY_ORDER = (
     "quickstart.py", "pictures.py", "streaming_decode.py", "train_tiny.py", "table1_memory.py", "scaling.py",
-    "check_torch_cuda.py", "check_fla.py", "calibrate_tolerances.py", "calibrate_long.py",
+    "rank_collapse.py", "check_torch_cuda.py", "check_fla.py", "check_fla_triton.py", "calibrate_tolerances.py",
+    "calibrate_long.py",
 )
 
 

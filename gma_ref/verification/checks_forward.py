@@ -388,24 +388,51 @@ def _eq1(ctx: Context) -> float:
     return max(causal_err, _rel(baselines.softmax_cross_attention(ctx.arr(q), ctx.arr(y_k), ctx.arr(y_v)), cross_ref))
 
 
-@register("Eq. 4", "§3.3", "gma_ref.layer.gma_layer",
-          "multi-head layer (projections, per-head mixtures, concat, W_O) equals an explicit NumPy loop",
-          tolerance=LOOSE, tests=("tests/test_layer.py",))
-def _eq4(ctx: Context) -> float:
-    p = layer.init_layer_params(6, 2, 3, 2, 3, seed=int(ctx.rng.integers(1 << 30)), xp=ctx.xp, dtype=ctx.dtype)
-    host = {f: to_numpy(getattr(p, f)) for f in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")}
-    x = ctx.normal(2, 5, 6)
-    eps, eps_sigma = 1e-3, 1e-4
+def _heads_oracle(host: dict[str, np.ndarray], x: np.ndarray, eps: float, eps_sigma: float) -> list[np.ndarray]:
+    """Each head's GMA output (B, N, d_v) from the materialized weights of Eq. 9, by SciPy."""
     heads = []
-    for h in range(2):
+    for h in range(host["w_q"].shape[0]):
         var = np.logaddexp(0, host["omega"][h]) + eps_sigma
         lp = special.log_softmax(host["prior_logits"][h])
         outs = []
-        for b in range(2):
+        for b in range(x.shape[0]):
             gq = _gamma_oracle(x[b] @ host["w_q"][h], host["means"][h], var, lp)
             gk = _gamma_oracle(x[b] @ host["w_k"][h], host["means"][h], var, lp)
             a = gq @ gk.T
             outs.append((a / (a.sum(axis=1, keepdims=True) + eps)) @ (x[b] @ host["w_v"][h]))
         heads.append(np.stack(outs))
-    ref = np.concatenate(heads, axis=-1) @ host["w_o"]
+    return heads
+
+
+@register("Eq. 4", "§3.3", "gma_ref.layer.gma_layer",
+          "multi-head layer (projections, per-head mixtures, concat, W_O) equals an explicit NumPy loop",
+          tolerance=LOOSE, tests=("tests/test_layer.py",))
+def _eq4(ctx: Context) -> float:
+    p = layer.init_layer_params(6, 2, 3, 2, 3, seed=int(ctx.rng.integers(1 << 30)), xp=ctx.xp, dtype=ctx.dtype)
+    host = {f: to_numpy(a) for f, a in p.arrays().items()}
+    x = ctx.normal(2, 5, 6)
+    eps, eps_sigma = 1e-3, 1e-4
+    ref = np.concatenate(_heads_oracle(host, x, eps, eps_sigma), axis=-1) @ host["w_o"]
     return _rel(layer.gma_layer(p, ctx.arr(x), eps=eps, eps_sigma=eps_sigma), ref)
+
+
+@register("Gates", "ext.", "gma_ref.layer.gma_layer",
+          "gated layer: each head times σ(X W_G,h + b_G,h) (elementwise) or σ(X u_h + c_h) (head-wise) before "
+          "W_O, equals the loop of Eq. 4 with the gate applied by SciPy's expit", tolerance=LOOSE,
+          tests=("tests/test_layer_gates.py",))
+def _gates_forward(ctx: Context) -> float:
+    errs = []
+    for gate in ("elementwise", "headwise"):
+        p = layer.init_layer_params(6, 2, 3, 2, 3, seed=int(ctx.rng.integers(1 << 30)), xp=ctx.xp, dtype=ctx.dtype,
+                                    gate=gate)
+        host = {f: to_numpy(a) for f, a in p.arrays().items()}
+        host["gate_b"] = ctx.normal(*host["gate_b"].shape)
+        p = layer.GMALayerParams(**{f: ctx.arr(a) for f, a in host.items()})
+        x = ctx.normal(2, 5, 6)
+        heads = _heads_oracle(host, x, 1e-3, 1e-4)
+        for h in range(2):
+            w = host["gate_w"][h] if gate == "elementwise" else host["gate_w"][h][:, None]
+            heads[h] = heads[h] * special.expit(x @ w + host["gate_b"][h])
+        ref = np.concatenate(heads, axis=-1) @ host["w_o"]
+        errs.append(_rel(layer.gma_layer(p, ctx.arr(x), eps=1e-3, eps_sigma=1e-4, gate=gate), ref))
+    return max(errs)

@@ -227,7 +227,7 @@ def _eq64(ctx: Context) -> float:
           tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_gradients.py",))
 def _eq13(ctx: Context) -> float:
     p = layer.init_layer_params(3, 2, 2, 2, 2, seed=int(ctx.rng.integers(1 << 30)))
-    host = [to_numpy(getattr(p, f)) for f in layer.GMALayerParams.__dataclass_fields__]
+    host = [to_numpy(a) for a in p.arrays().values()]  # ungated: the seven fields of Eq. 13
     host[5] = ctx.normal(*host[5].shape)  # ω away from 0
     host[6] = ctx.normal(*host[6].shape)  # α away from 0
     host = [ctx.rounded(h) for h in host]
@@ -241,5 +241,32 @@ def _eq13(ctx: Context) -> float:
 
     params = layer.GMALayerParams(*[ctx.arr(h) for h in host])
     g = layer.gma_layer_backward(params, ctx.arr(x), d_out=ctx.arr(cot), causal=True, eps=0.05, chunk_size=3)
-    grads = [g.d_x] + [getattr(g.d_params, f) for f in layer.GMALayerParams.__dataclass_fields__]
+    grads = [g.d_x] + list(g.d_params.arrays().values())
     return _worst(ctx, fwd, [x] + host, grads, cot)
+
+
+@register("Gates", "ext.", "gma_ref.layer.gma_layer_backward",
+          "gated layer (elementwise and head-wise): W_G, b_G (u, c), W_O, the other parameters and X vs finite "
+          "differences, causal", tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_layer_gates.py",))
+def _gates_backward(ctx: Context) -> float:
+    errs = []
+    for gate in ("elementwise", "headwise"):
+        p = layer.init_layer_params(3, 2, 2, 2, 2, seed=int(ctx.rng.integers(1 << 30)), gate=gate)
+        host = {f: ctx.rounded(to_numpy(a)) for f, a in p.arrays().items()}
+        for f in ("omega", "prior_logits", "gate_b"):
+            host[f] = ctx.normal(*host[f].shape)
+        names = list(host)
+        x, cot = ctx.normal(4, 3), ctx.normal(4, 3)
+        kw = {"causal": True, "eps": 0.05, "chunk_size": 3, "gate": gate}
+
+        def fwd(x_: np.ndarray, *params: np.ndarray, kw: dict = kw, names: list = names) -> np.ndarray:
+            import array_api_compat.numpy as npx
+
+            p_ = layer.GMALayerParams(**{n: npx.asarray(a) for n, a in zip(names, params, strict=True)})
+            return to_numpy(layer.gma_layer(p_, npx.asarray(x_), **kw))
+
+        params = layer.GMALayerParams(**{n: ctx.arr(a) for n, a in host.items()})
+        g = layer.gma_layer_backward(params, ctx.arr(x), d_out=ctx.arr(cot), **kw)
+        grads = [g.d_x] + [getattr(g.d_params, n) for n in names]
+        errs.append(_worst(ctx, fwd, [x] + list(host.values()), grads, cot))
+    return max(errs)

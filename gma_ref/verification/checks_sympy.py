@@ -106,3 +106,34 @@ def sympy_comparisons(ctx: Context) -> dict[str, float]:
           tolerance=SYMPY_TOL, kind="gradient", tests=("tests/test_backward_vs_sympy.py",))
 def _sympy(ctx: Context) -> float:
     return max(sympy_comparisons(ctx).values())
+
+
+def gate_comparisons(ctx: Context) -> dict[str, float]:
+    """The layer's gate gradients (one head, d_model = d_v = 2) against :mod:`derivations.gates`, by name."""
+    from .. import attention, layer
+
+    errs: dict[str, float] = {}
+    for gate in ("elementwise", "headwise"):
+        p = layer.init_layer_params(2, 1, 2, 2, 2, seed=int(ctx.rng.integers(1 << 30)), gate=gate)
+        host = {f: ctx.rounded(to_numpy(a)) for f, a in p.arrays().items()}
+        host["gate_b"] = ctx.normal(*host["gate_b"].shape)
+        x, cot = ctx.normal(2, 2), ctx.normal(2, 2)
+        params = layer.GMALayerParams(**{f: ctx.arr(a) for f, a in host.items()})
+        g = layer.gma_layer_backward(params, ctx.arr(x), d_out=ctx.arr(cot), eps=0.05, gate=gate)
+        q, k, v = (x @ host[f][0] for f in ("w_q", "w_k", "w_v"))
+        o = to_numpy(attention.gma_attention(q, k, v, host["means"][0], host["omega"][0], host["prior_logits"][0],
+                                             eps=0.05))
+        _, _, d_w, d_b, d_w_o = _derivation("gates").numeric_gradient(
+            gate, o, x, host["gate_w"][0], host["gate_b"][0], host["w_o"], cot)
+        errs[f"{gate} ∂L/∂W_G"] = _rel(to_numpy(g.d_params.gate_w)[0], d_w)
+        errs[f"{gate} ∂L/∂b_G"] = _rel(to_numpy(g.d_params.gate_b)[0], d_b)
+        errs[f"{gate} ∂L/∂W_O"] = _rel(g.d_params.w_o, d_w_o)
+    return errs
+
+
+@register("Gates", "ext.", "gma_ref.layer.gma_layer_backward",
+          "the gated layer's ∂L/∂W_G, ∂L/∂b_G (u, c) and ∂L/∂W_O equal the sympy-derived gradient "
+          "(derivations.gates.numeric_gradient) at the head output O", tolerance=SYMPY_TOL, kind="gradient",
+          tests=("tests/test_layer_gates.py", "tests/test_derivations.py"))
+def _sympy_gates(ctx: Context) -> float:
+    return max(gate_comparisons(ctx).values())

@@ -10,7 +10,7 @@ fails when a row is covered by neither.
 
 from __future__ import annotations
 
-__all__ = ["PAPER_EQUATIONS", "ALSO_COVERS", "DEFINITIONS"]
+__all__ = ["PAPER_EQUATIONS", "EXTENSIONS", "ALSO_COVERS", "DEFINITIONS"]
 
 #: (label, section, what it says), in the paper's order.
 PAPER_EQUATIONS: tuple[tuple[str, str, str], ...] = (
@@ -97,6 +97,11 @@ PAPER_EQUATIONS: tuple[tuple[str, str, str], ...] = (
     ("App. G", "App. G", "attention as normalised compatibility (conceptual)"),
 )
 
+#: Labels of checks of what the project adds beyond the paper (label, where it is documented, what it is).
+EXTENSIONS: tuple[tuple[str, str, str], ...] = (
+    ("Gates", "docs/guide/13-gated-and-geometry.md", "elementwise and head-wise output gates of the layer"),
+)
+
 #: Check function name → further equation labels that check exercises.
 ALSO_COVERS: dict[str, tuple[str, ...]] = {
     "_eq3_simplex": ("Eq. 3",),
@@ -126,6 +131,8 @@ ALSO_COVERS: dict[str, tuple[str, ...]] = {
     "_eq40_41": ("Eq. 40",),
     "_ext_grads": ("Eq. 38", "Eq. 39"),
     "_sympy": ("Eq. 54", "Eq. 60", "Eq. 64"),
+    "_gates_forward": ("Eq. 4",),
+    "_gates_backward": ("Eq. 13",),
 }
 
 #: Rows with nothing to compute, and why.
