@@ -8,7 +8,7 @@ Run from the repository root::
     python examples/calibrate_tolerances.py [--cases 200] [--multiple 8] [--bugs] [--family]
 
 For every dtype, each correct implementation available here (the NumPy kernel
-with emulated storage, :class:`gma_ref.testing.NumpyKernel`, and the PyTorch
+with emulated storage, :class:`gma_ref.testing.emulated.NumpyKernel`, and the PyTorch
 implementation of tests/planted_impls.py when torch is installed) runs over the
 default cases plus ``--cases`` generated ones with τ = 1, so every error figure
 is in units of ν = u_store + u_acc·κ + t_store·λ. The suggested τ is
@@ -32,7 +32,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gma_ref.testing import TOLERANCES, NumpyKernel, calibrate, check, compare  # noqa: E402
+from gma_ref.testing import (
+    check,  # noqa: E402
+    compare,  # noqa: E402
+)
+from gma_ref.testing.calibration import calibrate  # noqa: E402
+from gma_ref.testing.compare import TOLERANCES  # noqa: E402
+from gma_ref.testing.emulated import NumpyKernel  # noqa: E402
 from gma_ref.testing.rounding_family import FAMILY  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""``gma-ref check``: run the conformance harness on an implementation from the shell.
+"""``gma-ref check``: run the oracle on an implementation from the shell.
 
 ::
 

@@ -1,7 +1,7 @@
 """Deliberately wrong (and deliberately rewritten but correct) GMA implementations.
 
 Each planted bug is a plausible kernel mistake, written as a subclass of the
-correct NumPy kernel :class:`gma_ref.testing.NumpyKernel` that overrides one
+correct NumPy kernel :class:`gma_ref.testing.emulated.NumpyKernel` that overrides one
 step. The controls are exact rewrites that a correct harness must accept. A
 PyTorch implementation (correct, autograd gradients) and a few PyTorch bugs
 follow; they are built only when torch is importable.
@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from gma_ref.testing import Declaration, NumpyKernel, NumpyLayer
+from gma_ref.testing import Declaration
+from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.emulated_layer import NumpyLayer
 from gma_ref.testing.rounding_family import InducedWeightsKernel
 
 _LOG_2PI = math.log(2.0 * math.pi)

@@ -1,6 +1,6 @@
 """Numerically correct causal GMA kernels whose memory is not O(NK): the complexity check must fail them.
 
-Both override only the causal core of :class:`gma_ref.testing.NumpyKernel` (responsibilities as there)
+Both override only the causal core of :class:`gma_ref.testing.emulated.NumpyKernel` (responsibilities as there)
 and declare no gradients, so the scaling check measures the forward alone.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gma_ref.testing import Declaration, NumpyKernel
+from gma_ref.testing import Declaration
+from gma_ref.testing.emulated import NumpyKernel
 
 _DECL = Declaration(variants=("causal",), dtypes=("float32",), accepts_chunk_size=True)
 

@@ -1,6 +1,6 @@
 """The conformance metric computes exactly the figures docs/oracle.md defines.
 
-:func:`gma_ref.testing.compare_tensor` is what decides whether a kernel passes, so each part of
+:func:`gma_ref.testing.compare.compare_tensor` is what decides whether a kernel passes, so each part of
 its definition is checked against a hand computation: the dtype constants (unit roundoff, half
 the smallest subnormal), ν = u_store + u_acc·κ + t_store·λ + u_store·κ_P, the norm error and the
 element error with their scales, the handling of non-finite values, the ≤ at the bound, and
@@ -74,7 +74,7 @@ def test_attention_tolerances_are_the_documented_table():
 def test_layer_tolerances_are_the_documented_table_and_never_below_attention():
     """LAYER_TOLERANCES equal docs/oracle.md's layer table and are ≥ the attention τ (documented)."""
     text = DOCS.read_text()
-    at = text.index("`gma_ref.testing.LAYER_TOLERANCES`")
+    at = text.index("`gma_ref.testing.compare.LAYER_TOLERANCES`")
     rows = re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \| (\d+) \| (\d+) \|$", text[at:], flags=re.M)
     documented = {d: (float(n), float(e)) for d, n, e in rows if d in FINFO}
     for dtype, tol in LAYER_TOLERANCES.items():

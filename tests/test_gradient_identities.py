@@ -47,7 +47,7 @@ def test_score_gradient_rows_sum_to_zero(seed, n, k, spread):
     rng = np.random.default_rng(seed)
     gamma = scipy.special.softmax(spread * rng.normal(size=(2, n, k)), axis=-1)
     d_gamma = rng.normal(size=gamma.shape)
-    for delta in (g.softmax_backward(gamma, d_gamma), g.log_softmax_backward(gamma, d_gamma)):
+    for delta in (g.posterior.softmax_backward(gamma, d_gamma), g.posterior.log_softmax_backward(gamma, d_gamma)):
         scale = max(float(np.max(np.abs(d_gamma))), 1.0)
         assert np.max(np.abs(delta.sum(axis=-1))) <= 8 * k * np.finfo(np.float64).eps * scale
 
@@ -60,14 +60,14 @@ def test_score_gradients_of_both_sides_sum_to_zero_in_the_pipeline(rng, causal, 
     cot = rng.normal(size=(9, 2))
     core = {
         ("latent",): g.gma_bidirectional_backward,
-        ("prefix",): g.gma_causal_prefix_backward,
-        ("streaming",): g.gma_causal_streaming_backward,
-        ("chunked",): g.gma_causal_chunked_backward,
-        ("materialized",): lambda a, b, c, d: g.gma_materialized_backward(a, b, c, d, causal=causal),
+        ("prefix",): g.causal.gma_causal_prefix_backward,
+        ("streaming",): g.causal.gma_causal_streaming_backward,
+        ("chunked",): g.causal.gma_causal_chunked_backward,
+        ("materialized",): lambda a, b, c, d: g.induced.gma_materialized_backward(a, b, c, d, causal=causal),
     }[(form,)]
     d_gamma_q, d_gamma_k, _ = core(gamma_q, gamma_k, inp["v"], cot)
     for gamma, d_gamma in ((gamma_q, d_gamma_q), (gamma_k, d_gamma_k)):
-        delta = g.softmax_backward(gamma, d_gamma)
+        delta = g.posterior.softmax_backward(gamma, d_gamma)
         assert np.max(np.abs(delta)) > 0
         assert np.max(np.abs(delta.sum(axis=-1))) <= 1e-15 * np.max(np.abs(d_gamma)) * 8
 
@@ -89,15 +89,15 @@ def test_prior_logit_gradient_sums_to_zero(rng, causal, form):
 def _core_grads(form: str, causal: bool, gq: np.ndarray, gk: np.ndarray, v: np.ndarray, cot: np.ndarray,
                 chunk: int) -> tuple[np.ndarray, ...]:
     if form == "materialized":
-        return tuple(g.gma_materialized_backward(gq, gk, v, cot, causal=causal))
+        return tuple(g.induced.gma_materialized_backward(gq, gk, v, cot, causal=causal))
     if not causal:
-        return tuple(g.gma_cross_backward(gq, gk, v, cot) if form == "cross" else g.gma_bidirectional_backward(
-            gq, gk, v, cot))
+        backward = g.bidirectional.gma_cross_backward if form == "cross" else g.gma_bidirectional_backward
+        return tuple(backward(gq, gk, v, cot))
     if form == "prefix":
-        return tuple(g.gma_causal_prefix_backward(gq, gk, v, cot))
+        return tuple(g.causal.gma_causal_prefix_backward(gq, gk, v, cot))
     if form == "streaming":
-        return tuple(g.gma_causal_streaming_backward(gq, gk, v, cot))
-    return tuple(g.gma_causal_chunked_backward(gq, gk, v, cot, chunk_size=chunk))
+        return tuple(g.causal.gma_causal_streaming_backward(gq, gk, v, cot))
+    return tuple(g.causal.gma_causal_chunked_backward(gq, gk, v, cot, chunk_size=chunk))
 
 
 @given(seed=st.integers(0, 2**32 - 1), n_q=st.integers(4, 40), n_k=st.integers(4, 40), k=st.integers(2, 6),
@@ -114,7 +114,7 @@ def test_core_gradients_latent_equal_materialized(seed, n_q, n_k, k, d_v, chunk)
     v, cot = rng.normal(size=(n_k, d_v)), rng.normal(size=(n_q, d_v))
     ref = _core_grads("materialized", False, gq, gk, v, cot, chunk)
     for form in ("latent", "cross"):
-        assert rel_err(g.gma_cross(gq, gk, v), g.gma_materialized(gq, gk, v)) <= FORM_TOL
+        assert rel_err(g.bidirectional.gma_cross(gq, gk, v), g.gma_materialized(gq, gk, v)) <= FORM_TOL
         for got, want in zip(_core_grads(form, False, gq, gk, v, cot, chunk), ref, strict=True):
             assert rel_err(got, want) <= FORM_TOL
     gk, v = gk[:n_q] if n_k >= n_q else random_gamma(rng, (n_q, k)), rng.normal(size=(n_q, d_v))
@@ -154,14 +154,14 @@ def test_mixture_gradients_need_both_query_and_key_side(rng):
     gamma_k = responsibilities(inp["k"], inp["means"], var, lp)
     cot = rng.normal(size=inp["v"].shape)
     d_gq, d_gk, _ = g.gma_bidirectional_backward(gamma_q, gamma_k, inp["v"], cot)
-    side_q = g.responsibilities_backward(inp["q"], inp["means"], var, gamma_q, d_gq)
-    side_k = g.responsibilities_backward(inp["k"], inp["means"], var, gamma_k, d_gk)
+    side_q = g.posterior.responsibilities_backward(inp["q"], inp["means"], var, gamma_q, d_gq)
+    side_k = g.posterior.responsibilities_backward(inp["k"], inp["means"], var, gamma_k, d_gk)
 
     def assemble(sides: list[Any]) -> dict[str, np.ndarray]:
         return {
             "means": sum(s.d_means for s in sides),
-            "omega": g.variances_from_omega_backward(inp["omega"], sum(s.d_variances for s in sides)),
-            "prior_logits": g.log_priors_from_logits_backward(lp, sum(s.d_log_priors for s in sides)),
+            "omega": g.mixture.variances_from_omega_backward(inp["omega"], sum(s.d_variances for s in sides)),
+            "prior_logits": g.mixture.log_priors_from_logits_backward(lp, sum(s.d_log_priors for s in sides)),
         }
 
     fd = fd_vjp(lambda **a: g.gma_attention(**a, check_finite=False), inp, cot, scales=scales,
@@ -207,20 +207,23 @@ def test_core_backward_functions_match_numpy_in_every_namespace(xp, rng):
     d_s, cot = rng.normal(size=(6, 3)), rng.normal(size=(6, 2))
     memory, mass = g.write_memory(gk, v)
     cases: dict[str, tuple[Any, tuple[np.ndarray, ...]]] = {
-        "softmax_backward": (g.softmax_backward, (gq, d_s)),
-        "log_softmax_backward": (g.log_softmax_backward, (gq, d_s)),
-        "scores_backward": (g.scores_backward, (x, mu, var, d_s)),
-        "responsibilities_backward": (g.responsibilities_backward, (x, mu, var, gq, d_s)),
-        "variances_from_omega_backward": (g.variances_from_omega_backward, (mu, var)),
-        "log_priors_from_logits_backward": (g.log_priors_from_logits_backward, (lp, d_s[0])),
-        "write_memory_backward": (g.write_memory_backward, (gk, v, rng.normal(size=(3, 2)), rng.normal(size=3))),
-        "read_memory_backward": (g.read_memory_backward, (gq, memory, mass, cot)),
+        "softmax_backward": (g.posterior.softmax_backward, (gq, d_s)),
+        "log_softmax_backward": (g.posterior.log_softmax_backward, (gq, d_s)),
+        "scores_backward": (g.posterior.scores_backward, (x, mu, var, d_s)),
+        "responsibilities_backward": (g.posterior.responsibilities_backward, (x, mu, var, gq, d_s)),
+        "variances_from_omega_backward": (g.mixture.variances_from_omega_backward, (mu, var)),
+        "log_priors_from_logits_backward": (g.mixture.log_priors_from_logits_backward, (lp, d_s[0])),
+        "write_memory_backward": (g.bidirectional.write_memory_backward,
+                                  (gk, v, rng.normal(size=(3, 2)), rng.normal(size=3))),
+        "read_memory_backward": (g.bidirectional.read_memory_backward, (gq, memory, mass, cot)),
         "gma_bidirectional_backward": (g.gma_bidirectional_backward, (gq, gk, v, cot)),
-        "gma_cross_backward": (g.gma_cross_backward, (gq, gk5, v5, cot)),
-        "gma_causal_prefix_backward": (g.gma_causal_prefix_backward, (gq, gk, v, cot)),
-        "gma_causal_streaming_backward": (g.gma_causal_streaming_backward, (gq, gk, v, cot)),
-        "gma_causal_chunked_backward": (lambda *a: g.gma_causal_chunked_backward(*a, chunk_size=4), (gq, gk, v, cot)),
-        "gma_materialized_backward": (lambda *a: g.gma_materialized_backward(*a, causal=True), (gq, gk, v, cot)),
+        "gma_cross_backward": (g.bidirectional.gma_cross_backward, (gq, gk5, v5, cot)),
+        "gma_causal_prefix_backward": (g.causal.gma_causal_prefix_backward, (gq, gk, v, cot)),
+        "gma_causal_streaming_backward": (g.causal.gma_causal_streaming_backward, (gq, gk, v, cot)),
+        "gma_causal_chunked_backward": (lambda *a: g.causal.gma_causal_chunked_backward(*a, chunk_size=4),
+                                        (gq, gk, v, cot)),
+        "gma_materialized_backward": (lambda *a: g.induced.gma_materialized_backward(*a, causal=True),
+                                      (gq, gk, v, cot)),
     }
     for name, (fn, args) in cases.items():
         want = fn(*args)

@@ -185,7 +185,7 @@ def test_variances_from_omega_backward_matches_fd_entrywise(rng):
     """
     omega = rng.uniform(-40.0, 40.0, size=(4, 5))
     cot = rng.normal(size=omega.shape)
-    bw = g.variances_from_omega_backward(omega, cot)
+    bw = g.mixture.variances_from_omega_backward(omega, cot)
     # the map is elementwise, so all entries are stepped at once and each is differenced on its own
     offsets, weights = _STENCILS[6]
     h = 1e-2
@@ -203,7 +203,7 @@ def test_variances_from_omega_backward_matches_fd_at_floor(rng):
     """
     omega = -30.0 + 0.5 * rng.normal(size=(3, 4))
     cot = rng.normal(size=omega.shape)
-    bw = g.variances_from_omega_backward(omega, cot)
+    bw = g.mixture.variances_from_omega_backward(omega, cot)
     assert np.all(np.abs(g.variances_from_omega(omega) / g.DEFAULT_EPS_SIGMA - 1) <= 1e-8)
     fd = fd_vjp(lambda omega: g.variances_from_omega(omega), {"omega": omega}, cot, step=0.05, order=6,
                 dtype=np.longdouble)
@@ -214,7 +214,7 @@ def test_log_priors_from_logits_backward_matches_fd(rng):
     """Eqs. 61–62: ∂L/∂α_m = g_m − π_m Σ_k g_k, on batched logits with a spread of ±10."""
     alpha = 10.0 * rng.normal(size=(2, 5))
     cot = rng.normal(size=alpha.shape)
-    bw = g.log_priors_from_logits_backward(g.log_priors_from_logits(alpha), cot)
+    bw = g.mixture.log_priors_from_logits_backward(g.log_priors_from_logits(alpha), cot)
     fd = fd_vjp(lambda a: g.log_priors_from_logits(a), {"a": alpha}, cot)
     assert_grads({"a": bw}, fd)
 
@@ -226,7 +226,7 @@ def test_softmax_backward_matches_fd_of_scipy_softmax(rng):
     """Eq. 18: δ = γ ⊙ (g − Σ_j γ_j g_j) is the VJP of the softmax over components (SciPy forward)."""
     s = 2.0 * rng.normal(size=(2, 5, 4))
     cot = rng.normal(size=s.shape)
-    bw = g.softmax_backward(scipy.special.softmax(s, axis=-1), cot)
+    bw = g.posterior.softmax_backward(scipy.special.softmax(s, axis=-1), cot)
     fd = fd_vjp(lambda s: scipy.special.softmax(s, axis=-1), {"s": s}, cot)
     assert_grads({"s": bw}, fd)
 
@@ -235,7 +235,7 @@ def test_log_softmax_backward_matches_fd_of_scipy_log_softmax(rng):
     """δ = h − γ Σ_j h_j is the VJP of log-softmax (SciPy forward)."""
     s = 2.0 * rng.normal(size=(2, 5, 4))
     cot = rng.normal(size=s.shape)
-    bw = g.log_softmax_backward(scipy.special.softmax(s, axis=-1), cot)
+    bw = g.posterior.log_softmax_backward(scipy.special.softmax(s, axis=-1), cot)
     fd = fd_vjp(lambda s: scipy.special.log_softmax(s, axis=-1), {"s": s}, cot)
     assert_grads({"s": bw}, fd)
 
@@ -271,7 +271,7 @@ def test_scores_backward_matches_fd_with_head_broadcasting(rng):
                                    - 0.5 * np.sum((x[idx] - mu[h, kk]) ** 2 / var[h, kk]))
     assert rel_err(s, oracle) <= FWD_TOL
     cot = rng.normal(size=s.shape)
-    bw = g.scores_backward(x, mu, var, cot, lp)
+    bw = g.posterior.scores_backward(x, mu, var, cot, lp)
     fd = fd_vjp(lambda **a: g.scores(**a), args, cot, scales=scales)
     assert_grads({"x": bw.d_x, "means": bw.d_means, "variances": bw.d_variances, "log_priors": bw.d_log_priors}, fd)
 
@@ -286,7 +286,8 @@ def test_responsibilities_backward_matches_fd(rng, regime):
         top2 = np.sort(gamma, axis=-1)[..., -2:]
         assert np.all(top2[..., 1] >= 1 - 1e-5) and np.all(top2[..., 0] >= 1e-12)
     cot = rng.normal(size=gamma.shape)
-    bw = g.responsibilities_backward(args["x"], args["means"], args["variances"], gamma, cot, args["log_priors"])
+    bw = g.posterior.responsibilities_backward(args["x"], args["means"], args["variances"], gamma, cot,
+                                               args["log_priors"])
     extended = regime != "generic"
     if extended and not EXTENDED:
         pytest.skip("numpy.longdouble is no wider than float64 here")
@@ -306,7 +307,7 @@ def test_write_memory_backward_matches_fd(rng):
     assert rel_err(memory, np.einsum("bjk,jd->bkd", gamma_k, v)) <= FWD_TOL
     assert rel_err(mass, gamma_k.sum(axis=-2)) <= FWD_TOL
     d_memory, d_mass = rng.normal(size=memory.shape), rng.normal(size=mass.shape)
-    d_gamma_k, d_v = g.write_memory_backward(gamma_k, v, d_memory, d_mass)
+    d_gamma_k, d_v = g.bidirectional.write_memory_backward(gamma_k, v, d_memory, d_mass)
     fd = fd_vjp(lambda **a: g.write_memory(**a), {"gamma_k": gamma_k, "v": v}, (d_memory, d_mass))
     assert_grads({"gamma_k": d_gamma_k, "v": d_v}, fd)
 
@@ -319,7 +320,7 @@ def test_read_memory_backward_matches_fd(rng, eps):
     out = g.read_memory(gamma_q, memory, mass, eps)
     assert rel_err(out, (gamma_q @ memory) / (gamma_q @ mass + eps)[:, None]) <= FWD_TOL
     cot = rng.normal(size=out.shape)
-    bw = g.read_memory_backward(gamma_q, memory, mass, cot, eps)
+    bw = g.bidirectional.read_memory_backward(gamma_q, memory, mass, cot, eps)
     fd = fd_vjp(lambda **a: g.read_memory(**a, eps=eps), {"gamma_q": gamma_q, "memory": memory, "mass": mass}, cot)
     assert_grads({"gamma_q": bw.d_gamma_q, "memory": bw.d_memory, "mass": bw.d_mass}, fd)
 
@@ -348,7 +349,7 @@ def test_gma_bidirectional_backward_matches_fd(rng):
 def test_gma_cross_backward_matches_fd(rng, n_q, n_k):
     """App. E.4 cross-attention with N_q ≠ N_k: forward vs materialized weights, gradients vs FD."""
     gq, gk, v = random_gamma(rng, (n_q, 4)), random_gamma(rng, (n_k, 4)), rng.normal(size=(n_k, 2))
-    _core_check(lambda a, b, c: g.gma_cross(a, b, c), g.gma_cross_backward,
+    _core_check(lambda a, b, c: g.bidirectional.gma_cross(a, b, c), g.bidirectional.gma_cross_backward,
                 gq, gk, v, g.gma_materialized(gq, gk, v), rng)
 
 
@@ -361,7 +362,8 @@ def test_gma_materialized_backward_matches_fd(rng, causal):
         a_tilde = np.tril(a_tilde)
     oracle = (a_tilde / (a_tilde.sum(axis=1, keepdims=True) + g.DEFAULT_EPS)) @ v
     _core_check(lambda a, b, c: g.gma_materialized(a, b, c, causal=causal),
-                lambda a, b, c, d: g.gma_materialized_backward(a, b, c, d, causal=causal), gq, gk, v, oracle, rng)
+                lambda a, b, c, d: g.induced.gma_materialized_backward(a, b, c, d, causal=causal),
+                gq, gk, v, oracle, rng)
 
 
 # ----------------------------------------------------------------------------- causal forms (Eqs. 6b, 8b)
@@ -370,14 +372,14 @@ def test_gma_materialized_backward_matches_fd(rng, causal):
 def test_gma_causal_prefix_backward_matches_fd(rng):
     """Prefix-sum causal GMA: forward vs materialized causal weights (Eq. 10b), gradients vs FD."""
     gq, gk, v = random_gamma(rng, (9, 3)), random_gamma(rng, (9, 3)), rng.normal(size=(9, 3))
-    _core_check(lambda a, b, c: g.gma_causal_prefix(a, b, c), g.gma_causal_prefix_backward,
+    _core_check(lambda a, b, c: g.gma_causal_prefix(a, b, c), g.causal.gma_causal_prefix_backward,
                 gq, gk, v, g.gma_materialized(gq, gk, v, causal=True), rng)
 
 
 def test_gma_causal_streaming_backward_matches_fd(rng):
     """Token-by-token causal GMA (from the empty state): forward vs Eq. 10b, gradients vs FD."""
     gq, gk, v = random_gamma(rng, (9, 3)), random_gamma(rng, (9, 3)), rng.normal(size=(9, 3))
-    _core_check(lambda a, b, c: g.gma_causal_streaming(a, b, c), g.gma_causal_streaming_backward,
+    _core_check(lambda a, b, c: g.gma_causal_streaming(a, b, c), g.causal.gma_causal_streaming_backward,
                 gq, gk, v, g.gma_materialized(gq, gk, v, causal=True), rng)
 
 
@@ -386,7 +388,7 @@ def test_gma_causal_chunked_backward_matches_fd(rng, n, chunk):
     """Chunked causal GMA, chunk sizes that divide N, that do not, and C ≥ N: forward vs Eq. 10b, grads vs FD."""
     gq, gk, v = random_gamma(rng, (n, 3)), random_gamma(rng, (n, 3)), rng.normal(size=(n, 2))
     _core_check(lambda a, b, c: g.gma_causal_chunked(a, b, c, chunk_size=chunk),
-                lambda a, b, c, d: g.gma_causal_chunked_backward(a, b, c, d, chunk_size=chunk),
+                lambda a, b, c, d: g.causal.gma_causal_chunked_backward(a, b, c, d, chunk_size=chunk),
                 gq, gk, v, g.gma_materialized(gq, gk, v, causal=True), rng)
 
 
@@ -397,8 +399,8 @@ def test_causal_backward_reduces_broadcast_values(rng, form):
     fwd = {"prefix": lambda a, b, c: g.gma_causal_prefix(a, b, c),
            "streaming": lambda a, b, c: g.gma_causal_streaming(a, b, c),
            "chunked": lambda a, b, c: g.gma_causal_chunked(a, b, c, chunk_size=4)}[form]
-    bwd = {"prefix": g.gma_causal_prefix_backward, "streaming": g.gma_causal_streaming_backward,
-           "chunked": lambda a, b, c, d: g.gma_causal_chunked_backward(a, b, c, d, chunk_size=4)}[form]
+    bwd = {"prefix": g.causal.gma_causal_prefix_backward, "streaming": g.causal.gma_causal_streaming_backward,
+           "chunked": lambda a, b, c, d: g.causal.gma_causal_chunked_backward(a, b, c, d, chunk_size=4)}[form]
     oracle = np.stack([g.gma_materialized(gq[b], gk[b], v, causal=True) for b in range(2)])
     _core_check(fwd, bwd, gq, gk, v, oracle, rng)
 
@@ -406,7 +408,7 @@ def test_causal_backward_reduces_broadcast_values(rng, form):
 # ----------------------------------------------------------------------------- full pipeline
 
 
-ALL_FORMS = [(causal, form) for causal in (False, True) for form in g.FORMS[causal]]
+ALL_FORMS = [(causal, form) for causal in (False, True) for form in g.attention.FORMS[causal]]
 
 
 def _attention_check(inp: Mapping[str, np.ndarray], scales: Mapping[str, float], causal: bool, form: str,
@@ -431,7 +433,7 @@ def test_gma_attention_backward_matches_fd(rng, causal, form):
     _attention_check(inp, scales, causal, form, rng)
 
 
-@pytest.mark.parametrize("form", g.FORMS[False])
+@pytest.mark.parametrize("form", g.attention.FORMS[False])
 def test_gma_attention_backward_cross_matches_fd(rng, form):
     """Cross-attention through the full pipeline (N_q = 4 queries, N_k = 7 context tokens)."""
     inp, scales = attention_inputs(rng, n_q=4, n_k=7, k=3, d_r=2, d_v=2)

@@ -19,7 +19,8 @@ import time
 import numpy as np
 import pytest
 
-from gma_ref.testing import Declaration, case_arrays, check, default_cases, load_case_file
+from gma_ref.testing import Declaration, check, default_cases, load_case_file
+from gma_ref.testing.cases import case_arrays
 from gma_ref.testing.repro import write_reproducer
 
 from . import adversarial_impls as adv
@@ -276,7 +277,7 @@ def test_case_file_with_nan_inputs_is_refused(case_file):
 def test_case_file_inputs_must_stay_finite_at_the_dtype(case_file):
     """A case file with values beyond float16's range, run at float16, is refused before the kernel is called
     (ValueError naming the input), as a generated input would be; the CLI exits 4 with JSON."""
-    from gma_ref.testing import NumpyKernel
+    from gma_ref.testing.emulated import NumpyKernel
 
     path = case_file("big", q=np.full_like(case_arrays(load_case_file(case_file()).case)["q"], 1e6))
     kernel = NumpyKernel("float16")

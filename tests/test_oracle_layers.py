@@ -6,8 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from gma_ref.testing import Declaration, NumpyKernel, NumpyLayer, check, default_layer_cases
+from gma_ref.testing import Declaration, check, default_layer_cases
 from gma_ref.testing.cases import tie_head_width
+from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.emulated_layer import NumpyLayer
 
 
 class TiedLayer(NumpyLayer):

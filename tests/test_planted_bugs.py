@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.testing import NumpyKernel, check
+from gma_ref.testing import check
+from gma_ref.testing.emulated import NumpyKernel
 
 from .planted_impls import (
     CONTROLS,
@@ -88,7 +89,7 @@ def test_float64_mode_catches_float32_accumulation(bug):
 
 def test_float32_accumulation_within_float32_tolerance():
     """The same float32-accumulation error is below what the float32 tolerance allows (why float64 mode exists)."""
-    from gma_ref.testing import TOLERANCES
+    from gma_ref.testing.compare import TOLERANCES
 
     report = check(FLOAT64_BUGS[0](), dtype="float64", grad=False, contract=False)
     for r in report.results:

@@ -12,6 +12,7 @@ import pkgutil
 import types
 
 import numpy as np
+import pytest
 
 import gma_ref
 
@@ -45,3 +46,58 @@ def test_responsibilities_and_affinity_are_callable_from_the_package() -> None:
     np.testing.assert_allclose(np.sum(gamma, axis=-1), 1.0, rtol=0, atol=1e-15)
     a_tilde = gma_ref.affinity(gamma, gamma)
     assert a_tilde.shape == (2, 2)
+
+
+#: The package's surface, pinned: what a reader of the paper needs (the rest lives in its module).
+PACKAGE_SURFACE = {
+    "DEFAULT_EPS", "DEFAULT_EPS_SIGMA", "DEFAULT_MAX_BYTES",
+    "AttentionGrad", "AttentionResiduals", "CausalState", "GMAGrad", "GMALayerParams", "LayerGrad",
+    "variances_from_omega", "log_priors_from_logits", "scores", "responsibilities",
+    "write_memory", "read_memory", "gma_bidirectional", "gma_bidirectional_backward",
+    "affinity", "attention_weights", "gma_materialized",
+    "gma_causal_prefix", "gma_causal_streaming", "gma_causal_chunked",
+    "gma_attention", "gma_attention_backward", "gma_layer", "gma_layer_backward", "init_layer_params",
+}
+#: The oracle's surface, pinned: what a kernel author calls.
+ORACLE_SURFACE = {
+    "Declaration", "check", "assert_conforms", "assert_gma_close", "Report", "CheckResult", "Skip", "Interrupted",
+    "evaluate_case", "CaseOutcome", "NotCheckable", "run_case", "Case", "default_cases", "default_layer_cases",
+    "generate_cases", "generate_layer_cases", "load_case_file", "CaseFile", "torch_autograd", "jax_vjp",
+}
+
+
+def test_the_package_surface_is_pinned() -> None:
+    """gma_ref.__all__ is exactly the pinned list; each name resolves without a warning."""
+    import warnings
+
+    assert set(gma_ref.__all__) == PACKAGE_SURFACE and len(gma_ref.__all__) == len(PACKAGE_SURFACE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in gma_ref.__all__:
+            getattr(gma_ref, name)
+
+
+def test_the_oracle_surface_is_pinned() -> None:
+    """gma_ref.testing.__all__ is exactly the pinned list; each name resolves without a warning."""
+    import warnings
+
+    import gma_ref.testing as oracle
+
+    assert set(oracle.__all__) == ORACLE_SURFACE and len(oracle.__all__) == len(ORACLE_SURFACE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in oracle.__all__:
+            getattr(oracle, name)
+
+
+@pytest.mark.parametrize("package", ["gma_ref", "gma_ref.testing"])
+def test_a_moved_name_still_resolves_for_one_release_with_a_warning_naming_its_module(package: str) -> None:
+    """Every name removed from a surface resolves to the object in its module, with a DeprecationWarning."""
+    pkg = importlib.import_module(package)
+    assert pkg._MOVED and not set(pkg._MOVED) & set(pkg.__all__)
+    for name, module in pkg._MOVED.items():
+        with pytest.warns(DeprecationWarning, match=rf"import it from {module}"):
+            obj = getattr(pkg, name)
+        assert obj is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="no attribute"):
+        _ = pkg.no_such_name

@@ -12,7 +12,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from gma_ref.testing import NumpyKernel, default_cases
+from gma_ref.testing import default_cases
+from gma_ref.testing.emulated import NumpyKernel
 
 from .planted_impls import StrictCausalMask
 
@@ -21,7 +22,7 @@ pytest_plugins = ["pytester"]
 # --assert=plain: the inner pytest does not rewrite the plugin module on import, so it is imported like any
 # other module (tools/mutate.py serves its mutants through an import hook that a rewrite would bypass)
 PLUGIN = ("-p", "gma_ref.testing.pytest_plugin", "--assert=plain")
-GOOD = "gma_ref.testing:NumpyKernel"
+GOOD = "gma_ref.testing.emulated:NumpyKernel"
 BAD = "tests.planted_impls:StrictCausalMask"
 
 
@@ -69,7 +70,7 @@ def test_items_have_the_case_ids_and_a_correct_kernel_passes(pytester):
 
 def test_float64_kernel_ids_carry_the_dtype(pytester):
     """--gma-dtype picks the dtype of the ids (f64); a dtype the kernel does not declare is a usage error."""
-    pytester.makepyfile(kern="from gma_ref.testing import NumpyKernel\nk64 = NumpyKernel('float64')\n")
+    pytester.makepyfile(kern="from gma_ref.testing.emulated import NumpyKernel\nk64 = NumpyKernel('float64')\n")
     result = pytester.runpytest(*PLUGIN, "--gma-impl", "kern:k64", "--gma-dtype", "float64", "--gma-variant",
                                 "cross", "--collect-only", "-q")
     listed = [ln for ln in result.stdout.lines if ln.startswith("gma-ref::")]
@@ -257,8 +258,9 @@ def test_helper_gradients_follow_the_request_and_the_declaration():
 
 def test_helper_case_sets_follow_every_option():
     """long, n_cases and seed give check()'s own sets (same ids); undeclared variants or devices are refused."""
-    from gma_ref.testing import VARIANTS, Declaration, generate_cases
+    from gma_ref.testing import Declaration, generate_cases
     from gma_ref.testing.long import long_cases
+    from gma_ref.testing.names import VARIANTS
     from gma_ref.testing.pytest_plugin import gma_case_list
 
     k64 = NumpyKernel("float64")
@@ -314,7 +316,8 @@ def test_command_line_options_reach_the_case_list(pytester):
     """Each --gma-* option changes the collected ids as gma_case_list's keyword does; refusals are usage errors."""
     from gma_ref.testing.pytest_plugin import gma_case_list
 
-    pytester.makepyfile(kern="from gma_ref.testing import NumpyKernel, Declaration\nk64 = NumpyKernel('float64')\n"
+    pytester.makepyfile(kern="from gma_ref.testing import Declaration\n"
+                             "from gma_ref.testing.emulated import NumpyKernel\nk64 = NumpyKernel('float64')\n"
                              "fwd = NumpyKernel('float64')\nfwd.gma_declaration = Declaration(dtypes=('float64',))\n")
     k64 = NumpyKernel("float64")
 

@@ -8,7 +8,8 @@ from hypothesis import given
 
 from gma_ref import gma_attention
 from gma_ref.strategies import gma_inputs, gma_shapes
-from gma_ref.testing import NumpyKernel, assert_gma_close
+from gma_ref.testing import assert_gma_close
+from gma_ref.testing.emulated import NumpyKernel
 
 _KERNEL = NumpyKernel("float32")
 

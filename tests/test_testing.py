@@ -11,19 +11,11 @@ import pytest
 
 from gma_ref import gma_attention
 from gma_ref.check_cli import main as cli_main
-from gma_ref.testing import (
-    TOLERANCES,
-    Case,
-    Declaration,
-    NumpyKernel,
-    calibrate,
-    case_arrays,
-    check,
-    compare_tensor,
-    default_cases,
-    generate_cases,
-    torch_autograd,
-)
+from gma_ref.testing import Case, Declaration, check, default_cases, generate_cases, torch_autograd
+from gma_ref.testing.calibration import calibrate
+from gma_ref.testing.cases import case_arrays
+from gma_ref.testing.compare import TOLERANCES, compare_tensor
+from gma_ref.testing.emulated import NumpyKernel
 
 from .planted_impls import make_torch_impl
 
@@ -733,7 +725,7 @@ def test_float64_tiny_routed_mass_is_no_false_alarm_and_not_blind(seed):
     """
     import array_api_compat.numpy as xp
 
-    from gma_ref.testing import reference
+    from gma_ref.testing.reference import reference
 
     from .exact_gma import exact_gma
 
@@ -787,7 +779,7 @@ def test_float32_subnormal_gradients_no_false_alarm():
     assert np.abs(a["d_out"]).max() < 2.0**-120
     import array_api_compat.numpy as xp
 
-    from gma_ref.testing import reference
+    from gma_ref.testing.reference import reference
 
     from .exact_gma import exact_gma
 

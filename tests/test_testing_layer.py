@@ -9,18 +9,12 @@ import pytest
 
 from gma_ref.check_cli import main as cli_main
 from gma_ref.layer import GMALayerParams, gma_layer
-from gma_ref.testing import (
-    LAYER_TOLERANCES,
-    Case,
-    Declaration,
-    NumpyKernel,
-    NumpyLayer,
-    calibrate,
-    check,
-    default_layer_cases,
-    generate_layer_cases,
-    layer_case_arrays,
-)
+from gma_ref.testing import Case, Declaration, check, default_layer_cases, generate_layer_cases
+from gma_ref.testing.calibration import calibrate
+from gma_ref.testing.cases import layer_case_arrays
+from gma_ref.testing.compare import LAYER_TOLERANCES
+from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.emulated_layer import NumpyLayer
 
 from .planted_impls import LAYER_BUGS, LAYER_CONTROLS, make_torch_layer_impl
 

@@ -137,7 +137,7 @@ def calibrate_long(impl: Callable[..., Any], dtype: str, *, n_max: int = 131072,
 
     The cases: :func:`~gma_ref.testing.long.long_cases` of each seed plus ``n_generated``
     :func:`~gma_ref.testing.long.generate_long_cases` (N up to ``n_hi``). The long-mode counterpart of
-    :func:`gma_ref.testing.calibrate`; returns its :class:`Calibration`.
+    :func:`gma_ref.testing.calibration.calibrate`; returns its :class:`Calibration`.
     """
     decl = declaration or declaration_of(impl) or Declaration(dtypes=(dtype,))
     the_vjp = resolve_vjp(impl, decl, None)[0] if grad and decl.grad else None

@@ -1,4 +1,4 @@
-"""Accuracy metric and the per-dtype tolerances of the conformance harness.
+"""Accuracy metric and the per-dtype tolerances of the oracle.
 
 For a tensor T with candidate values a and float64 reference r (evaluated on
 the candidate's own rounded inputs), two figures are computed:
@@ -21,7 +21,7 @@ half the smallest subnormal of the dtype (its smallest normal number for a kerne
 that declares ``flush_subnormals``) and λ the read condition of the case
 (:mod:`gma_ref.testing.reference`). τ (``TOLERANCES``) was set at a multiple of the largest value observed for
 correct implementations over ≥ 200 generated cases per dtype (see
-docs/oracle.md and :func:`gma_ref.testing.calibrate`).
+docs/oracle.md and :func:`gma_ref.testing.calibration.calibrate`).
 
 **The granularity term G.** The model ``fl(x ∘ y) = (x ∘ y)(1 + δ)``, |δ| ≤ u, behind
 u_acc · κ and the floors holds in the normal range only. In general (IEEE arithmetic)

@@ -11,7 +11,7 @@ kernel). It serves three purposes:
   prior_logits, causal=…, eps=…, eps_sigma=…, chunk_size=…)`` plus
   ``kernel.vjp``/``kernel.gma_vjp`` and ``kernel.gma_declaration``);
 * the "correct low-precision implementation" whose error distribution
-  calibrates the tolerances (:func:`gma_ref.testing.calibrate`);
+  calibrates the tolerances (:func:`gma_ref.testing.calibration.calibrate`);
 * the base class of the planted-bug kernels in the test suite, each of which
   overrides one step.
 

@@ -11,7 +11,7 @@ layer would be, independently of :mod:`gma_ref.layer`: the projections are
 matrix products per head (a loop over heads, plain ``@``, no einsum), computed
 in float32 (float64 for a float64 layer) and **stored** in the storage dtype
 (Q, K, V, the head outputs, the concatenation, the output and every gradient),
-the per-head attention is the emulated kernel :class:`~gma_ref.testing.NumpyKernel`,
+the per-head attention is the emulated kernel :class:`~gma_ref.testing.emulated.NumpyKernel`,
 and the heads are concatenated head-major (``concat[..., h·d_v + j] = O_h[..., j]``).
 The backward is hand-written: ∂W_O = Σ concatᵀ ∂out, ∂O_h = (∂out W_Oᵀ)_h, the
 kernel's VJP per head, ∂W_Q,h = Σ Xᵀ ∂Q_h, ∂X = Σ_h ∂Q_h W_Q,hᵀ (+ the key and

@@ -5,7 +5,7 @@ in token blocks (never an N × K × d_r array), the sequence walked in tiles of
 ``tile`` tokens (4096) split into chunks of C tokens, a running state (Ṽ, Z)
 carried across chunks in the accumulation precision (float32; float64 for a
 float64 kernel), Γ and the output rounded to the storage dtype (float16 or
-bfloat16 by bit manipulation, as :class:`~gma_ref.testing.NumpyKernel`). The
+bfloat16 by bit manipulation, as :class:`~gma_ref.testing.emulated.NumpyKernel`). The
 bidirectional write goes through the same chunk loop, so a state bug shows in
 every variant. Forward only (no gradients).
 
