@@ -375,7 +375,7 @@ def gma_attention_backward(
     ``residuals`` to rounding. The inputs are validated as without them; the residuals are
     checked cheaply, in O(N (K + d_v)) time: type, dtypes and shapes against the inputs;
     Γ^Q and Γ^K recomputed on a few rows (the first, the last and six between, per batch
-    entry) and compared in probability space, to the scores' rounding (c·u·|s|, at most half of
+    entry) and compared in probability space, to the scores' rounding (c·u·∣s∣, at most half of
     the probability, so Γ of other rows never passes); and, for the latent form,
     ``out`` against the identity Σ_i (u_i + ε) O_i = (1ᵀ Γ^Q) Ṽ. These checks catch
     residuals from other parameters, other options or another batch of tokens, but not

@@ -186,7 +186,7 @@ def scores(
     Computed as written: for each token block, the differences x_im − μ_km ``(..., n, K, d_r)``,
     their squares divided by σ²_km and summed over m, subtracted (halved) from
     b_k = log π_k − ½ d_r log 2π − ½ Σ_m log σ²_km. Memory: the result plus one block of about
-    2¹⁶ terms. Each score is then within γ_{d_r+4} (½ M_ik + |b_k|) of the exact value (u the unit
+    2¹⁶ terms. Each score is then within γ_{d_r+4} (½ M_ik + ∣b_k∣) of the exact value (u the unit
     roundoff, γ_n = n u/(1 − n u)); nothing cancels but b_k − ½ M_ik itself. The faster
     :func:`gma_ref.scores_fast.guarded_scores` (matrix products, used by the pipeline) is held to
     within R = 8 times this bound; both are tested against 40-digit mpmath in every hard regime

@@ -1,7 +1,7 @@
 """The scores of Eq. 50 by matrix products, with a rounding guard: the fast path beside :mod:`.posterior`.
 
 :func:`gma_ref.posterior.scores` is the specification: Eq. 50 term by term,
-s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km with b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|.
+s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km with b_k = log π_k − ½ d_r log 2π − ½ log∣Σ_k∣.
 This module computes the same scores (and their VJP) with two or three matrix products
 instead of N·K·d_r element-wise terms, which is what :mod:`gma_ref.attention` uses by
 default. It is tested against the direct form and 40-digit mpmath in every regime of
@@ -23,13 +23,13 @@ default. It is tested against the direct form and 40-digit mpmath in every regim
 
 4. *Its rounding error.* An inner product of n = 2d_r + 1 terms errs by at most γ_n = n u/(1 − n u)
    times the sum of the absolute values of its terms (u the unit roundoff); forming x', x'², μ'w
-   and C adds a few u more. By Cauchy–Schwarz that sum is ½ A + Σ_m w |x'||μ'| + |b − ½ C| ≤
-   ½ (√A + √C)² + |b|, so |ŝ − s| ≤ γ_{n+4} (½ (√A + √C)² + |b|), against γ_{d_r+4} (½ M + |b|) for
+   and C adds a few u more. By Cauchy–Schwarz that sum is ½ A + Σ_m w ∣x'∣∣μ'∣ + ∣b − ½ C∣ ≤
+   ½ (√A + √C)² + ∣b∣, so ∣ŝ − s∣ ≤ γ_{n+4} (½ (√A + √C)² + ∣b∣), against γ_{d_r+4} (½ M + ∣b∣) for
    the direct form. They differ only where (√A + √C)² ≫ M: x near μ_k while both are far from c
    in units of σ (tight, separated components; the variance floor).
 
 5. *The guard.* (√A + √C)² ≤ 2 (A + C), so a row is trusted when for every k
-   2 (A_ik + C_k) ≤ R (M_ik + own_k), own_k = |log|Σ_k|| + d_r log 2π, R = ``_CANCELLATION_BUDGET``:
+   2 (A_ik + C_k) ≤ R (M_ik + own_k), own_k = ∣log∣Σ_k∣∣ + d_r log 2π, R = ``_CANCELLATION_BUDGET``:
    every entry kept then carries at most R times the direct form's error bound. Rows that fail are
    recomputed by the direct form, in cache-sized blocks. M is not at hand, but M = 2 (b − s):
 
