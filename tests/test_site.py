@@ -5,7 +5,7 @@ with warnings as errors); otherwise it is built into a temporary directory with 
 needs the ``docs`` extra (``pip install -e ".[docs]"``) and takes a minute or two (``slow``).
 The page checks open every page in Chromium (Debian's ``chromium`` package) and assert that
 MathJax typeset every formula without an error and left no raw TeX in the text, and that every
-image loaded. The structure checks read the HTML files: the guide has its twelve pages, the API
+image loaded. The structure checks read the HTML files: the guide has its thirteen pages, the API
 reference documents every public name of every module, and the gallery has a page for every
 example, with output and pictures for the ones it runs. Everything skips, with the reason,
 where the toolchain or Chromium is absent. Set ``GMA_REF_SITE_SCREENSHOTS=DIR`` to keep a
@@ -28,7 +28,7 @@ import pytest
 from tests._cdp import Browser, find_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
-GUIDE_PAGES = 12
+GUIDE_PAGES = 13
 API_MODULES = (
     "mixture", "posterior", "scores_fast", "bidirectional", "induced", "causal", "attention", "layer", "costs",
     "diagnostics", "extensions", "baselines", "testing", "strategies", "verification",
@@ -153,7 +153,7 @@ def test_a_page_with_raw_tex_or_a_broken_image_is_caught(tmp_path: Path, browser
 
 @pytest.mark.slow
 def test_guide_has_one_page_per_section_each_with_a_figure(site: Path) -> None:
-    """docs/guide has its twelve pages, in the paper's order, and each shows at least one figure."""
+    """docs/guide has its thirteen pages (the paper's twelve sections, then gates and geometry), each with a figure."""
     pages = sorted((site / "guide").glob("[0-9][0-9]-*.html"))
     numbers = [int(p.name[:2]) for p in pages]
     assert numbers == list(range(1, GUIDE_PAGES + 1)), numbers
