@@ -1,0 +1,98 @@
+"""Gated layers in the oracle's layer mode: Declaration(gate=...), gated cases, reference and planted gate bugs.
+
+The gated layer is :mod:`gma_ref.layer` with ``gate='elementwise'`` (O_h ⊙ σ(X W_G,h + b_G,h)) or
+``gate='headwise'`` (O_h · σ(X u_h + c_h)), applied before W_O; a gated candidate takes ``gate_w,
+gate_b`` after ``prior_logits`` and its VJP returns ``d_gate_w``, ``d_gate_b`` (docs/oracle.md,
+"Gated layers").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gma_ref.layer import GMALayerParams, gma_layer
+from gma_ref.testing import Declaration, check, default_layer_cases
+from gma_ref.testing.cases import layer_case_arrays, with_gate
+from gma_ref.testing.emulated_layer import NumpyLayer
+from gma_ref.testing.names import GATED_LAYER_INPUT_NAMES, LAYER_INPUT_NAMES
+
+GATES = ("elementwise", "headwise")
+
+
+def _worst(report, metric="norm"):
+    """(tensor, value / threshold) of the worst accuracy result of ``metric`` in ``report``."""
+    rows = [r for r in report.results if r.metric == metric and r.threshold]
+    w = max(rows, key=lambda r: r.value / r.threshold)
+    return w.tensor, w.value / w.threshold
+
+
+# --------------------------------------------------------------------------- declaration and cases
+
+
+def test_declaration_gate_is_validated_and_layer_only():
+    """Declaration(gate=...) takes None, 'elementwise' or 'headwise', and only with mode='layer'; errors name it."""
+    assert Declaration(mode="layer", gate="headwise").gate == "headwise"
+    assert Declaration().gate is None
+    with pytest.raises(ValueError, match="gate must be one of"):
+        Declaration(mode="layer", gate="sigmoid")
+    with pytest.raises(ValueError, match="gate = 'elementwise' needs mode = 'layer'"):
+        Declaration(gate="elementwise")
+
+
+def test_gated_cases_say_their_gate_and_draw_gate_parameters():
+    """A gated case's id ends in -gate-<gate>-s<seed>; its arrays add gate_w, gate_b of the gate's shapes,
+    deterministic in the case, leave the ungated arrays unchanged and spread the gates around 1/2."""
+    base = default_layer_cases(("cross",))[0]
+    plain = layer_case_arrays(base)
+    for gate, w_shape, b_shape in (("elementwise", (3, 12, 6), (3, 6)), ("headwise", (3, 12), (3,))):
+        case = with_gate(base, gate)
+        assert case.case_id.endswith(f"-gate-{gate}-s0")
+        a, again = layer_case_arrays(case), layer_case_arrays(case)
+        assert a["gate_w"].shape == w_shape and a["gate_b"].shape == b_shape
+        for name in plain:
+            if plain[name] is not None:
+                np.testing.assert_array_equal(a[name], plain[name])
+        np.testing.assert_array_equal(a["gate_w"], again["gate_w"])
+        w = a["gate_w"] if gate == "elementwise" else a["gate_w"][..., None]
+        b = a["gate_b"] if gate == "elementwise" else a["gate_b"][:, None]
+        g = 1 / (1 + np.exp(-(np.matmul(a["x"][:, None], w) + b[None, :, None])))
+        assert 0.3 < g.mean() < 0.7 and g.std() > 0.1
+    with pytest.raises(ValueError, match="gate must be one of"):
+        with_gate(base, "sigmoid")
+    assert "gate" not in base.case_id and with_gate(default_layer_cases()[0], None) == default_layer_cases()[0]
+
+
+def test_gated_names_extend_the_layer_convention():
+    """The gated convention is the layer's with gate_w, gate_b appended (so prior_logits stays 9th)."""
+    assert GATED_LAYER_INPUT_NAMES == (*LAYER_INPUT_NAMES, "gate_w", "gate_b")
+
+
+def test_numpy_layer_gated_forward_matches_gma_layer():
+    """The gated NumpyLayer in float64 computes gma_layer(..., gate=...) to rounding (forward before backward)."""
+    for gate in GATES:
+        case = with_gate(default_layer_cases(("causal",))[0], gate)
+        a = layer_case_arrays(case)
+        params = GMALayerParams(**{n: a[n] for n in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits",
+                                                     "gate_w", "gate_b")})
+        want = gma_layer(params, a["x"], causal=True, gate=gate, chunk_size=case.chunk_size)
+        got = NumpyLayer("float64", gate=gate)(*(a[n] for n in GATED_LAYER_INPUT_NAMES), causal=True)
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- the correct gated layer passes
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_correct_gated_layer_passes_default_check(dtype, gate):
+    """The correct gated NumPy layer passes the default layer check with every gradient, the gate's included,
+    with room to spare (worst normwise error / threshold < 1/4, measured ~0.004-0.04)."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
+    report = check(NumpyLayer(dtype, gate=gate), dtype=dtype, grad=True)
+    assert report.passed, report.format()
+    assert report.case_ids and all(f"-gate-{gate}-s" in c for c in report.case_ids)
+    tensors = {r.tensor for r in report.results if r.metric == "norm"}
+    assert {"out", "d_x", "d_w_o", "d_gate_w", "d_gate_b"} <= tensors
+    assert _worst(report)[1] < 0.25
