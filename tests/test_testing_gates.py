@@ -96,3 +96,89 @@ def test_correct_gated_layer_passes_default_check(dtype, gate):
     tensors = {r.tensor for r in report.results if r.metric == "norm"}
     assert {"out", "d_x", "d_w_o", "d_gate_w", "d_gate_b"} <= tensors
     assert _worst(report)[1] < 0.25
+
+
+# --------------------------------------------------------------------------- planted gate bugs
+
+
+class GateAfterOutputProjection(NumpyLayer):
+    """The gate applied after W_O: out = (concat(O) W_O) · ḡ, ḡ the token's gate averaged over heads (and channels)."""
+
+    def output(self, heads, gate, w_o):
+        concat, out = super().output(heads, None, w_o)
+        return concat, self.store(out * gate.mean(axis=(1, 3))[..., None])
+
+
+class SigmoidDerivativePlus(NumpyLayer):
+    """The wrong sigmoid derivative σ(1 + σ) instead of σ(1 − σ) in the gate's backward."""
+
+    def gate_derivative(self, g):
+        return g * (1 + g)
+
+
+class GateBiasGradAveraged(NumpyLayer):
+    """The gate bias gradient averaged over the batch and tokens instead of summed."""
+
+    def gate_bias_grad(self, d_act):
+        return d_act.mean(axis=(0, 2))
+
+
+class GateInputGradMissing(NumpyLayer):
+    """∂X without the gate's path Σ_h ∂a_h W_G,hᵀ (the gate treated as a constant of X)."""
+
+    def gate_input_grad(self, d_act, gate_w):
+        return np.zeros((d_act.shape[0], d_act.shape[2], gate_w.shape[1]), dtype=d_act.dtype)
+
+
+GATE_BUGS = [
+    (GateAfterOutputProjection, "headwise", "out"),
+    (GateAfterOutputProjection, "elementwise", "out"),
+    (SigmoidDerivativePlus, "elementwise", "d_gate_w"),
+    (SigmoidDerivativePlus, "headwise", "d_gate_b"),
+    (GateBiasGradAveraged, "headwise", "d_gate_b"),
+    (GateBiasGradAveraged, "elementwise", "d_gate_b"),
+    (GateInputGradMissing, "elementwise", "d_x"),
+    (GateInputGradMissing, "headwise", "d_x"),
+]
+
+
+@pytest.mark.parametrize("bug,gate,tensor", GATE_BUGS, ids=[f"{b.__name__}-{g}" for b, g, _ in GATE_BUGS])
+def test_planted_gate_bug_is_flagged(bug, gate, tensor):
+    """Each planted gate bug fails the default float32 gated layer check, on the tensor it breaks, by a wide
+    factor (worst normwise error / threshold > 10; measured in docs/oracle.md, "Gated layers")."""
+    report = check(bug("float32", gate=gate), dtype="float32", grad=True)
+    assert not report.passed
+    failed = {r.tensor for r in report.results if not r.passed}
+    assert tensor in failed, report.format()
+    worst = max(r.value / r.threshold for r in report.results if r.metric == "norm" and r.tensor == tensor)
+    assert worst > 10
+
+
+# --------------------------------------------------------------------------- gate and declaration disagree
+
+
+class _Undeclared(NumpyLayer):
+    """A gated layer whose declaration states no gate."""
+
+    def __init__(self, gate):
+        super().__init__("float32", gate=gate)
+        self.gma_declaration = Declaration(dtypes=("float32",), grad=True, mode="layer", accepts_chunk_size=True)
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_gated_layer_checked_without_its_gate_fails_clearly(gate):
+    """A gated layer checked as ungated gets a labelled failure (the call's TypeError), not a crash."""
+    report = check(_Undeclared(gate), dtype="float32", grad=True)
+    assert not report.passed and "gate" not in "".join(report.case_ids)
+    text = report.format()
+    assert "TypeError" in text and "positional arguments" in text
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_ungated_layer_declaring_a_gate_fails_clearly(gate):
+    """An ungated layer declaring a gate is called with gate_w, gate_b and fails with a labelled TypeError."""
+    layer = NumpyLayer("float32")
+    layer.gma_declaration = Declaration(dtypes=("float32",), grad=True, mode="layer", gate=gate)
+    report = check(layer, dtype="float32", grad=True)
+    assert not report.passed and all(f"-gate-{gate}-" in c for c in report.case_ids)
+    assert "TypeError" in report.format() and "positional arguments" in report.format()

@@ -137,6 +137,11 @@ class NumpyLayer:
         """The gate's term of ∂X: Σ_h ∂a_h W_G,hᵀ, (B, N, d_model)."""
         return self.input_grad(d_act, self.gate_matrix(gate_w))
 
+    def output(self, heads: np.ndarray, gate: np.ndarray | None, w_o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(concat, out): the heads, gated (stored) when ``gate`` is given, concatenated, times W_O (stored)."""
+        concat = self.concat_heads(heads if gate is None else self.store(heads * gate))
+        return concat, self.store(concat @ w_o)
+
     # ------------------------------------------------------------------ forward
 
     def _forward(self, x: Any, y: Any, w_q: Any, w_k: Any, w_v: Any, w_o: Any, means: Any, omega: Any,
@@ -152,9 +157,7 @@ class NumpyLayer:
         if self.gate is not None:
             gw, gb = (self.cast_in(a) for a in gate_wb)
             f.update(gate_w=gw, gate=self.gate_activation(self.gate_preact(xx, gw, gb)))
-            heads = self.store(heads * f["gate"])
-        concat = self.concat_heads(heads)
-        out = self.store(concat @ wo)
+        concat, out = self.output(heads, f["gate"], wo)
         return f | {"x": xx, "y": yy, "ctx": ctx, "w_q": wq, "w_k": wk, "w_v": wv, "w_o": wo, "q": q, "k": k,
                     "v": v, "mix": mix, "opts": opts, "concat": concat, "out": out}
 
@@ -162,9 +165,8 @@ class NumpyLayer:
         """(layer arguments, (gate_w, gate_b)) of a call; a count that does not fit the gate is a TypeError."""
         want = 9 + (2 if self.gate is not None else 0) + (1 if what == "vjp" else 0)
         if len(args) != want:
-            conv = "ungated" if self.gate is None else f"{self.gate}-gated"
-            raise TypeError(f"{self.__name__}.{what}: an {conv} layer takes {want} positional arguments, "
-                            f"got {len(args)}")
+            raise TypeError(f"{self.__name__}.{what}: with gate = {self.gate!r} it takes {want} positional "
+                            f"arguments, got {len(args)} (is the gate declared: Declaration(gate=...)?)")
         tail = args[9:11] if self.gate is not None else ()
         return args[:9] + args[9 + len(tail):], tail
 
