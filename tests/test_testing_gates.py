@@ -204,3 +204,23 @@ def test_pytest_plugin_collects_gated_cases():
     items = gma_case_list(layer, grad=True)
     assert len(items) == 25 and all(c.case.gate == "headwise" for c in items)
     assert check_case(layer, items[0]).passed
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_torch_autograd_reads_the_declared_gate():
+    """torch_autograd of a gated torch layer (gma_layer on torch tensors) returns d_gate_w, d_gate_b, and the
+    layer passes the default float32 gated check; the gate's gradients are checked."""
+    pytest.importorskip("torch", reason="the autograd adapter needs torch")
+    from gma_ref.testing.adapters import torch_autograd
+
+    def layer(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, gate_w, gate_b, *, causal, eps, eps_sigma):
+        params = GMALayerParams(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, means=means, omega=omega,
+                                prior_logits=prior_logits, gate_w=gate_w, gate_b=gate_b)
+        return gma_layer(params, x, y, causal=causal, eps=eps, eps_sigma=eps_sigma, gate="headwise",
+                         check_finite=False)
+
+    layer.gma_declaration = Declaration(mode="layer", namespace="torch", grad=True, gate="headwise")
+    layer.gma_vjp = torch_autograd(layer)
+    report = check(layer, variants=("causal", "cross"))
+    assert report.passed, report.format()
+    assert {"d_gate_w", "d_gate_b"} <= {r.tensor for r in report.results if r.metric == "norm"}
