@@ -224,3 +224,17 @@ def test_torch_autograd_reads_the_declared_gate():
     report = check(layer, variants=("causal", "cross"))
     assert report.passed, report.format()
     assert {"d_gate_w", "d_gate_b"} <= {r.tensor for r in report.results if r.metric == "norm"}
+
+
+def test_gated_case_file_round_trips(tmp_path):
+    """A gated case written as a reproducer reads back with its gate and gate arrays, and re-checks the same."""
+    from gma_ref.testing.repro import load_case_file, write_reproducer
+
+    case = with_gate(default_layer_cases(("cross",))[0], "elementwise")
+    arrays = layer_case_arrays(case)
+    decl = Declaration(mode="layer", grad=True, gate="elementwise")
+    path = write_reproducer(str(tmp_path), case, arrays, decl, name="m:f", grad=True, failures=[])
+    back = load_case_file(path)
+    assert back.case == case and back.case.gate == "elementwise"
+    np.testing.assert_array_equal(back.arrays["gate_w"], arrays["gate_w"])
+    assert check(NumpyLayer("float32", gate="elementwise"), cases=[back.case], grad=True).passed
