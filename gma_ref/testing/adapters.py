@@ -19,7 +19,7 @@ from typing import Any
 
 from .._array import Array
 from .declaration import Declaration, declaration_of
-from .names import INPUT_NAMES, LAYER_INPUT_NAMES, MODES, NAMESPACES
+from .names import INPUT_NAMES, MODES, NAMESPACES, layer_input_names
 
 __all__ = [
     "NAMESPACES",
@@ -204,12 +204,13 @@ def snapshot(a: Array) -> Any:
 
 
 def _input_names(impl: Callable[..., Any], mode: str | None) -> tuple[str, ...]:
+    decl = getattr(impl, "gma_declaration", None)
     if mode is None:
-        decl = getattr(impl, "gma_declaration", None)
         mode = decl.mode if isinstance(decl, Declaration) else "attention"
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return LAYER_INPUT_NAMES if mode == "layer" else INPUT_NAMES
+    gate = decl.gate if isinstance(decl, Declaration) else None
+    return layer_input_names(gate) if mode == "layer" else INPUT_NAMES
 
 
 def torch_autograd(impl: Callable[..., Any], mode: str | None = None) -> Callable[..., dict[str, Any]]:

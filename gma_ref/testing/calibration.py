@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .case_runner import evaluate_case, resolve_vjp
-from .cases import VARIANTS, default_cases, default_layer_cases, generate_cases, generate_layer_cases
+from .cases import VARIANTS, default_cases, default_layer_cases, generate_cases, generate_layer_cases, with_gate
 from .compare import Tolerance
 from .declaration import Declaration, declaration_of
 from .long import generate_long_cases, long_cases
@@ -108,6 +108,8 @@ def calibrate(
     defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
     cases = defaults(tuple(variants), dtype=dtype, seed=seed)
     cases += generate(n_cases, variants=tuple(variants), dtype=dtype, seed=seed + 1)
+    if layer:  # the declared output gate (None: ungated)
+        cases = [with_gate(c, decl.gate) for c in cases]
     return _calibrate_cases(impl, cases, decl, the_vjp, dtype, device)
 
 

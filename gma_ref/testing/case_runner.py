@@ -35,7 +35,7 @@ from .cases import Case, case_arrays, layer_case_arrays
 from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, Tolerance, compare_tensor, t_store, unit_scale
 from .declaration import Declaration
 from .long import LONG_THRESHOLD, LONG_TOLERANCES, long_reference
-from .names import GRAD_NAMES, INPUT_NAMES, LAYER_INPUT_NAMES
+from .names import GRAD_NAMES, INPUT_NAMES, layer_input_names
 from .reference import layer_reference, reference
 from .report import CheckResult
 
@@ -157,7 +157,7 @@ def _prepare(case: Case, declaration: Declaration, vjp: Any, device: str, xp: An
              full_traceback: bool, arrays: dict[str, Any] | None) -> _Run:
     """Round the inputs of ``case`` for the candidate, evaluate the reference on them, snapshot them."""
     layer = case.is_layer
-    names = LAYER_INPUT_NAMES if layer else INPUT_NAMES
+    names = layer_input_names(case.gate) if layer else INPUT_NAMES
     if layer and tolerance is None:
         tolerance = LAYER_TOLERANCES[case.dtype]
     long = not layer and case.n_q * case.n_k > LONG_THRESHOLD

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from .names import DTYPES, LAYER_REGIMES, REGIMES, VARIANTS
+from .names import DTYPES, GATES, LAYER_REGIMES, REGIMES, VARIANTS
 
 __all__ = [
     "tie_head_width",
+    "with_gate",
     "VARIANTS",
     "DTYPES",
     "REGIMES",
@@ -69,7 +70,9 @@ class Case:
     accept it (and used by the causal reference). ``dtype`` is the dtype the
     candidate receives. ``d_model`` > 0 makes it a **layer case** (the multi-head
     layer: x ``(B, N_q, d_model)``, context y ``(B, N_k, d_model)`` for cross, and
-    the projections W_Q, W_K, W_V, W_O; see :func:`layer_case_arrays`).
+    the projections W_Q, W_K, W_V, W_O; see :func:`layer_case_arrays`). ``gate``
+    (layer cases only: ``None``, ``'elementwise'`` or ``'headwise'``) adds the output
+    gate's ``gate_w``, ``gate_b`` (docs/oracle.md, "Gated layers").
     """
 
     variant: str
@@ -87,6 +90,7 @@ class Case:
     chunk_size: int = 16
     seed: int = 0
     d_model: int = 0
+    gate: str | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -104,6 +108,10 @@ class Case:
             raise ValueError(f"d_model must be >= 1 for a layer case (0 for an attention case), got {self.d_model}")
         if self.is_layer and self.regime not in LAYER_REGIMES:
             raise ValueError(f"layer cases support the regimes {LAYER_REGIMES}, got {self.regime!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
+        if self.gate is not None and not self.is_layer:
+            raise ValueError(f"gate = {self.gate!r} needs a layer case (d_model >= 1), got d_model = {self.d_model}")
 
     @property
     def is_layer(self) -> bool:
@@ -129,6 +137,8 @@ class Case:
             parts.append(self.regime)
         if self.eps != (1e-12 if self.regime == "tiny_eps" else 1e-6):
             parts.append(f"eps{self.eps:g}")
+        if self.gate is not None:
+            parts.append(f"gate-{self.gate}")
         parts.append(f"s{self.seed}")
         return "-".join(parts)
 
@@ -423,6 +433,13 @@ def layer_case_arrays(case: Case) -> dict[str, Any]:
     ``far`` scales the tokens by 8 after the means are placed (routing vectors far
     from every mean); ``tiny_eps`` (ε = 1e-12) makes component 0 tight and centred
     on one query's routing vector, which keys rarely visit (u_i ≪ 1 for that query).
+    A gated case (``case.gate``) adds ``gate_w`` (elementwise ``(H, d_model, d_v)``,
+    head-wise ``(H, d_model)``) and ``gate_b`` (``(H, d_v)`` or ``(H,)``), drawn after
+    every other array (the ungated arrays do not depend on the gate): ``gate_w`` with
+    standard deviation 1/√d_model as :func:`gma_ref.layer.init_layer_params`, so the
+    pre-activations are O(1), and ``gate_b`` ~ N(0, 0.5²): gates spread around 1/2,
+    different per token, channel and head, so a wrong gate shows. In the ``far``
+    regime ``gate_w`` is divided by the same 8 (the gate stays O(1); far is about routing).
     Deterministic in ``case``.
     """
     if not case.is_layer:
@@ -454,8 +471,19 @@ def layer_case_arrays(case: Case) -> dict[str, Any]:
         means[:, 0] = q[0, :, case.n_q // 2]
         omega[:, 0] = -4.0
     d_out = rng.normal(size=(b, case.n_q, dm))
-    return {"x": x, "y": y, "w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o, "means": means, "omega": omega,
-            "prior_logits": prior_logits, "d_out": d_out}
+    out = {"x": x, "y": y, "w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o, "means": means, "omega": omega,
+           "prior_logits": prior_logits, "d_out": d_out}
+    if case.gate is not None:
+        width = (case.d_v,) if case.gate == "elementwise" else ()
+        scale = 8.0 if case.regime == "far" else 1.0
+        out["gate_w"] = rng.normal(size=(h, dm) + width) / (math.sqrt(dm) * scale)
+        out["gate_b"] = rng.normal(scale=0.5, size=(h,) + width)
+    return out
+
+
+def with_gate(case: Case, gate: str | None) -> Case:
+    """A layer case with output gate ``gate`` (``None``: ungated); an attention case is returned unchanged."""
+    return replace(case, gate=gate) if case.is_layer else case
 
 
 def tie_head_width(case: Case, d_multiple: int = 1, d_max: int | None = None) -> tuple[Case, list[str]]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .names import DEVICES, DTYPES, MODES, NAMESPACES, VARIANTS
+from .names import DEVICES, DTYPES, GATES, MODES, NAMESPACES, VARIANTS
 
 __all__ = ["Declaration", "declaration_of", "MAX_MULTIPLE", "EPS_RANGE"]
 
@@ -58,6 +58,10 @@ class Declaration:
         Layer mode: the layer's head width is tied, d_r = d_v = d_model / H (as in most
         multi-head layers); the layer cases are generated that way
         (:func:`~gma_ref.testing.cases.tie_head_width`).
+    gate : None, ``'elementwise'`` or ``'headwise'``
+        Layer mode only: the layer's output gate (:mod:`gma_ref.layer`). A gated layer takes
+        ``gate_w, gate_b`` after ``prior_logits`` and its VJP returns ``d_gate_w``, ``d_gate_b``
+        too; the layer cases are generated with that gate (docs/oracle.md, "Gated layers").
     eps, eps_sigma : float or None
         The read stabiliser ε and the variance floor ε_σ the kernel is built with. ``None``
         (default): any value, the harness passes each case's own. A float: the kernel's
@@ -92,6 +96,7 @@ class Declaration:
     extra: dict[str, Any] = field(default_factory=dict)
     mode: str = "attention"
     tied_head_width: bool = False
+    gate: str | None = None
     eps: float | None = None
     eps_sigma: float | None = None
     n_multiple: int = 1
@@ -118,6 +123,11 @@ class Declaration:
                      "flush_subnormals"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
+        if self.gate is not None and self.mode != "layer":
+            raise ValueError(f"gate = {self.gate!r} needs mode = 'layer' (a gate is part of the multi-head layer), "
+                             f"got mode = {self.mode!r}")
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
         for name, (lo, hi) in EPS_RANGE.items():

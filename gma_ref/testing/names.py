@@ -34,6 +34,10 @@ __all__ = [
     "GRAD_NAMES",
     "LAYER_INPUT_NAMES",
     "LAYER_GRAD_NAMES",
+    "GATED_LAYER_INPUT_NAMES",
+    "GATED_LAYER_GRAD_NAMES",
+    "GATES",
+    "layer_input_names",
     "VARIANTS",
     "DTYPES",
     "REGIMES",
@@ -51,6 +55,18 @@ GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in INPUT_NAMES)
 LAYER_INPUT_NAMES: tuple[str, ...] = ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")
 #: Gradient names returned by a layer VJP (``d_y`` only for cross-attention).
 LAYER_GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in LAYER_INPUT_NAMES)
+#: Argument names of a *gated* layer: the layer's, then the gate's weight and bias (docs/oracle.md, "Gated layers").
+GATED_LAYER_INPUT_NAMES: tuple[str, ...] = (*LAYER_INPUT_NAMES, "gate_w", "gate_b")
+#: Gradient names returned by a gated layer's VJP.
+GATED_LAYER_GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in GATED_LAYER_INPUT_NAMES)
+#: The output gates a layer may declare (``None``: ungated); as :data:`gma_ref.layer.GATES`.
+GATES: tuple[str | None, ...] = (None, "elementwise", "headwise")
+
+
+def layer_input_names(gate: str | None) -> tuple[str, ...]:
+    """The layer calling convention's argument names for ``gate`` (one of :data:`GATES`)."""
+    return LAYER_INPUT_NAMES if gate is None else GATED_LAYER_INPUT_NAMES
+
 
 #: The three variants of GMA the oracle knows.
 VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")

@@ -47,6 +47,7 @@ from .cases import (
     default_layer_cases,
     generate_cases,
     generate_layer_cases,
+    with_gate,
 )
 from .declaration import Declaration, declaration_of
 from .long import LONG_SIZES, long_cases
@@ -120,6 +121,8 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
         defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
         cases = defaults(active, dtype=dtype, seed=seed) + (
             generate(n_cases, variants=active, dtype=dtype, seed=seed + 1) if n_cases and active else [])
+        if layer:  # the declared output gate (None: ungated)
+            cases = [with_gate(c, decl.gate) for c in cases]
     if decl.constrained:
         cases = [constrain_case(c, eps=decl.eps, eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple,
                                 n_max=decl.n_max, k_multiple=decl.k_multiple, k_max=decl.k_max,

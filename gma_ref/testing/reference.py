@@ -400,7 +400,9 @@ def layer_reference(
     on float64 arrays of ``xp`` (the candidate's rounded inputs, upcast). Returns
     :class:`Reference` with ``out`` ``(B, N_q, d_model)`` and, with ``d_out``, the
     gradients ``d_x``, ``d_y`` (cross only), ``d_w_q``, ``d_w_k``, ``d_w_v``, ``d_w_o``,
-    ``d_means``, ``d_omega``, ``d_prior_logits``. ``kappa`` and ``read_condition`` are
+    ``d_means``, ``d_omega``, ``d_prior_logits`` (and ``d_gate_w``, ``d_gate_b`` for a
+    gated layer: ``inputs`` holding ``gate_w``, ``gate_b``, elementwise when ``gate_w`` is
+    3-D, head-wise when 2-D; :mod:`gma_ref.layer`). ``kappa`` and ``read_condition`` are
     those of the per-head GMA on the float64 projections; ``proj_condition`` is κ_P
     (:func:`_proj_kappa`, the larger of the query and the key side). The floors are
     the RMS of the cancellation-free magnitudes of the layer's gradients: the
@@ -413,9 +415,11 @@ def layer_reference(
     x, y = inputs["x"], inputs.get("y")
     w_q, w_k, w_v, w_o = inputs["w_q"], inputs["w_k"], inputs["w_v"], inputs["w_o"]
     means, omega, prior_logits = inputs["means"], inputs["omega"], inputs["prior_logits"]
-    params = GMALayerParams(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, means=means, omega=omega, prior_logits=prior_logits)
-    kw = {"causal": causal, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": chunk_size}
+    params = GMALayerParams(w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, means=means, omega=omega, prior_logits=prior_logits,
+                            gate_w=inputs.get("gate_w"), gate_b=inputs.get("gate_b"))
+    kw = {"causal": causal, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": chunk_size, "gate": params.gate}
     out = gma_layer(params, x, y, check_finite=False, **kw)
+    del kw["gate"]
     ctx = x if y is None else y
 
     def project(a: Array, w: Array) -> Array:
@@ -439,11 +443,12 @@ def layer_reference(
     c_mag = _concat(xp, heads * heads + v_rms * v_rms)
     fl: dict[str, float] = {"out": _rms(xp, xp.sqrt(xp.matmul(c_mag, w_o * w_o)))}
     if d_out is not None:
-        g = gma_layer_backward(params, x, y, d_out=d_out, **kw)
+        g = gma_layer_backward(params, x, y, d_out=d_out, gate=params.gate, **kw)
         tensors["d_x"] = g.d_x
         if y is not None:
             tensors["d_y"] = g.d_y
-        for name in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits"):
+        gated = ("gate_w", "gate_b") if params.gate is not None else ()
+        for name in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits", *gated):
             tensors["d_" + name] = getattr(g.d_params, name)
         fl.update({name: 0.0 for name in tensors if name != "out"})
         if floors:
@@ -459,6 +464,11 @@ def _layer_floors(xp: Any, x: Array, y: Array | None, params: Any, q: Array, k: 
 
     ``c_mag`` is the squared magnitude of the concatenated head outputs (at least the RMS of each head's
     values, like the output floor), so ∂W_O is compared at the scale the head outputs could have had.
+
+    A gated layer (:func:`_gate_floors`) multiplies each head's output by g = σ(a) ∈ (0, 1) before W_O
+    and its cotangent by the same g, so the ungated magnitudes used here for ``out``, ∂W_O and the
+    attention gradients are upper bounds of the gated ones (and cover the rounding of the product
+    O_h ⊙ g, which is of the size |O_h|); the gate adds a path to ∂X and the two gate gradients.
     """
     mt = xp.matrix_transpose
     w_o = params.w_o
@@ -482,7 +492,11 @@ def _layer_floors(xp: Any, x: Array, y: Array | None, params: Any, q: Array, k: 
     flat_g = xp.reshape(d_out, (-1, d_model))
     ctx_sq = in_sq(mags["d_k"], params.w_k) + in_sq(mags["d_v"], params.w_v)
     x_sq = in_sq(mags["d_q"], params.w_q) + (ctx_sq if y is None else 0.0)
-    fl = {
+    fl: dict[str, float] = {}
+    if params.gate is not None:
+        gate_x_sq, fl["d_gate_w"], fl["d_gate_b"] = _gate_floors(xp, x, params, heads, c_mag, d_heads, w_mag, in_sq)
+        x_sq = x_sq + gate_x_sq
+    fl |= {
         "d_x": _rms(xp, xp.sqrt(x_sq)),
         "d_w_q": _rms(xp, w_mag(x, mags["d_q"])),
         "d_w_k": _rms(xp, w_mag(ctx, mags["d_k"])),
@@ -495,3 +509,33 @@ def _layer_floors(xp: Any, x: Array, y: Array | None, params: Any, q: Array, k: 
     if y is not None:
         fl["d_y"] = _rms(xp, xp.sqrt(ctx_sq))
     return fl
+
+
+def _gate_floors(xp: Any, x: Array, params: Any, heads: Array, c_mag: Array, d_heads: Array, w_mag: Any,
+                 in_sq: Any) -> tuple[Array, float, float]:
+    """Cancellation-free magnitudes of the gate's backward: (∂X's squared gate term, floor ∂W_G, floor ∂b_G).
+
+    The gate's backward (:func:`gma_ref.layer.gma_layer_backward`) is, per head h, with
+    a = X W_G,h + b_G,h, g = σ(a), gated = O_h ⊙ g and D = ∂L/∂gated = (∂L/∂out W_Oᵀ)_h::
+
+        ∂L/∂g_c  = Σ_j D_j O_h,j          (j over the d_v channels a head-wise gate spans; just j = c elementwise)
+        ∂L/∂a    = ∂L/∂g · g (1 − g)
+        ∂L/∂W_G,h = Σ_{b,n} X_bn ⊗ ∂L/∂a_bn,   ∂L/∂b_G,h = Σ_{b,n} ∂L/∂a_bn,   ∂X += Σ_h ∂L/∂a_h W_G,hᵀ
+
+    Each sum is replaced by the root-sum-square of its terms' magnitudes: |D| is ``d_heads``
+    (|∂L/∂out| |W_O|ᵀ as a root-sum-square), |O_h,j|² is the output floor's O_h,j² + RMS(V_h)²
+    (``c_mag`` before concatenation), and g (1 − g) ≤ 1/4 is the exact local factor (no sum in it).
+    ``in_sq``/``w_mag`` are :func:`_layer_floors`' root-sum-square products through a projection.
+    """
+    w = params.gate_w if params.gate == "elementwise" else xp.expand_dims(params.gate_w, axis=-1)
+    b = params.gate_b if params.gate == "elementwise" else xp.expand_dims(params.gate_b, axis=-1)
+    g = 1.0 / (1.0 + xp.exp(-(xp.matmul(xp.expand_dims(x, axis=-3), w) + xp.expand_dims(b, axis=-2))))
+    h, d_v = heads.shape[-3], heads.shape[-1]
+    o_sq = xp.moveaxis(xp.reshape(c_mag, tuple(c_mag.shape[:-1]) + (h, d_v)), -2, -3)  # (B, H, N, d_v)
+    dg_sq = d_heads * d_heads * o_sq
+    if params.gate == "headwise":
+        dg_sq = xp.sum(dg_sq, axis=-1, keepdims=True)
+    d_act = xp.sqrt(dg_sq) * g * (1.0 - g)  # (B, H, N, d_g)
+    flat = xp.reshape(d_act * d_act, (-1,) + tuple(d_act.shape[-3:]))
+    d_b = xp.sqrt(xp.sum(xp.sum(flat, axis=0), axis=-2))  # (H, d_g)
+    return in_sq(d_act, w), _rms(xp, w_mag(x, d_act)), _rms(xp, d_b)

@@ -42,6 +42,7 @@ from .cases import (
     generate_cases,
     generate_layer_cases,
     tie_head_width,
+    with_gate,
 )
 from .compare import Tolerance
 from .long import LONG_SIZES, long_cases
@@ -295,6 +296,8 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
             case_list += generate(n_cases, variants=active, dtype=dtype, seed=seed + 1)
     else:
         case_list = [c.with_dtype(dtype) for c in cases if c.variant in active and c.is_layer == layer]
+    if layer and not from_file:  # the declared output gate (None: ungated) for every layer case
+        case_list = [with_gate(c, decl.gate) for c in case_list]
     if decl.constrained and not from_file:
         case_list = _constrain(case_list, decl, report)
     return case_list
