@@ -424,6 +424,13 @@ class _SourceFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exec(compile(self.source, str(self.path), "exec"), module.__dict__)
 
 
+#: The test runs use plain asserts: gma-ref installs a pytest plugin (a ``pytest11`` entry point), so
+#: pytest marks every module of the gma-ref distribution for assertion rewriting, and its rewriting
+#: import hook (ahead of the mutant's) would load gma_ref's modules from disk — no mutant would ever
+#: be tested. Plain asserts change no verdict, only the failure messages nobody reads here.
+_NO_PLUGIN = ("--assert=plain",)
+
+
 def _dotted(module: str) -> str:
     return module.removesuffix(".py").replace("/", ".")
 
@@ -446,7 +453,8 @@ def run_one(module: str, source: str, tests: list[str], timeout: float, verbose:
             sys.meta_path.insert(0, _SourceFinder(_dotted(module), ROOT / module, source))
             import pytest
 
-            args = ["-x", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci", "-c", str(ROOT / "pyproject.toml"),
+            args = ["-x", "-q", "-p", "no:cacheprovider", *_NO_PLUGIN, "--hypothesis-profile=ci",
+                    "-c", str(ROOT / "pyproject.toml"),
                     "--rootdir", str(ROOT), *[str(ROOT / t) for t in tests]]
             code = pytest.main(args)
             os._exit(0 if code == 0 else 1)
@@ -516,7 +524,8 @@ def coverage_map(module: str, tests: list[str], timeout: float) -> tuple[dict[st
 
             sys.settrace(tracer)
             threading.settrace(tracer)
-            args = ["-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci", "-c", str(ROOT / "pyproject.toml"),
+            args = ["-q", "-p", "no:cacheprovider", *_NO_PLUGIN, "--hypothesis-profile=ci",
+                    "-c", str(ROOT / "pyproject.toml"),
                     "--rootdir", str(ROOT), *[str(ROOT / t) for t in tests]]
             code = pytest.main(args, plugins=[Recorder()])
             sys.settrace(None)
