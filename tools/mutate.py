@@ -48,6 +48,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENTS = ROOT / "tools" / "mutation-equivalents.txt"
 
+#: The tests of the scores and responsibilities: both the direct form (posterior) and the fast path
+#: (scores_fast) answer to them.
+_SCORES_TESTS: list[str] = [
+    "tests/test_posterior.py",
+    "tests/test_softmax_backward_shift.py",
+    "tests/test_score_overflow.py",
+    "tests/test_posterior_contracts.py",
+    "tests/test_scores_guard.py",
+    "tests/test_token_blocks.py",
+    "tests/test_scores_backward_contract.py",
+    "tests/test_attention_residuals.py",
+    "tests/test_bad_input.py",
+    "tests/test_gradients.py",
+    "tests/test_backward_vs_sympy.py",
+    "tests/test_gradient_identities.py",
+    "tests/test_scores_accuracy.py",
+    "tests/test_attention_overflow_guard.py",
+    "tests/test_exact.py",
+]
+
 #: Test files run against each module's mutants, fastest and most targeted first (``-x`` stops
 #: at the first failure, so a killed mutant usually costs only the first file or two).
 MODULE_TESTS: dict[str, list[str]] = {
@@ -69,40 +89,8 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_gradient_identities.py",
         "tests/test_exact.py",
     ],
-    "gma_ref/posterior.py": [
-        "tests/test_posterior.py",
-        "tests/test_softmax_backward_shift.py",
-        "tests/test_score_overflow.py",
-        "tests/test_posterior_contracts.py",
-        "tests/test_scores_guard.py",
-        "tests/test_token_blocks.py",
-        "tests/test_scores_backward_contract.py",
-        "tests/test_attention_residuals.py",
-        "tests/test_bad_input.py",
-        "tests/test_gradients.py",
-        "tests/test_backward_vs_sympy.py",
-        "tests/test_gradient_identities.py",
-        "tests/test_scores_accuracy.py",
-        "tests/test_attention_overflow_guard.py",
-        "tests/test_exact.py",
-    ],
-    "gma_ref/scores_fast.py": [
-        "tests/test_posterior.py",
-        "tests/test_softmax_backward_shift.py",
-        "tests/test_score_overflow.py",
-        "tests/test_posterior_contracts.py",
-        "tests/test_scores_guard.py",
-        "tests/test_token_blocks.py",
-        "tests/test_scores_backward_contract.py",
-        "tests/test_attention_residuals.py",
-        "tests/test_bad_input.py",
-        "tests/test_gradients.py",
-        "tests/test_backward_vs_sympy.py",
-        "tests/test_gradient_identities.py",
-        "tests/test_scores_accuracy.py",
-        "tests/test_attention_overflow_guard.py",
-        "tests/test_exact.py",
-    ],
+    "gma_ref/posterior.py": _SCORES_TESTS,
+    "gma_ref/scores_fast.py": _SCORES_TESTS,  # the fast path is tested where the direct form is
     "gma_ref/bidirectional.py": [
         "tests/test_bidirectional.py",
         "tests/test_routing_input_checks.py",

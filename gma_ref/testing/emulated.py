@@ -30,7 +30,7 @@ import numpy as np
 
 from .declaration import Declaration
 
-__all__ = ["round_to", "NumpyKernel"]
+__all__ = ["round_to", "sum_to", "NumpyKernel"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -54,7 +54,8 @@ def round_to(a: np.ndarray, storage: str) -> np.ndarray:
     return a
 
 
-def _sum_to(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def sum_to(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum ``a`` over the axes it was broadcast along to reach it from ``shape``."""
     extra = a.ndim - len(shape)
     if extra:
         a = a.sum(axis=tuple(range(extra)))
@@ -193,9 +194,9 @@ class NumpyKernel:
         r = (x[..., :, None, :] - means[..., None, :, :]) / variances[..., None, :, :]
         dr = delta[..., None] * r
         d_x = -dr.sum(axis=-2)
-        d_means = _sum_to(dr.sum(axis=-3), means.shape)
-        d_var = _sum_to(0.5 * (dr * r - delta[..., None] / variances[..., None, :, :]).sum(axis=-3), variances.shape)
-        d_lp = _sum_to(delta.sum(axis=-2), variances.shape[:-1])
+        d_means = sum_to(dr.sum(axis=-3), means.shape)
+        d_var = sum_to(0.5 * (dr * r - delta[..., None] / variances[..., None, :, :]).sum(axis=-3), variances.shape)
+        d_lp = sum_to(delta.sum(axis=-2), variances.shape[:-1])
         return d_x, d_means, d_var, d_lp
 
     def combine(self, side_q: tuple[np.ndarray, ...], side_k: tuple[np.ndarray, ...]
@@ -236,7 +237,7 @@ class NumpyKernel:
         side_k = self.scores_backward(kk, mu, var, self.softmax_backward(gk, d_gk))
         d_means, d_var, d_lp = self.combine(side_q, side_k)
         grads = {
-            "d_q": side_q[0], "d_k": side_k[0], "d_v": _sum_to(d_v, vv.shape), "d_means": d_means,
+            "d_q": side_q[0], "d_k": side_k[0], "d_v": sum_to(d_v, vv.shape), "d_means": d_means,
             "d_omega": self.omega_backward(om, d_var), "d_prior_logits": self.prior_backward(lp, d_lp),
         }
         return {n: self.store(gr).astype(shapes[n[2:]].dtype) for n, gr in grads.items()}

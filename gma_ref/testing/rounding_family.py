@@ -33,21 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from .emulated import NumpyKernel, round_to
+from .emulated import NumpyKernel, round_to, sum_to
+from .names import INPUT_NAMES
 
 __all__ = ["InducedWeightsKernel", "ExpandedSoftmaxKernel", "DivisionBeforeKernel", "DivisionAfterKernel",
            "FlushToZeroKernel", "FAMILY"]
-
-_NAMES = ("q", "k", "v", "means", "omega", "prior_logits")
-
-
-def _sum_over(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum ``a`` over the axes it was broadcast along to reach it from ``shape``."""
-    extra = a.ndim - len(shape)
-    if extra:
-        a = a.sum(axis=tuple(range(extra)))
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and a.shape[i] != 1)
-    return a.sum(axis=axes, keepdims=True) if axes else a
 
 
 class _FamilyKernel(NumpyKernel):
@@ -69,8 +59,8 @@ class _FamilyKernel(NumpyKernel):
             ) -> dict[str, np.ndarray]:
         """All gradients ``{'d_q': …, 'd_prior_logits': …}`` for the cotangent ``d_out``, in the input dtypes."""
         del chunk_size
-        given = dict(zip(_NAMES, (q, k, v, means, omega, prior_logits), strict=True))
-        qq, kk, vv, mu, om, pl = (self.cast_in(given[n]) for n in _NAMES)
+        given = dict(zip(INPUT_NAMES, (q, k, v, means, omega, prior_logits), strict=True))
+        qq, kk, vv, mu, om, pl = (self.cast_in(given[n]) for n in INPUT_NAMES)
         var, lp = self.variances(om, eps_sigma), self.log_priors(pl)
         gq, gk = self.responsibilities(qq, mu, var, lp), self.responsibilities(kk, mu, var, lp)
         mask = self.backward_mask(gq.shape[-2], gk.shape[-2], causal)
@@ -78,7 +68,7 @@ class _FamilyKernel(NumpyKernel):
         side_q = self.scores_backward(qq, mu, var, self.softmax_backward(gq, d_gq))
         side_k = self.scores_backward(kk, mu, var, self.softmax_backward(gk, d_gk))
         d_means, d_var, d_lp = self.combine(side_q, side_k)
-        grads = {"d_q": side_q[0], "d_k": side_k[0], "d_v": _sum_over(d_v, vv.shape), "d_means": d_means,
+        grads = {"d_q": side_q[0], "d_k": side_k[0], "d_v": sum_to(d_v, vv.shape), "d_means": d_means,
                  "d_omega": self.omega_backward(om, d_var), "d_prior_logits": self.prior_backward(lp, d_lp)}
         return {n: self.store(gr).astype(np.asarray(given[n[2:]]).dtype) for n, gr in grads.items()}
 
