@@ -35,6 +35,7 @@ Every causal form takes ``state=`` and returns ``(out, state)`` only with
 """
 
 from ._array import DEFAULT_MAX_BYTES
+from ._compat import moved_names
 from .attention import AttentionGrad, AttentionResiduals, gma_attention, gma_attention_backward
 from .bidirectional import GMAGrad, gma_bidirectional, gma_bidirectional_backward, read_memory, write_memory
 from .causal import CausalState, gma_causal_chunked, gma_causal_prefix, gma_causal_streaming
@@ -107,14 +108,4 @@ _MOVED: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """A name that moved to its module: still resolved, with a ``DeprecationWarning`` saying where it lives."""
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gma_ref' has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(f"gma_ref.{name} is deprecated: import it from {module} ({module}.{name})",
-                  DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(module), name)
+__getattr__ = moved_names(__name__, _MOVED)

@@ -33,6 +33,7 @@ Layer mode — the multi-head layer with its projections,
 Importing this package does not import torch, jax or cupy.
 """
 
+from .._compat import moved_names
 from .adapters import jax_vjp, torch_autograd
 from .assertions import assert_gma_close
 from .case_runner import CaseOutcome, NotCheckable, evaluate_case, run_case
@@ -96,14 +97,4 @@ _MOVED: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """A name that moved to its module: still resolved, with a ``DeprecationWarning`` saying where it lives."""
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gma_ref.testing' has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(f"gma_ref.testing.{name} is deprecated: import it from {module} ({module}.{name})",
-                  DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(module), name)
+__getattr__ = moved_names(__name__, _MOVED)
