@@ -302,7 +302,7 @@ def fig_softmax_gradient(out: Path) -> str:
     gam = np.exp(s - s.max(axis=1, keepdims=True))
     gam /= gam.sum(axis=1, keepdims=True)
     g = rng.normal(size=(200, k))
-    delta = np.asarray(gma_ref.posterior.softmax_backward(gam, g))
+    delta = np.asarray(gma_ref.posterior.scores_cotangent(gam, g))
     axes[1].semilogy(gam.max(axis=1), np.linalg.norm(delta, axis=1) / np.linalg.norm(g, axis=1), ".", ms=4)
     axes[1].set_xlabel(r"$\max_k \gamma_{ik}$ of the row")
     axes[1].set_ylabel(r"$\Vert\delta_i\Vert \,/\, \Vert g_i\Vert$")

@@ -141,7 +141,7 @@ def main(steps: int = 100, n_train: int = 512, n_test: int = 256, n_tokens: int 
         d_logits = (probs - y_train) / n_train  # ∂L/∂logit for the mean BCE
         d_out = np.zeros_like(out)
         d_out[:, 0, :] = d_logits[:, None] * w[None, :]
-        grad = gma_layer_backward(layer, x_train, d_out=d_out)  # hand-written backward (App. D, Eq. 18, ...)
+        grad = gma_layer_backward(layer, x_train, d_out)  # hand-written backward (App. D, Eq. 18, ...)
         grads = {n: getattr(grad.d_params, n) for n in names}
         grads["readout_w"] = out[:, 0, :].T @ d_logits
         grads["readout_b"] = np.asarray(np.sum(d_logits))

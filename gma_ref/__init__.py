@@ -23,20 +23,21 @@ Everything else — the local backward of each step, the helpers of the diagnost
 is imported from its module (``gma_ref.posterior.scores_backward``); a name that used to be
 exported here still resolves, with a ``DeprecationWarning`` naming its module, for one release.
 
-One convention throughout: every backward pass takes the forward's arguments
-then the cotangent (``d_out``; keyword-only in :func:`gma_layer_backward`),
-validates both as the forward does, and returns one named result per kind of
-operation (:class:`GMAGrad` for every form of the read/write core,
-:class:`AttentionGrad`, :class:`LayerGrad`, :class:`ScoresGrad`, :class:`ReadGrad`).
-Every causal form takes ``state=`` and returns ``(out, state)`` only with
-``return_state=True``; likewise :func:`gma_attention` returns ``(out, residuals)``
-(:class:`AttentionResiduals`, for :func:`gma_attention_backward` to reuse) only with
-``return_residuals=True``.
+One convention for every backward pass (``docs/architecture.md``, "The backward convention";
+checked by ``tests/test_public_api.py``): ``f_backward`` takes f's required arguments in f's
+order, then the cotangent of f's output (``d_out``; one ``d_<output>`` per output when f returns
+several), then keyword-only ``saved=`` where the forward's work can be reused and every other
+parameter of f with f's names and defaults. It validates them as f does and returns one named
+result whose fields are ``d_<input>`` for f's array inputs, in f's order, each of its input's
+shape (:class:`GMAGrad`, :class:`~gma_ref.causal.CausalGrad`, :class:`AttentionGrad`,
+:class:`LayerGrad`, …). Every causal form takes ``state=`` and returns ``(out, state)`` only with
+``return_state=True``; :func:`gma_attention` returns ``(out, saved)`` (:class:`AttentionSaved`,
+for ``gma_attention_backward(..., saved=)``) only with ``return_saved=True``.
 """
 
 from ._array import DEFAULT_MAX_BYTES
 from ._compat import moved_names
-from .attention import AttentionGrad, AttentionResiduals, gma_attention, gma_attention_backward
+from .attention import AttentionGrad, AttentionSaved, gma_attention, gma_attention_backward
 from .bidirectional import GMAGrad, gma_bidirectional, gma_bidirectional_backward, read_memory, write_memory
 from .causal import CausalState, gma_causal_chunked, gma_causal_prefix, gma_causal_streaming
 from .induced import affinity, attention_weights, gma_materialized
@@ -51,7 +52,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_EPS_SIGMA",
     "AttentionGrad",
-    "AttentionResiduals",
+    "AttentionSaved",
     "CausalState",
     "GMAGrad",
     "GMALayerParams",
@@ -79,6 +80,7 @@ __all__ = [
 
 #: Names exported here before the surface was reduced, and the module each lives in now.
 _MOVED: dict[str, str] = {
+    "AttentionResiduals": "gma_ref.attention",
     "FORMS": "gma_ref.attention",
     "ReadGrad": "gma_ref.bidirectional",
     "ScoresGrad": "gma_ref.posterior",

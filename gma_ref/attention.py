@@ -14,9 +14,9 @@ gradients are sums over query tokens *and* key tokens (Eqs. 19, 54, 60, 64
 written over one side only would be wrong).
 
 The backward recomputes Γ^Q and Γ^K from the inputs unless it is given the
-forward's :class:`AttentionResiduals` (``gma_attention(..., return_residuals=True)``,
-then ``gma_attention_backward(..., residuals=)``), as an autograd framework keeps
-what its forward saved; the residuals are checked cheaply against the inputs.
+forward's :class:`AttentionSaved` (``gma_attention(..., return_saved=True)``,
+then ``gma_attention_backward(..., saved=)``), as an autograd framework keeps
+what its forward saved; what is passed back is checked cheaply against the inputs.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from ._array import (
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
+from ._compat import renamed_keywords, renamed_names
 from .bidirectional import (
     check_routing_inputs,
     gma_bidirectional,
     gma_bidirectional_backward,
-    latent_backward,
+    latent_vjp,
     output_shape,
 )
 from .causal import (
@@ -68,7 +69,7 @@ from .mixture import (
 from .posterior import responsibilities
 from .scores_fast import responsibilities_and_guard, responsibilities_backward_guarded
 
-__all__ = ["FORMS", "gma_attention", "AttentionResiduals", "AttentionGrad", "gma_attention_backward"]
+__all__ = ["FORMS", "gma_attention", "AttentionSaved", "AttentionGrad", "gma_attention_backward"]
 
 #: Forms of each variant: ``bidirectional`` (also cross, N_q ≠ N_k) and ``causal``.
 FORMS: dict[bool, tuple[str, ...]] = {
@@ -104,21 +105,22 @@ def _core_backward(causal: bool, form: str, chunk_size: int, out: Array | None
                    ) -> Callable[..., tuple[Array, Array, Array]]:
     """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass).
 
-    ``out``, the forward's output from the residuals, is used by the latent form (and checked there).
+    ``out``, the forward's output from ``saved``, is used by the latent form (and checked there).
     """
     if form == "latent" and out is not None:
-        return lambda gq, gk, v, g, eps: latent_backward(gq, gk, v, g, eps, out, False, "residuals.out",
-                                                         "residuals=None to recompute it")
+        return lambda gq, gk, v, g, eps: latent_vjp(gq, gk, v, g, eps, out, False, "saved.out",
+                                                    "saved=None to recompute it")
     if form == "materialized":
-        return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps, causal=causal,
+        return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps=eps, causal=causal,
                                                                    check_finite=False)
     if not causal:
-        return lambda gq, gk, v, g, eps: gma_bidirectional_backward(gq, gk, v, g, eps, check_finite=False)
+        return lambda gq, gk, v, g, eps: gma_bidirectional_backward(gq, gk, v, g, eps=eps, check_finite=False)
     if form == "prefix":
-        return lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps, check_finite=False)
+        return lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps=eps, check_finite=False)
     if form == "streaming":
-        return lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps, check_finite=False)
-    return lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps, chunk_size, check_finite=False)
+        return lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps=eps, check_finite=False)
+    return lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps=eps, chunk_size=chunk_size,
+                                                                 check_finite=False)
 
 
 def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: bool) -> tuple[Array, Array]:
@@ -127,6 +129,7 @@ def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: 
     return variances, log_priors
 
 
+@renamed_keywords(return_residuals="return_saved")
 def gma_attention(
     q: Array,
     k: Array,
@@ -141,8 +144,8 @@ def gma_attention(
     eps_sigma: float = DEFAULT_EPS_SIGMA,
     chunk_size: int = 64,
     check_finite: bool = True,
-    return_residuals: bool = False,
-) -> Array | tuple[Array, AttentionResiduals]:
+    return_saved: bool = False,
+) -> Array | tuple[Array, AttentionSaved]:
     """GMA output from routing vectors and raw mixture parameters (Eqs. 3, 7/8b, 14, 15).
 
     Parameters
@@ -166,36 +169,36 @@ def gma_attention(
         C for the chunked form.
     check_finite : bool
         Raise on NaN/Inf inputs.
-    return_residuals : bool
+    return_saved : bool
         Also return what the forward computed on the way (Γ^Q, Γ^K, the output and
-        the scores' guard verdicts) as :class:`AttentionResiduals`, for
+        the scores' guard verdicts) as :class:`AttentionSaved`, for
         :func:`gma_attention_backward` to reuse instead of recomputing.
 
     Returns
     -------
-    out : array ``(..., N_q, d_v)``, promoted floating dtype, or ``(out, residuals)``
-    with ``return_residuals`` (``residuals.out`` is ``out``).
+    out : array ``(..., N_q, d_v)``, promoted floating dtype, or ``(out, saved)``
+    with ``return_saved`` (``saved.out`` is ``out``).
 
     Raises
     ------
     TypeError, ValueError
         As the functions it composes; ``TypeError`` unless ``causal`` and
-        ``return_residuals`` are bools; ``ValueError`` for an unknown ``form``, and
+        ``return_saved`` are bools; ``ValueError`` for an unknown ``form``, and
         where the scores overflow (routing vectors so far from the means, in units
         of σ, that (x − μ)²/σ² is not finite, or with σ² > 1 so far that (x − μ)² is
         not): the responsibilities would be NaN.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    if not isinstance(return_residuals, bool):
-        raise TypeError(f"return_residuals must be True or False, got {return_residuals!r}")
+    if not isinstance(return_saved, bool):
+        raise TypeError(f"return_saved must be True or False, got {return_saved!r}")
     xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
     (gamma_q, rows_q), (gamma_k, rows_k), _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps,
                                                           eps_sigma, check_finite, form)
     out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
-    if not return_residuals:
+    if not return_saved:
         return out
-    return out, AttentionResiduals(gamma_q, gamma_k, out, rows_q, rows_k)
+    return out, AttentionSaved(gamma_q, gamma_k, out, rows_q, rows_k)
 
 
 def _validated_mixture(
@@ -308,11 +311,11 @@ def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, 
         _check_finite(xp, "means", means)
 
 
-class AttentionResiduals(NamedTuple):
+class AttentionSaved(NamedTuple):
     """What :func:`gma_attention` computed on the way to its output, kept for the backward.
 
-    ``out, res = gma_attention(..., return_residuals=True)``, then
-    ``gma_attention_backward(..., residuals=res)`` with the *same* inputs and options: the
+    ``out, res = gma_attention(..., return_saved=True)``, then
+    ``gma_attention_backward(..., saved=res)`` with the *same* inputs and options: the
     backward reuses these instead of recomputing them, as an autograd framework keeps what
     its forward saved. Nothing in it is copied; it holds the forward's own arrays, so it
     must not be modified.
@@ -322,7 +325,7 @@ class AttentionResiduals(NamedTuple):
     gamma_q: Array
     #: Γ^K ``(..., N_k, K)``, the key responsibilities.
     gamma_k: Array
-    #: O ``(..., N_q, d_v)``, the output returned beside these residuals.
+    #: O ``(..., N_q, d_v)``, the output returned beside these arrays.
     out: Array
     #: Boolean ``(..., N_q)``: the rows of the query scores that the rounding guard of
     #: :func:`gma_ref.scores_fast.guarded_scores` computed element-wise; the score VJP treats them the same way.
@@ -342,6 +345,7 @@ class AttentionGrad(NamedTuple):
     d_prior_logits: Array
 
 
+@renamed_keywords(residuals="saved")
 def gma_attention_backward(
     q: Array,
     k: Array,
@@ -357,7 +361,7 @@ def gma_attention_backward(
     eps_sigma: float = DEFAULT_EPS_SIGMA,
     chunk_size: int = 64,
     check_finite: bool = True,
-    residuals: AttentionResiduals | None = None,
+    saved: AttentionSaved | None = None,
 ) -> AttentionGrad:
     """All gradients of :func:`gma_attention` for the cotangent ``d_out`` = ∂L/∂O.
 
@@ -367,21 +371,21 @@ def gma_attention_backward(
     Returns :class:`AttentionGrad`. Same arguments as :func:`gma_attention`,
     validated as it validates them.
 
-    ``residuals``: the :class:`AttentionResiduals` that ``gma_attention(...,
-    return_residuals=True)`` returned for *these* inputs and options (q, k, v, μ, ω, α,
+    ``saved``: the :class:`AttentionSaved` that ``gma_attention(...,
+    return_saved=True)`` returned for *these* inputs and options (q, k, v, μ, ω, α,
     ``causal``, ``form``, ``eps``, ``eps_sigma``, ``chunk_size``), unmodified. The backward
     then skips recomputing Γ^Q and Γ^K (the scores, their guard and softmax: about one
     forward) and, for the latent form, the output; the gradients equal those without
-    ``residuals`` to rounding. The inputs are validated as without them; the residuals are
+    ``saved`` to rounding. The inputs are validated as without it; the saved arrays are
     checked cheaply, in O(N (K + d_v)) time: type, dtypes and shapes against the inputs;
     Γ^Q and Γ^K recomputed on a few rows (the first, the last and six between, per batch
     entry) and compared in probability space, to the scores' rounding (c·u·∣s∣, at most half of
     the probability, so Γ of other rows never passes); and, for the latent form,
     ``out`` against the identity Σ_i (u_i + ε) O_i = (1ᵀ Γ^Q) Ṽ. These checks catch
-    residuals from other parameters, other options or another batch of tokens, but not
-    every stale residual: one whose Γ differs only on rows that were not sampled (e.g.
+    arrays from other parameters, other options or another batch of tokens, but not
+    every stale one: one whose Γ differs only on rows that were not sampled (e.g.
     from inputs that differ in a few tokens) passes, and then **the gradients are those
-    of the other inputs, silently wrong**. Pass residuals only straight from the forward
+    of the other inputs, silently wrong**. Pass ``saved`` only straight from the forward
     of the same call.
 
     Raises
@@ -389,17 +393,17 @@ def gma_attention_backward(
     TypeError, ValueError
         As :func:`gma_attention`; for ``d_out``: not real floating (``TypeError``),
         not of the output's shape ``(..., N_q, d_v)``, NaN/Inf with ``check_finite``;
-        for ``residuals``: not an :class:`AttentionResiduals` or a field not an array
+        for ``saved``: not an :class:`AttentionSaved` or a field not an array
         of the inputs' namespace and dtype (``TypeError``), a field of the wrong shape,
         NaN/Inf in Γ (or, for the latent form, in ``out``) with ``check_finite``, or
-        residuals that do not fit these inputs (``ValueError``, naming the field). With
+        arrays that do not fit these inputs (``ValueError``, naming the field). With
         ``check_finite=False`` non-finite values pass through, and a non-finite ``out``
         is recomputed instead of checked.
     """
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     xp: Any = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits, d_out=d_out)
-    if residuals is None:
+    if saved is None:
         (gamma_q, rows_q), (gamma_k, rows_k), variances, log_priors = _routing(
             xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite, form, True
         )
@@ -407,14 +411,14 @@ def gma_attention_backward(
     else:
         variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
                                                    check_finite, form, True)
-        _check_residuals(xp, residuals, q, k, v, means, variances, log_priors, check_finite)
-        gamma_q, gamma_k, saved_out, rows_q, rows_k = residuals  # Γ ≥ 0, v and ε: checked by every core
+        _check_saved(xp, saved, q, k, v, means, variances, log_priors, check_finite)
+        gamma_q, gamma_k, saved_out, rows_q, rows_k = saved  # Γ ≥ 0, v and ε: checked by every core
         if form == "latent" and not bool(xp.all(xp.isfinite(saved_out))):  # the only form that reads it
             if check_finite:
-                _check_finite(xp, "residuals.out", saved_out)
+                _check_finite(xp, "saved.out", saved_out)
             saved_out = None  # non-finite values let through: its identity cannot be checked, recompute it
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
-    d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out, eps)
+    d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out, eps)[:3]
     side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, d_gamma_q,
                                                log_priors, rows_q)
     side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, d_gamma_k,
@@ -426,24 +430,24 @@ def gma_attention_backward(
         d_k=side_k.d_x,
         d_v=sum_to_shape(xp, d_v, tuple(v.shape)),
         d_means=side_q.d_means + side_k.d_means,
-        d_omega=variances_from_omega_backward(omega, d_variances, check_finite=False),
-        d_prior_logits=log_priors_from_logits_backward(log_priors, d_log_priors, check_finite=False),
+        d_omega=variances_from_omega_backward(omega, d_variances, check_finite=False).d_omega,
+        d_prior_logits=log_priors_from_logits_backward(prior_logits, d_log_priors, check_finite=False).d_prior_logits,
     )
 
 
-#: Rows of Γ recomputed per batch entry to check saved residuals (the first, the last, evenly between).
+#: Rows of Γ recomputed per batch entry to check saved arrays (the first, the last, evenly between).
 _SAMPLED_ROWS = 8
 
 
-def _check_residuals(xp: Any, res: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
+def _check_saved(xp: Any, res: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
                      log_priors: Array, check_finite: bool) -> None:
-    """Check ``residuals`` against the validated inputs (see :func:`gma_attention_backward`)."""
-    if not isinstance(res, AttentionResiduals):
+    """Check ``saved`` against the validated inputs (see :func:`gma_attention_backward`)."""
+    if not isinstance(res, AttentionSaved):
         raise TypeError(
-            "residuals must be the AttentionResiduals that gma_attention(..., return_residuals=True) "
+            "saved must be the AttentionSaved that gma_attention(..., return_saved=True) "
             f"returned, got {type(res).__module__}.{type(res).__qualname__}"
         )
-    namespace(q=q, **{f"residuals.{name}": a for name, a in res._asdict().items()})
+    namespace(q=q, **{f"saved.{name}": a for name, a in res._asdict().items()})
     side_q = _expected_gamma(xp, q, means, variances, log_priors)
     side_k = _expected_gamma(xp, k, means, variances, log_priors)
     out_dtype = xp.result_type(side_q[1], side_k[1], v.dtype)
@@ -455,15 +459,15 @@ def _check_residuals(xp: Any, res: Any, q: Array, k: Array, v: Array, means: Arr
     for name, (shape, dtype) in expected.items():
         a = getattr(res, name)
         if a.dtype != dtype:
-            raise TypeError(f"residuals.{name} must have dtype {dtype} (the forward's, for these inputs), "
+            raise TypeError(f"saved.{name} must have dtype {dtype} (the forward's, for these inputs), "
                             f"got {a.dtype}")
         if tuple(a.shape) != shape:
-            raise ValueError(f"residuals.{name} must have shape {shape} (the forward's, for these inputs), "
+            raise ValueError(f"saved.{name} must have shape {shape} (the forward's, for these inputs), "
                              f"got {tuple(a.shape)}")
     for name, x in (("gamma_q", q), ("gamma_k", k)):
         gamma = getattr(res, name)
         if check_finite:
-            _check_finite(xp, f"residuals.{name}", gamma)
+            _check_finite(xp, f"saved.{name}", gamma)
         _check_sampled_rows(xp, name, gamma, x, means, variances, log_priors)
 
 
@@ -503,7 +507,10 @@ def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array
     tol = xp.minimum(cu * (1.0 + xp.abs(s) + xp.abs(top)), 0.5) * xp.maximum(xp.abs(saved), fresh) + cu
     if bool(xp.any(xp.abs(saved - fresh) > tol)):  # NaN/Inf are check_finite's to report
         raise ValueError(
-            f"residuals.{name} is not Γ of these inputs: rows recomputed from {name[-1]}, the means, omega "
-            "and prior_logits differ from it. Pass the residuals that gma_attention(..., return_residuals=True) "
-            "returned for these inputs and options, unmodified, or residuals=None to recompute them"
+            f"saved.{name} is not Γ of these inputs: rows recomputed from {name[-1]}, the means, omega "
+            "and prior_logits differ from it. Pass what gma_attention(..., return_saved=True) "
+            "returned for these inputs and options, unmodified, or saved=None to recompute it"
         )
+
+
+__getattr__ = renamed_names(__name__, {"AttentionResiduals": "AttentionSaved"}, globals())

@@ -88,8 +88,8 @@ def _gma_calls(a: dict[str, np.ndarray], causal: bool
         return gma_attention(*args, check_finite=False, **kw)
 
     def both() -> tuple[Any, Any]:
-        out, res = gma_attention(*args, check_finite=False, return_residuals=True, **kw)
-        return out, gma_attention_backward(*args, a["d_out"], residuals=res, **kw)
+        out, res = gma_attention(*args, check_finite=False, return_saved=True, **kw)
+        return out, gma_attention_backward(*args, a["d_out"], saved=res, **kw)
 
     def both_recompute() -> tuple[Any, Any]:
         return fwd(), gma_attention_backward(*args, a["d_out"], **kw)

@@ -42,6 +42,7 @@ from .mixture import DEFAULT_EPS
 __all__ = [
     "write_memory",
     "write_memory_backward",
+    "WriteGrad",
     "query_mass",
     "read_memory",
     "ReadGrad",
@@ -113,11 +114,18 @@ def write_memory(gamma_k: Array, v: Array) -> tuple[Array, Array]:
     return memory, mass
 
 
-def write_memory_backward(gamma_k: Array, v: Array, d_memory: Array, d_mass: Array) -> tuple[Array, Array]:
-    """VJP of the write step: returns (∂L/∂Γ^K, ∂L/∂V).
+class WriteGrad(NamedTuple):
+    """Cotangents of the inputs of :func:`write_memory` (each the shape of its input)."""
 
-    ∂L/∂Γ^K = V (∂L/∂Ṽ)ᵀ + 1 (∂L/∂Z)ᵀ  (``(..., N_k, K)``), ∂L/∂V = Γ^K ∂L/∂Ṽ (``(..., N_k, d_v)``).
-    Broadcast batch axes are reduced back to the input shapes.
+    d_gamma_k: Array
+    d_v: Array
+
+
+def write_memory_backward(gamma_k: Array, v: Array, d_memory: Array, d_mass: Array) -> WriteGrad:
+    """VJP of the write step, from the cotangents of its two outputs Ṽ and Z.
+
+    ∂L/∂Γ^K = V (∂L/∂Ṽ)ᵀ + 1 (∂L/∂Z)ᵀ  (``(..., N_k, K)``), ∂L/∂V = Γ^K ∂L/∂Ṽ (``(..., N_k, d_v)``),
+    returned as :class:`WriteGrad`. Broadcast batch axes are reduced back to the input shapes.
     """
     xp = namespace(gamma_k=gamma_k, v=v, d_memory=d_memory, d_mass=d_mass)
     gk_shape = tuple(gamma_k.shape)
@@ -128,7 +136,7 @@ def write_memory_backward(gamma_k: Array, v: Array, d_memory: Array, d_mass: Arr
     d_from_mass = sum_to_shape(xp, xp.broadcast_to(d_from_mass, broadcast_shapes(tuple(d_from_mass.shape), gk_shape)),
                                gk_shape)
     d_v = xp.matmul(gamma_k, d_memory)
-    return d_from_memory + d_from_mass, sum_to_shape(xp, d_v, tuple(v.shape))
+    return WriteGrad(d_from_memory + d_from_mass, sum_to_shape(xp, d_v, tuple(v.shape)))
 
 
 def query_mass(gamma_q: Array, mass: Array) -> Array:
@@ -150,7 +158,9 @@ def _safe_denominator(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
     return xp.where(seen, denom, xp.ones_like(denom)), seen
 
 
-def read_memory(gamma_q: Array, memory: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
+def read_memory(
+    gamma_q: Array, memory: Array, mass: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+) -> Array:
     """Read step: O = Γ^Q Ṽ / (Γ^Q Z + ε), divided row-wise (Eq. 7, Eq. 8; App. C.3).
 
     Parameters
@@ -158,6 +168,8 @@ def read_memory(gamma_q: Array, memory: Array, mass: Array, eps: float = DEFAULT
     gamma_q : array ``(..., N_q, K)``; memory : ``(..., K, d_v)``; mass : ``(..., K)``
     eps : float ≥ 0
         Read stabiliser ε. Rows with u_i + ε = 0 (possible only when ε = 0) output 0.
+    check_finite : bool
+        Raise ``ValueError`` on NaN/Inf in the three arrays (default ``True``).
 
     Returns
     -------
@@ -165,6 +177,9 @@ def read_memory(gamma_q: Array, memory: Array, mass: Array, eps: float = DEFAULT
     """
     xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass)
     eps = check_nonnegative_scalar("eps", eps)
+    if check_finite:
+        for name, a in (("gamma_q", gamma_q), ("memory", memory), ("mass", mass)):
+            _check_finite(xp, name, a)
     u = query_mass(gamma_q, mass)
     if eps > 0:  # u_i + ε > 0 for every row: one scaling, no masking
         return xp.matmul(gamma_q, memory) * xp.expand_dims(1.0 / (u + eps), axis=-1)
@@ -186,9 +201,9 @@ def read_memory_backward(
     memory: Array,
     mass: Array,
     d_out: Array,
-    eps: float = DEFAULT_EPS,
     *,
-    out: Array | None = None,
+    saved: Array | None = None,
+    eps: float = DEFAULT_EPS,
     check_finite: bool = True,
 ) -> ReadGrad:
     """VJP of the read step (derivations/write_read.py).
@@ -199,8 +214,8 @@ def read_memory_backward(
     * ∂L/∂Ṽ   = (Γ^Q)ᵀ P         ``(..., K, d_v)``
     * ∂L/∂Z   = (Γ^Q)ᵀ c         ``(..., K)``
 
-    ``out`` is the forward's output O, if saved (as an autograd framework would);
-    without it O is recomputed. A saved ``out`` must be exactly what
+    ``saved`` is the forward's output O, if kept (as an autograd framework would);
+    without it O is recomputed. A ``saved`` output must be exactly what
     :func:`read_memory` returned for these inputs: its shape and dtype are
     checked, and so is the identity Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ (O(N (K + d_v))
     operations, to √(unit roundoff) relative), which any stale output fails.
@@ -210,21 +225,24 @@ def read_memory_backward(
     Raises
     ------
     TypeError
-        ``d_out`` or ``out`` not of a real floating dtype.
+        ``d_out`` or ``saved`` not of a real floating dtype.
     ValueError
-        ``d_out`` or ``out`` not of the output's shape ``(..., N_q, d_v)``, NaN/Inf in
-        ``d_out`` (with ``check_finite``), ε < 0, ``out`` inconsistent with the inputs.
+        ``d_out`` or ``saved`` not of the output's shape ``(..., N_q, d_v)``, NaN/Inf in
+        the inputs or ``d_out`` (with ``check_finite``), ε < 0, ``saved`` inconsistent with the inputs.
     """
-    xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass, d_out=d_out, out=out)
+    xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass, d_out=d_out, saved=saved)
     eps = check_nonnegative_scalar("eps", eps)
+    if check_finite:
+        for name, a in (("gamma_q", gamma_q), ("memory", memory), ("mass", mass)):
+            _check_finite(xp, name, a)
     shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(memory.shape[:-2]), tuple(mass.shape[:-1])) + (
         gamma_q.shape[-2],
         memory.shape[-1],
     )
     check_cotangent(xp, "d_out", d_out, shape, "the output of read_memory", check_finite)
-    if out is not None:
-        check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "read_memory")
-    return _read_backward(xp, gamma_q, memory, mass, d_out, eps, out)
+    if saved is not None:
+        check_saved_output(xp, saved, shape, gamma_q, memory, mass, eps, "read_memory")
+    return _read_backward(xp, gamma_q, memory, mass, d_out, eps, saved)
 
 
 def _read_backward(
@@ -256,11 +274,11 @@ def _read_backward(
 
 def check_saved_output(
     xp: Any, out: Array, shape: tuple[int, ...], gamma_q: Array, memory: Array, mass: Array, eps: float, forward: str,
-    name: str = "out", instead: str = "out=None to recompute it",
+    name: str = "saved", instead: str = "saved=None to recompute it",
 ) -> None:
     """Check a saved forward output ``out`` against Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ, in O(N (K + d_v)).
 
-    Raises ``TypeError``/``ValueError`` naming ``out`` (or ``name``) for a wrong dtype or
+    Raises ``TypeError``/``ValueError`` naming ``saved`` (or ``name``) for a wrong dtype or
     shape, or when the identity fails by more than √(unit roundoff) of its scale (a
     stale output, one from other inputs, or one modified after the forward); the
     message suggests ``instead`` as the way out.
@@ -320,7 +338,7 @@ def gma_bidirectional(
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
     scale = value_scale(xp, v, v.shape[-2])  # |V| near the float maximum: Ṽ would overflow
     memory, mass = write_memory(gamma_k, v if scale == 1.0 else v / scale)
-    out = read_memory(gamma_q, memory, mass, eps)
+    out = read_memory(gamma_q, memory, mass, eps, check_finite=False)
     return out if scale == 1.0 else out * scale
 
 
@@ -341,9 +359,9 @@ def gma_bidirectional_backward(
     gamma_k: Array,
     v: Array,
     d_out: Array,
-    eps: float = DEFAULT_EPS,
     *,
-    out: Array | None = None,
+    saved: Array | None = None,
+    eps: float = DEFAULT_EPS,
     check_finite: bool = True,
 ) -> GMAGrad:
     """VJP of :func:`gma_bidirectional`: read backward then write backward, O(N K d_v).
@@ -360,21 +378,21 @@ def gma_bidirectional_backward(
     float maximum are divided by a power of two first (as in the forward). What remains is a
     few units in the last place of ``Σ_i γ^Q_ik |G_i| (|V_j − R| + |O_i − R|) / D_i``.
 
-    ``out``, the forward's saved output, skips one product of size N K d_v; it
+    ``saved``, the forward's output if kept, skips one product of size N K d_v; it
     is checked as in :func:`read_memory_backward`.
 
     Raises
     ------
     TypeError, ValueError
         As :func:`gma_bidirectional`, and for ``d_out`` (real floating, the
-        output's shape, finite with ``check_finite``) and ``out``.
+        output's shape, finite with ``check_finite``) and ``saved``.
     """
-    return latent_backward(gamma_q, gamma_k, v, d_out, eps, out, check_finite)
+    return latent_vjp(gamma_q, gamma_k, v, d_out, eps, saved, check_finite)
 
 
-def latent_backward(
+def latent_vjp(
     gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array | None, check_finite: bool,
-    out_name: str = "out", out_instead: str = "out=None to recompute it",
+    out_name: str = "saved", out_instead: str = "saved=None to recompute it",
 ) -> GMAGrad:
     """:func:`gma_bidirectional_backward`, for a caller that passes the saved output under another
     name (``out_name`` in the messages, ``out_instead`` the remedy they suggest)."""
@@ -433,32 +451,32 @@ def output_shape(gamma_q: Array, gamma_k: Array, v: Array) -> tuple[int, ...]:
 
 
 def gma_cross(
-    gamma_q_x: Array, gamma_k_y: Array, v_y: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
+    gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
 ) -> Array:
-    """GMA cross-attention, O_X = Γ^Q_X Ṽ_Y / (Γ^Q_X Z_Y + ε) (App. E.4).
+    """GMA cross-attention, O_X = Γ^Q_X Ṽ_Y / (Γ^Q_X Z_Y + ε) (App. E.4): an alias of :func:`gma_bidirectional`.
 
-    Queries from X: ``gamma_q_x`` ``(..., N_q, K)``; keys and values from the
-    context Y: ``gamma_k_y`` ``(..., N_k, K)``, ``v_y`` ``(..., N_k, d_v)``.
+    Queries from X: ``gamma_q`` = Γ^Q_X ``(..., N_q, K)``; keys and values from the
+    context Y: ``gamma_k`` = Γ^K_Y ``(..., N_k, K)``, ``v`` = V_Y ``(..., N_k, d_v)``.
     N_q and N_k are independent; N_k = 0 gives an all-zero output (empty memory).
     Same computation, dtypes and raises as :func:`gma_bidirectional`.
     """
-    return gma_bidirectional(gamma_q_x, gamma_k_y, v_y, eps, check_finite=check_finite)
+    return gma_bidirectional(gamma_q, gamma_k, v, eps, check_finite=check_finite)
 
 
 def gma_cross_backward(
-    gamma_q_x: Array,
-    gamma_k_y: Array,
-    v_y: Array,
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
     d_out: Array,
-    eps: float = DEFAULT_EPS,
     *,
-    out: Array | None = None,
+    saved: Array | None = None,
+    eps: float = DEFAULT_EPS,
     check_finite: bool = True,
 ) -> GMAGrad:
     """VJP of :func:`gma_cross` (gradients reach X through Γ^Q_X, Y through Γ^K_Y and V_Y).
 
-    ``out``: the forward's saved output, if available. Accuracy, checks and
+    ``saved``: the forward's output, if kept. Accuracy, checks and
     raises as :func:`gma_bidirectional_backward` (with N_k = 1 and ε = 0 the
     gradients of Γ are exactly 0).
     """
-    return gma_bidirectional_backward(gamma_q_x, gamma_k_y, v_y, d_out, eps, out=out, check_finite=check_finite)
+    return gma_bidirectional_backward(gamma_q, gamma_k, v, d_out, saved=saved, eps=eps, check_finite=check_finite)

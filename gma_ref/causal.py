@@ -49,13 +49,14 @@ from ._array import (
     value_scale,
 )
 from ._array import check_finite as _check_finite
-from .bidirectional import GMAGrad, check_routing_inputs, output_shape
+from .bidirectional import check_routing_inputs, output_shape
 from .mixture import DEFAULT_EPS
 
 __all__ = [
     "gma_causal_prefix",
     "gma_causal_prefix_backward",
     "CausalState",
+    "CausalGrad",
     "initial_causal_state",
     "causal_step",
     "gma_causal_streaming",
@@ -76,8 +77,11 @@ def _check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float,
 
 
 def _check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, forward: str,
-                 check_finite: bool) -> None:
-    check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), f"the output of {forward}", check_finite)
+                 check_finite: bool, state: CausalState | None = None) -> None:
+    shape = output_shape(gamma_q, gamma_k, v)
+    if state is not None:  # the state's batch axes broadcast with the inputs'
+        shape = broadcast_shapes(shape[:-2], tuple(state.mass.shape[:-1])) + shape[-2:]
+    check_cotangent(xp, "d_out", d_out, shape, f"the output of {forward}", check_finite)
 
 
 def _divide(xp: Any, num: Array, u: Array, eps: float) -> Array:
@@ -209,11 +213,12 @@ def gma_causal_prefix_backward(
     gamma_k: Array,
     v: Array,
     d_out: Array,
-    eps: float = DEFAULT_EPS,
     *,
+    eps: float = DEFAULT_EPS,
+    state: CausalState | None = None,
     check_finite: bool = True,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
-) -> GMAGrad:
+) -> CausalGrad:
     """VJP of :func:`gma_causal_prefix` with suffix sums (derivations/causal.py).
 
     With G = ∂L/∂O, D_i = u_i + ε and P_i = G_i / D_i, every gradient is a sum of
@@ -242,32 +247,40 @@ def gma_causal_prefix_backward(
     For K = 1, Γ^Q cancels from O and ∂L/∂Γ^Q is exactly 0; it is returned
     as rounding of that size.
 
-    Materializes N × K × d_v like the forward. Returns ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V:
-    the first two in the promoted floating dtype of the inputs and ``d_out``,
+    A ``state`` (Ṽ⁽⁰⁾, Z⁽⁰⁾) the forward started from adds Ṽ⁽⁰⁾ and Z⁽⁰⁾ to every prefix; it is
+    read by every query, so its cotangents are the full sums ∂L/∂Ṽ⁽⁰⁾ = Σ_i γ^Q_i ⊗ P_i and
+    ∂L/∂Z⁽⁰⁾ = Σ_i c_i γ^Q_i (the suffix sums S^V, S^Z before the first token).
+
+    Materializes N × K × d_v like the forward. Returns :class:`CausalGrad`
+    (∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V, and ∂L/∂state as a :class:`CausalState`, ``None`` without a state):
+    the gradients of Γ in the promoted floating dtype of the inputs and ``d_out``,
     ∂L/∂V in that of Γ^Q, Γ^K and ``d_out`` (V does not enter it), for every N
     and as :func:`gma_ref.induced.gma_materialized_backward` returns them.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`gma_causal_prefix`, and for ``d_out``: not real floating
+        As :func:`gma_causal_prefix` (inputs and ``state``), and for ``d_out``: not real floating
         (``TypeError``), not of the output's shape ``(..., N, d_v)``, NaN/Inf
         with ``check_finite`` (``ValueError``); a prefix memory above ``max_bytes``.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
-    _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite)
+    start = None if state is None else _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite, start)
     _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix_backward")
     scale = value_scale(xp, v, v.shape[-2])
-    if scale != 1.0:  # gradients of Γ scale with V
-        grad = gma_causal_prefix_backward(gamma_q, gamma_k, v / scale, d_out, eps, check_finite=False,
-                                          max_bytes=None)
-        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
+    if scale != 1.0:  # gradients of Γ (and of Z⁽⁰⁾) scale with V
+        grad = gma_causal_prefix_backward(gamma_q, gamma_k, v / scale, d_out, eps=eps, state=_scaled(start,
+                                                                                                     1.0 / scale),
+                                          check_finite=False, max_bytes=None)
+        return _rescaled(grad, scale)
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)
-    memory_prefix = xp.cumulative_sum(written, axis=-3)  # Ṽ^(i)
-    mass_prefix = xp.cumulative_sum(gamma_k, axis=-2)  # Z^(i)
-    memory_before = _shift_down(xp, memory_prefix, axis=-3)  # Ṽ^(i−1), never Ṽ^(i) − γ^K_i V_i
-    mass_before = _shift_down(xp, mass_prefix, axis=-2)
+    memory_before = _shift_down(xp, xp.cumulative_sum(written, axis=-3), axis=-3)  # Ṽ^(i−1) − Ṽ⁽⁰⁾
+    mass_before = _shift_down(xp, xp.cumulative_sum(gamma_k, axis=-2), axis=-2)  # never Ṽ^(i) − γ^K_i V_i
+    if start is not None:  # the prefixes start from the state
+        memory_before = memory_before + xp.expand_dims(start.memory, axis=-3)
+        mass_before = mass_before + xp.expand_dims(start.mass, axis=-2)
     u_before = xp.sum(gamma_q * mass_before, axis=-1)
     u = u_before + xp.sum(gamma_q * gamma_k, axis=-1)
     num_before = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_before, axis=-2)
@@ -285,11 +298,33 @@ def gma_causal_prefix_backward(
     d_gamma_k = (
         xp.sum(s_v * xp.expand_dims(v, axis=-2), axis=-1) + s_z + xp.expand_dims(delta, axis=-1) * gamma_q
     )
-    return GMAGrad(
+    d_state = None
+    if start is not None:  # read by every query: the full sums
+        d_state = (xp.sum(own_v, axis=-3), xp.sum(xp.expand_dims(c, axis=-1) * gamma_q, axis=-2))
+    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_v, d_state, gamma_q, gamma_k, v, start)
+
+
+def _causal_grad(xp: Any, d_gamma_q: Array, d_gamma_k: Array, d_v: Array, d_state: tuple[Array, Array] | None,
+                 gamma_q: Array, gamma_k: Array, v: Array, state: CausalState | None) -> CausalGrad:
+    """The cotangents reduced to the shapes of their inputs (broadcast batch axes summed)."""
+    d_start = None
+    if state is not None and d_state is not None:
+        d_start = CausalState(sum_to_shape(xp, d_state[0], tuple(state.memory.shape)),
+                              sum_to_shape(xp, d_state[1], tuple(state.mass.shape)))
+    return CausalGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
         sum_to_shape(xp, d_v, tuple(v.shape)),
+        d_start,
     )
+
+
+def _rescaled(grad: CausalGrad, scale: float) -> CausalGrad:
+    """Gradients computed on V / scale, for V: those of Γ and of Z⁽⁰⁾ scale with V; those of V and Ṽ⁽⁰⁾ do not."""
+    d_state = grad.d_state
+    if d_state is not None:
+        d_state = CausalState(d_state.memory, d_state.mass * scale)
+    return CausalGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v, d_state)
 
 
 def _row_terms(
@@ -334,10 +369,28 @@ def _shift_up(xp: Any, a: Array, axis: int) -> Array:
 
 
 class CausalState(NamedTuple):
-    """Recurrent state of causal GMA after some prefix: Ṽ ``(..., K, d_v)`` and Z ``(..., K)``."""
+    """Recurrent state of causal GMA after some prefix: Ṽ ``(..., K, d_v)`` and Z ``(..., K)``.
+
+    The one state type of the package: the causal forms take it (``state=``) and return it
+    (``return_state=True``), their backward passes return its cotangent (:class:`CausalGrad`),
+    and the oracle accepts a kernel's ``(out, CausalState(memory, mass))``.
+    """
 
     memory: Array
     mass: Array
+
+
+class CausalGrad(NamedTuple):
+    """Cotangents of the inputs of every causal form (each the shape of its input).
+
+    ``d_state`` is the cotangent of the ``state`` the forward started from, a
+    :class:`CausalState` (∂L/∂Ṽ⁽⁰⁾, ∂L/∂Z⁽⁰⁾); ``None`` when it started from the empty state.
+    """
+
+    d_gamma_q: Array
+    d_gamma_k: Array
+    d_v: Array
+    d_state: CausalState | None
 
 
 def initial_causal_state(
@@ -549,9 +602,16 @@ def gma_causal_streaming(
 
 
 def gma_causal_streaming_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
-) -> GMAGrad:
-    """VJP of :func:`gma_causal_streaming` (from the empty state), with O(K d_v) state.
+    gamma_q: Array,
+    gamma_k: Array,
+    v: Array,
+    d_out: Array,
+    *,
+    eps: float = DEFAULT_EPS,
+    state: CausalState | None = None,
+    check_finite: bool = True,
+) -> CausalGrad:
+    """VJP of :func:`gma_causal_streaming` (from the empty state or ``state``), with O(K d_v) state.
 
     The recurrence is the chunked recurrence with one token per chunk, and so is
     its backward: this is :func:`gma_causal_chunked_backward` with C = 1.
@@ -559,9 +619,9 @@ def gma_causal_streaming_backward(
     start, never by subtraction) and yields ∂L/∂γ^Q_i = Ṽ^(i) P_i + c_i Z^(i).
     Pass 2 runs backwards carrying the suffix sums S^V (K × d_v) and S^Z (K)
     of :func:`gma_causal_prefix_backward`, updated by addition only.
-    Accuracy, dtypes and raises as :func:`gma_causal_prefix_backward`.
+    Accuracy, dtypes, ``d_state`` and raises as :func:`gma_causal_prefix_backward`.
     """
-    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, 1, "gma_causal_streaming", check_finite)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, 1, state, "gma_causal_streaming", check_finite)
 
 
 # --------------------------------------------------------------------------- chunked
@@ -651,12 +711,13 @@ def gma_causal_chunked_backward(
     gamma_k: Array,
     v: Array,
     d_out: Array,
+    *,
     eps: float = DEFAULT_EPS,
     chunk_size: int = 64,
-    *,
+    state: CausalState | None = None,
     check_finite: bool = True,
-) -> GMAGrad:
-    """VJP of :func:`gma_causal_chunked` (from the empty state), chunk by chunk.
+) -> CausalGrad:
+    """VJP of :func:`gma_causal_chunked` (from the empty state or ``state``), chunk by chunk.
 
     Pass 1 (forward over chunks) recomputes the inter-chunk state and, for each
     chunk, P_c = G_c / D_c, δ and c = −⟨P_c, O_c⟩ as in
@@ -669,26 +730,31 @@ def gma_causal_chunked_backward(
     ∂L/∂Γ^K_c = W_cᵀ Γ^Q_c + V_c (S^V)ᵀ + 1 (S^Z)ᵀ.
 
     The output itself is never needed. A_c and W_c are kept from pass 1 for
-    pass 2 (2·N·C numbers); accuracy and dtypes as :func:`gma_causal_prefix_backward`.
+    pass 2 (2·N·C numbers); accuracy, dtypes and ``d_state`` (the suffix sums S^V, S^Z
+    after the last step of pass 2) as :func:`gma_causal_prefix_backward`.
     Peak memory O(N(C + K + d_v) + K d_v): linear in N, never N·K·d_v.
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, "gma_causal_chunked", check_finite)
+    return _chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size, state, "gma_causal_chunked", check_finite)
 
 
 def _chunked_backward(
-    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int, forward: str,
-    check_finite: bool,
-) -> GMAGrad:
+    gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, chunk_size: int, state: CausalState | None,
+    forward: str, check_finite: bool,
+) -> CausalGrad:
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
-    _check_d_out(xp, gamma_q, gamma_k, v, d_out, forward, check_finite)
+    initial = None if state is None else _initial(xp, state, gamma_q, gamma_k, v, check_finite)
+    _check_d_out(xp, gamma_q, gamma_k, v, d_out, forward, check_finite, initial)
     scale = value_scale(xp, v, v.shape[-2])
-    if scale != 1.0:  # gradients of Γ scale with V
-        grad = _chunked_backward(gamma_q, gamma_k, v / scale, d_out, eps, chunk_size, forward, False)
-        return GMAGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v)
-    memory, mass = _empty_state(xp, gamma_k, v)
-    mass = xp.zeros(mass.shape, dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
+    if scale != 1.0:  # gradients of Γ (and of Z⁽⁰⁾) scale with V
+        return _rescaled(_chunked_backward(gamma_q, gamma_k, v / scale, d_out, eps, chunk_size,
+                                           _scaled(initial, 1.0 / scale), forward, False), scale)
+    if initial is None:
+        memory, mass = _empty_state(xp, gamma_k, v)
+        mass = xp.zeros(mass.shape, dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
+    else:
+        memory, mass = initial
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
     lower = _lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
@@ -751,11 +817,8 @@ def _chunked_backward(
     d_gamma_q = cat(dq_chunks, gamma_q, gamma_q.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
     d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
     d_v = cat(dv_chunks, v, v.shape[-1], xp.result_type(gamma_q, gamma_k, d_out))
-    return GMAGrad(
-        sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
-        sum_to_shape(xp, d_gamma_k, tuple(gamma_k.shape)),
-        sum_to_shape(xp, d_v, tuple(v.shape)),
-    )
+    # the state is read by every query: its cotangents are the suffix sums before the first chunk
+    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_v, (s_v, s_z), gamma_q, gamma_k, v, initial)
 
 
 def _lower_mask(xp: Any, size: int, device: Any, strict: bool = False) -> Array:

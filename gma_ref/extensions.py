@@ -49,6 +49,9 @@ from ._array import (
 from ._array import check_finite as _check_finite
 
 __all__ = [
+    "DirichletKLGrad",
+    "ConcentrationGrad",
+    "StickBreakingGrad",
     "dirichlet_prior_kl",
     "dirichlet_prior_kl_backward",
     "posterior_mean_priors",
@@ -99,6 +102,27 @@ def _check_concentrations(xp: Any, a: Array, check_finite: bool) -> None:
 # --------------------------------------------------------------------------- Dirichlet prior
 
 
+class DirichletKLGrad(NamedTuple):
+    """Cotangent of the array input of :func:`dirichlet_prior_kl` (α₀ is a constant)."""
+
+    #: ∂L/∂a ``(..., K)``.
+    d_a: Array
+
+
+class ConcentrationGrad(NamedTuple):
+    """Cotangent of the input of :func:`posterior_mean_priors` and :func:`posterior_mean_log_priors`."""
+
+    #: ∂L/∂a ``(..., K)``.
+    d_a: Array
+
+
+class StickBreakingGrad(NamedTuple):
+    """Cotangent of the input of :func:`stick_breaking_priors`."""
+
+    #: ∂L/∂v ``(..., K_max)``.
+    d_v: Array
+
+
 def dirichlet_prior_kl(a: Array, alpha0: float, *, check_finite: bool = True) -> Array:
     """KL[Dirichlet(a) ‖ Dirichlet(α₀/K, …, α₀/K)] in closed form (Eq. 37, prior Eq. 35).
 
@@ -147,28 +171,28 @@ def dirichlet_prior_kl(a: Array, alpha0: float, *, check_finite: bool = True) ->
     return _from_host(xp, a, np.asarray(kl))
 
 
-def dirichlet_prior_kl_backward(a: Array, alpha0: float, d_kl: Array, *, check_finite: bool = True) -> Array:
+def dirichlet_prior_kl_backward(a: Array, alpha0: float, d_out: Array, *, check_finite: bool = True) -> DirichletKLGrad:
     """Vector–Jacobian product of :func:`dirichlet_prior_kl` with respect to ``a``.
 
     ∂KL/∂a_j = (a_j − α₀/K) ψ′(a_j) − (a₀ − α₀) ψ′(a₀), ψ′ the trigamma function, so
-    ``d_a = d_kl[..., None] · ∂KL/∂a``. It vanishes at a = (α₀/K, …), the minimum.
+    ``d_a = d_out[..., None] · ∂KL/∂a``. It vanishes at a = (α₀/K, …), the minimum.
 
-    Shapes: ``a`` ``(..., K)``, ``d_kl`` ``(...)``; returns ``d_a`` shaped like ``a``
+    Shapes: ``a`` ``(..., K)``, ``d_out`` ``(...)``; returns ``d_a`` shaped like ``a``
     in the common dtype, computed on the host in float64 (``scipy.special.polygamma``).
-    Raises as :func:`dirichlet_prior_kl`, ``TypeError`` for a non-floating ``d_kl`` and
+    Raises as :func:`dirichlet_prior_kl`, ``TypeError`` for a non-floating ``d_out`` and
     ``ValueError`` if it does not have shape ``a.shape[:-1]`` or (``check_finite``) holds NaN/Inf.
     """
-    xp = namespace(a=a, d_kl=d_kl)
+    xp = namespace(a=a, d_out=d_out)
     _check_concentrations(xp, a, check_finite)
     alpha0 = check_positive_scalar("alpha0", alpha0)
-    check_cotangent(xp, "d_kl", d_kl, tuple(a.shape[:-1]), "the KL, a.shape[:-1]", check_finite)
+    check_cotangent(xp, "d_out", d_out, tuple(a.shape[:-1]), "the KL, a.shape[:-1]", check_finite)
     h = _to_host(a).astype(np.float64)
-    g = _to_host(d_kl).astype(np.float64)
+    g = _to_host(d_out).astype(np.float64)
     k = h.shape[-1]
     a0 = np.sum(h, axis=-1, keepdims=True)
     grad = (h - alpha0 / k) * special.polygamma(1, h) - (a0 - alpha0) * special.polygamma(1, a0)
     out = _from_host(xp, a, g[..., None] * grad)
-    return xp.astype(out, xp.result_type(a, d_kl))
+    return DirichletKLGrad(xp.astype(out, xp.result_type(a, d_out)))
 
 
 def posterior_mean_priors(a: Array, *, check_finite: bool = True) -> Array:
@@ -184,19 +208,19 @@ def posterior_mean_priors(a: Array, *, check_finite: bool = True) -> Array:
     return a / xp.sum(a, axis=-1, keepdims=True)
 
 
-def posterior_mean_priors_backward(a: Array, d_priors: Array, *, check_finite: bool = True) -> Array:
+def posterior_mean_priors_backward(a: Array, d_out: Array, *, check_finite: bool = True) -> ConcentrationGrad:
     """Vector–Jacobian product of Eq. 36: d_a_j = (g_j − Σ_k g_k π_k) / a₀, g = ∂L/∂π.
 
-    ``a``, ``d_priors``: ``(..., K)``; returns ``d_a`` of the same shape. Raises as
-    :func:`posterior_mean_priors`, and for ``d_priors`` not real floating, not of
+    ``a``, ``d_out``: ``(..., K)``; returns ``d_a`` of the same shape. Raises as
+    :func:`posterior_mean_priors`, and for ``d_out`` not real floating, not of
     ``a``'s shape or (``check_finite``) with NaN/Inf.
     """
-    xp = namespace(a=a, d_priors=d_priors)
+    xp = namespace(a=a, d_out=d_out)
     _check_concentrations(xp, a, check_finite)
-    check_cotangent(xp, "d_priors", d_priors, tuple(a.shape), "a", check_finite)
+    check_cotangent(xp, "d_out", d_out, tuple(a.shape), "a", check_finite)
     a0 = xp.sum(a, axis=-1, keepdims=True)
     priors = a / a0
-    return (d_priors - xp.sum(d_priors * priors, axis=-1, keepdims=True)) / a0
+    return ConcentrationGrad((d_out - xp.sum(d_out * priors, axis=-1, keepdims=True)) / a0)
 
 
 def posterior_mean_log_priors(a: Array, *, check_finite: bool = True) -> Array:
@@ -210,17 +234,17 @@ def posterior_mean_log_priors(a: Array, *, check_finite: bool = True) -> Array:
     return xp.log(a) - xp.log(xp.sum(a, axis=-1, keepdims=True))
 
 
-def posterior_mean_log_priors_backward(a: Array, d_log_priors: Array, *, check_finite: bool = True) -> Array:
+def posterior_mean_log_priors_backward(a: Array, d_out: Array, *, check_finite: bool = True) -> ConcentrationGrad:
     """Vector–Jacobian product of log E_q[π]: d_a_j = g_j / a_j − Σ_k g_k / a₀.
 
-    ``a``, ``d_log_priors``: ``(..., K)``; returns ``d_a`` of the same shape. Raises as
+    ``a``, ``d_out``: ``(..., K)``; returns ``d_a`` of the same shape. Raises as
     :func:`posterior_mean_priors_backward`.
     """
-    xp = namespace(a=a, d_log_priors=d_log_priors)
+    xp = namespace(a=a, d_out=d_out)
     _check_concentrations(xp, a, check_finite)
-    check_cotangent(xp, "d_log_priors", d_log_priors, tuple(a.shape), "a", check_finite)
+    check_cotangent(xp, "d_out", d_out, tuple(a.shape), "a", check_finite)
     a0 = xp.sum(a, axis=-1, keepdims=True)
-    return d_log_priors / a - xp.sum(d_log_priors, axis=-1, keepdims=True) / a0
+    return ConcentrationGrad(d_out / a - xp.sum(d_out, axis=-1, keepdims=True) / a0)
 
 
 # --------------------------------------------------------------------------- stick breaking
@@ -278,7 +302,7 @@ def stick_breaking_priors(v: Array, *, check_finite: bool = True) -> tuple[Array
 
 def stick_breaking_priors_backward(
     v: Array, d_priors: Array, d_remainder: Array | None = None, *, check_finite: bool = True
-) -> Array:
+) -> StickBreakingGrad:
     """Vector–Jacobian product of Eq. 38 with respect to the stick fractions ``v``.
 
     With S_k = Π_{l<k} (1 − v_l) (π_k = v_k S_k, remainder = S_{K_max+1}), reverse
@@ -307,7 +331,7 @@ def stick_breaking_priors_backward(
     for k in range(k_max - 1, -1, -1):
         d_v[k] = (d_priors[..., k] - d_stick) * sticks[k]
         d_stick = d_priors[..., k] * v[..., k] + d_stick * (1 - v[..., k])
-    return xp.stack(d_v, axis=-1)
+    return StickBreakingGrad(xp.stack(d_v, axis=-1))
 
 
 # --------------------------------------------------------------------------- GMA-MoE gates
@@ -443,13 +467,13 @@ def moe_gates_backward(
     expert_means: Array,
     expert_variances: Array,
     expert_prior_logits: Array,
-    d_gates: Array,
+    d_out: Array,
     *,
     check_finite: bool = True,
 ) -> MoEGatesGrad:
     """Vector–Jacobian product of :func:`moe_gates` (Eq. 39).
 
-    With δ_ih = γ_ih (g_ih − Σ_l γ_il g_il) (Eq. 18 for the gate scores, g = ``d_gates``)::
+    With δ_ih = γ_ih (g_ih − Σ_l γ_il g_il) (Eq. 18 for the gate scores, g = ``d_out``)::
 
         d_r_i      = −Σ_h δ_ih Λ_h⁻¹ (r_i − ν_h)
         d_ν_h      =  Σ_i δ_ih Λ_h⁻¹ (r_i − ν_h)
@@ -459,8 +483,8 @@ def moe_gates_backward(
     (the sums over i also run over the leading batch axes of ``r``).
 
     Returns :class:`MoEGatesGrad` (``d_r``, ``d_expert_means``, ``d_expert_variances``,
-    ``d_expert_prior_logits``) shaped like the inputs. ``d_gates``: ``(..., N, H)``.
-    Raises as :func:`moe_gates`, and for ``d_gates`` not real floating (``TypeError``),
+    ``d_expert_prior_logits``) shaped like the inputs. ``d_out``: ``(..., N, H)``.
+    Raises as :func:`moe_gates`, and for ``d_out`` not real floating (``TypeError``),
     mis-shaped or (``check_finite``) with NaN/Inf (``ValueError``).
     """
     xp = namespace(
@@ -468,14 +492,14 @@ def moe_gates_backward(
         expert_means=expert_means,
         expert_variances=expert_variances,
         expert_prior_logits=expert_prior_logits,
-        d_gates=d_gates,
+        d_out=d_out,
     )
     _check_moe_inputs(xp, r, expert_means, expert_variances, expert_prior_logits, check_finite)
     h = expert_means.shape[0]
-    check_cotangent(xp, "d_gates", d_gates, (*r.shape[:-1], h), "the gates (..., N, H)", check_finite)
+    check_cotangent(xp, "d_out", d_out, (*r.shape[:-1], h), "the gates (..., N, H)", check_finite)
     scores, scaled = _moe_scores(xp, r, expert_means, expert_variances, expert_prior_logits)
     gates = xp.exp(_log_softmax(xp, scores))
-    delta = gates * (d_gates - xp.sum(gates * d_gates, axis=-1, keepdims=True))  # (..., N, H)
+    delta = gates * (d_out - xp.sum(gates * d_out, axis=-1, keepdims=True))  # (..., N, H)
     weighted = delta[..., None] * scaled  # (..., N, H, d_g)
     d_r = -xp.sum(weighted, axis=-2)
     flat_w = xp.reshape(weighted, (-1, *expert_means.shape))
@@ -550,20 +574,20 @@ def moe_dense_mixture(gates: Array, expert_outputs: Array, *, check_finite: bool
 
 
 def moe_dense_mixture_backward(
-    gates: Array, expert_outputs: Array, d_y: Array, *, check_finite: bool = True
+    gates: Array, expert_outputs: Array, d_out: Array, *, check_finite: bool = True
 ) -> MoEMixtureGrad:
     """Vector–Jacobian product of Eq. 40.
 
-    d_gates_ih = ⟨d_y_i, E_h(X)_i⟩ and d_E_h(X)_i = γ_ih d_y_i. ``d_y``: ``(..., N, d)``.
+    d_gates_ih = ⟨d_y_i, E_h(X)_i⟩ and d_E_h(X)_i = γ_ih d_y_i. ``d_out``: ``(..., N, d)``.
     Returns :class:`MoEMixtureGrad` (``d_gates``, ``d_expert_outputs``) shaped like the
-    inputs. Raises as :func:`moe_dense_mixture`, and for ``d_y`` not real floating,
+    inputs. Raises as :func:`moe_dense_mixture`, and for ``d_out`` not real floating,
     not of the output's shape or (``check_finite``) with NaN/Inf.
     """
-    xp = namespace(gates=gates, expert_outputs=expert_outputs, d_y=d_y)
+    xp = namespace(gates=gates, expert_outputs=expert_outputs, d_out=d_out)
     _check_mixture_inputs(xp, gates, expert_outputs, check_finite)
-    check_cotangent(xp, "d_y", d_y, _mixture_shape(gates, expert_outputs), "the output y", check_finite)
-    d_gates = xp.moveaxis(xp.sum(expert_outputs * d_y[..., None, :, :], axis=-1), -2, -1)
-    d_expert = xp.moveaxis(gates, -1, -2)[..., None] * d_y[..., None, :, :]
+    check_cotangent(xp, "d_out", d_out, _mixture_shape(gates, expert_outputs), "the output y", check_finite)
+    d_gates = xp.moveaxis(xp.sum(expert_outputs * d_out[..., None, :, :], axis=-1), -2, -1)
+    d_expert = xp.moveaxis(gates, -1, -2)[..., None] * d_out[..., None, :, :]
     return MoEMixtureGrad(d_gates, d_expert)
 
 
@@ -639,7 +663,7 @@ def moe_sparse_mixture(
 
 
 def moe_sparse_mixture_backward(
-    gates: Array, expert_outputs: Array, r: int, d_y: Array, *, check_finite: bool = True
+    gates: Array, expert_outputs: Array, r: int, d_out: Array, *, check_finite: bool = True
 ) -> MoEMixtureGrad:
     """Vector–Jacobian product of Eq. 41 with the selection S_i held fixed.
 
@@ -651,18 +675,18 @@ def moe_sparse_mixture_backward(
     The top-r selection is piecewise constant, so this is the exact derivative
     wherever no two gates tie at the selection boundary. Returns
     :class:`MoEMixtureGrad` (``d_gates``, ``d_expert_outputs``) shaped like the inputs.
-    Raises as :func:`moe_sparse_mixture`, and for ``d_y`` as :func:`moe_dense_mixture_backward`.
+    Raises as :func:`moe_sparse_mixture`, and for ``d_out`` as :func:`moe_dense_mixture_backward`.
     """
-    xp = namespace(gates=gates, expert_outputs=expert_outputs, d_y=d_y)
+    xp = namespace(gates=gates, expert_outputs=expert_outputs, d_out=d_out)
     _check_mixture_inputs(xp, gates, expert_outputs, check_finite)
-    check_cotangent(xp, "d_y", d_y, _mixture_shape(gates, expert_outputs), "the output y", check_finite)
+    check_cotangent(xp, "d_out", d_out, _mixture_shape(gates, expert_outputs), "the output y", check_finite)
     mask = top_r_mask(gates, r)
     sparse = moe_sparse_gates(gates, r, check_finite=False)
     total = xp.sum(xp.where(mask, gates, xp.zeros_like(gates)), axis=-1, keepdims=True)
-    e = xp.moveaxis(xp.sum(expert_outputs * d_y[..., None, :, :], axis=-1), -2, -1)  # (..., N, H)
+    e = xp.moveaxis(xp.sum(expert_outputs * d_out[..., None, :, :], axis=-1), -2, -1)  # (..., N, H)
     e = xp.where(mask, e, xp.zeros_like(e))
     d_gates = xp.where(
         mask, (e - xp.sum(sparse * e, axis=-1, keepdims=True)) / total, xp.zeros_like(e)
     )
-    d_expert = xp.moveaxis(sparse, -1, -2)[..., None] * d_y[..., None, :, :]
+    d_expert = xp.moveaxis(sparse, -1, -2)[..., None] * d_out[..., None, :, :]
     return MoEMixtureGrad(d_gates, d_expert)

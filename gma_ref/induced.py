@@ -26,6 +26,7 @@ from ._array import (
     check_memory_budget,
     check_nonnegative_scalar,
     namespace,
+    sum_to_shape,
     value_scale,
 )
 from .bidirectional import GMAGrad, check_routing_inputs, output_shape
@@ -216,8 +217,8 @@ def gma_materialized_backward(
     gamma_k: Array,
     v: Array,
     d_out: Array,
-    eps: float = DEFAULT_EPS,
     *,
+    eps: float = DEFAULT_EPS,
     causal: bool = False,
     check_finite: bool = True,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
@@ -260,8 +261,8 @@ def _materialized_backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_
     d_weights = xp.matmul(d_out, xp.matrix_transpose(v))
     centred = d_weights - xp.sum(d_weights * weights, axis=-1, keepdims=True)
     d_a_tilde = xp.where(mask & seen, centred / safe, xp.zeros_like(centred))
-    return GMAGrad(
-        xp.matmul(d_a_tilde, gamma_k),
-        xp.matmul(xp.matrix_transpose(d_a_tilde), gamma_q),
-        d_v,
+    return GMAGrad(  # broadcast batch axes summed back to each input's shape
+        sum_to_shape(xp, xp.matmul(d_a_tilde, gamma_k), tuple(gamma_q.shape)),
+        sum_to_shape(xp, xp.matmul(xp.matrix_transpose(d_a_tilde), gamma_q), tuple(gamma_k.shape)),
+        sum_to_shape(xp, d_v, tuple(v.shape)),
     )

@@ -280,10 +280,8 @@ def gma_layer(
     xp = _checked_inputs(params, x, y, gate, check_finite)
     ctx = x if y is None else y
     q, k, v = _project(xp, x, params.w_q), _project(xp, ctx, params.w_k), _project(xp, ctx, params.w_v)
-    heads = gma_attention(
-        q, k, v, params.means, params.omega, params.prior_logits, causal=causal, form=form, eps=eps,
-        eps_sigma=eps_sigma, chunk_size=chunk_size, check_finite=check_finite,
-    )
+    heads = gma_attention(q, k, v, params.means, params.omega, params.prior_logits, causal=causal, form=form,
+                          eps=eps, eps_sigma=eps_sigma, chunk_size=chunk_size, check_finite=check_finite)
     if gate is not None:
         heads = heads * _gates(xp, params, x)
     return xp.matmul(_concat_heads(xp, heads), params.w_o)
@@ -296,11 +294,12 @@ def _concat_heads(xp: Any, heads: Array) -> Array:
 
 
 class LayerGrad(NamedTuple):
-    """Cotangents of :func:`gma_layer`: the input(s) and every parameter (a GMALayerParams)."""
+    """Cotangents of the inputs of :func:`gma_layer`, in its order: every parameter (a
+    GMALayerParams of gradients), ``x``, and ``y`` (``None`` for self-attention)."""
 
+    d_params: GMALayerParams
     d_x: Array
     d_y: Array | None
-    d_params: GMALayerParams
 
 
 def _output_backward(xp: Any, params: GMALayerParams, heads: Array, d_out: Array) -> tuple[Array, Array]:
@@ -334,9 +333,9 @@ def _gate_backward(xp: Any, params: GMALayerParams, x: Array, heads: Array, gate
 def gma_layer_backward(
     params: GMALayerParams,
     x: Array,
-    y: Array | None = None,
-    *,
     d_out: Array,
+    *,
+    y: Array | None = None,
     causal: bool = False,
     form: str | None = None,
     eps: float = DEFAULT_EPS,
@@ -347,9 +346,11 @@ def gma_layer_backward(
 ) -> LayerGrad:
     """All gradients of :func:`gma_layer` for ``d_out`` = ∂L/∂out ``(..., N, d_model)``.
 
-    The positional arguments are those of :func:`gma_layer`, in its order
-    ``(params, x, y)``; ``d_out`` is keyword-only, so it cannot be taken for
-    ``y`` or the other way round (``gma_layer_backward(params, x, y, d_out=g)``).
+    As every backward (the architecture page): :func:`gma_layer`'s required arguments
+    ``(params, x)``, then ``d_out``, then everything else keyword-only with the forward's
+    names, so a context is ``y=`` (``gma_layer_backward(params, x, g, y=y)``) and cannot be
+    taken for ``d_out`` or the other way round. The forward is run once, keeping what
+    :func:`gma_attention` saved (``return_saved=True``) for its backward.
 
     ∂L/∂W_O = concat(O)ᵀ ∂L/∂out (summed over batch and tokens); the head
     outputs receive ∂L/∂out W_Oᵀ (through the gate, :func:`_gate_backward`, when
@@ -373,14 +374,16 @@ def gma_layer_backward(
     q, k, v = _project(xp, x, params.w_q), _project(xp, ctx, params.w_k), _project(xp, ctx, params.w_v)
     kwargs = {"causal": causal, "form": form, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": chunk_size,
               "check_finite": check_finite}
-    heads = gma_attention(q, k, v, params.means, params.omega, params.prior_logits, **kwargs)
+    heads, saved = gma_attention(q, k, v, params.means, params.omega, params.prior_logits, return_saved=True,
+                                 **kwargs)
     gates = None if gate is None else _gates(xp, params, x)
     d_w_o, d_heads = _output_backward(xp, params, heads if gates is None else heads * gates, d_out)
     gate_grads: dict[str, Array] = {}
     if gates is not None:
         d_heads, d_x_gate, gate_grads["gate_w"], gate_grads["gate_b"] = _gate_backward(
             xp, params, x, heads, gates, d_heads)
-    g = gma_attention_backward(q, k, v, params.means, params.omega, params.prior_logits, d_heads, **kwargs)
+    g = gma_attention_backward(q, k, v, params.means, params.omega, params.prior_logits, d_heads, saved=saved,
+                               **kwargs)
 
     def d_weight(inp: Array, d_proj: Array, w: Array) -> Array:
         return sum_to_shape(xp, xp.matmul(xp.matrix_transpose(xp.expand_dims(inp, axis=-3)), d_proj), tuple(w.shape))
@@ -398,5 +401,5 @@ def gma_layer_backward(
         prior_logits=g.d_prior_logits, **gate_grads,
     )
     if y is None:
-        return LayerGrad(d_x + d_ctx, None, d_params)
-    return LayerGrad(d_x, d_ctx, d_params)
+        return LayerGrad(d_params, d_x + d_ctx, None)
+    return LayerGrad(d_params, d_x, d_ctx)

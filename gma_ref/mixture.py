@@ -13,6 +13,8 @@ softplus as ``logaddexp(0, ω)`` and log π as ``α − max α − log Σ exp(α
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ._array import (
     Array,
     check_component_vector,
@@ -29,9 +31,11 @@ __all__ = [
     "DEFAULT_EPS_SIGMA",
     "variances_from_omega",
     "variances_from_omega_backward",
+    "VariancesGrad",
     "omega_from_variances",
     "log_priors_from_logits",
     "log_priors_from_logits_backward",
+    "PriorLogitsGrad",
     "priors_from_logits",
     "sigmoid",
 ]
@@ -87,21 +91,32 @@ def variances_from_omega(
     return xp.logaddexp(xp.zeros_like(omega), omega) + eps_sigma
 
 
-def variances_from_omega_backward(omega: Array, d_variances: Array, *, check_finite: bool = True) -> Array:
+class VariancesGrad(NamedTuple):
+    """Cotangent of the input of :func:`variances_from_omega`."""
+
+    #: ∂L/∂ω ``(..., K, d_r)``.
+    d_omega: Array
+
+
+def variances_from_omega_backward(
+    omega: Array, d_out: Array, *, eps_sigma: float = DEFAULT_EPS_SIGMA, check_finite: bool = True
+) -> VariancesGrad:
     """Vector–Jacobian product of Eq. 14: ∂L/∂ω = ∂L/∂σ² · sigmoid(ω) (Eq. 58).
 
-    ``omega`` and ``d_variances`` have shape ``(..., K, d_r)``; returns ``d_omega``
-    of the same shape. ε_σ does not enter the derivative. Raises as
-    :func:`variances_from_omega`, and for ``d_variances`` not real floating
+    ``omega`` and ``d_out`` = ∂L/∂σ² have shape ``(..., K, d_r)``; returns
+    ``VariancesGrad(d_omega)`` of the same shape and dtype. ε_σ does not enter the
+    derivative; it is checked as the forward checks it. Raises as
+    :func:`variances_from_omega`, and for ``d_out`` not real floating
     (``TypeError``), not of ``omega``'s shape or (``check_finite``) with NaN/Inf.
     """
-    xp = namespace(omega=omega, d_variances=d_variances)
+    xp = namespace(omega=omega, d_out=d_out)
     check_floating(xp, "omega", omega)
     check_rank("omega", omega, 2, "(..., K, d_r)")
+    check_positive_scalar("eps_sigma", eps_sigma)
     if check_finite:
         _check_finite(xp, "omega", omega)
-    check_cotangent(xp, "d_variances", d_variances, tuple(omega.shape), "omega", check_finite)
-    return d_variances * sigmoid(omega)
+    check_cotangent(xp, "d_out", d_out, tuple(omega.shape), "omega", check_finite)
+    return VariancesGrad(d_out * sigmoid(omega))
 
 
 def omega_from_variances(variances: Array, eps_sigma: float = DEFAULT_EPS_SIGMA) -> Array:
@@ -147,20 +162,29 @@ def log_priors_from_logits(prior_logits: Array, *, check_finite: bool = True) ->
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
 
 
-def log_priors_from_logits_backward(log_priors: Array, d_log_priors: Array, *, check_finite: bool = True) -> Array:
+class PriorLogitsGrad(NamedTuple):
+    """Cotangent of the input of :func:`log_priors_from_logits`."""
+
+    #: ∂L/∂α ``(..., K)``.
+    d_prior_logits: Array
+
+
+def log_priors_from_logits_backward(
+    prior_logits: Array, d_out: Array, *, check_finite: bool = True
+) -> PriorLogitsGrad:
     """Vector–Jacobian product of log π = log_softmax(α) (from Eqs. 61–62).
 
     ∂ log π_k / ∂α_m = 1{k=m} − π_m, so ∂L/∂α_m = g_m − π_m Σ_k g_k with
-    g = ∂L/∂log π. Shapes ``(..., K)``. The result sums to 0 over the last axis.
-    Raises ``TypeError``/``ValueError`` as :func:`log_priors_from_logits` (for
-    ``log_priors``), and for ``d_log_priors`` not real floating, not of
-    ``log_priors``' shape or (``check_finite``) with NaN/Inf.
+    g = ``d_out`` = ∂L/∂log π. Shapes ``(..., K)``; returns
+    ``PriorLogitsGrad(d_prior_logits)``, which sums to 0 over the last axis.
+    π is recomputed from α (K numbers). Raises ``TypeError``/``ValueError`` as
+    :func:`log_priors_from_logits`, and for ``d_out`` not real floating, not of
+    ``prior_logits``' shape or (``check_finite``) with NaN/Inf.
     """
-    xp = namespace(log_priors=log_priors, d_log_priors=d_log_priors)
-    check_component_vector(xp, "log_priors", log_priors, check_finite)
-    check_cotangent(xp, "d_log_priors", d_log_priors, tuple(log_priors.shape), "log_priors", check_finite)
-    priors = xp.exp(log_priors)
-    return d_log_priors - priors * xp.sum(d_log_priors, axis=-1, keepdims=True)
+    xp = namespace(prior_logits=prior_logits, d_out=d_out)
+    priors = xp.exp(log_priors_from_logits(prior_logits, check_finite=check_finite))
+    check_cotangent(xp, "d_out", d_out, tuple(prior_logits.shape), "prior_logits", check_finite)
+    return PriorLogitsGrad(d_out - priors * xp.sum(d_out, axis=-1, keepdims=True))
 
 
 def priors_from_logits(prior_logits: Array, *, check_finite: bool = True) -> Array:

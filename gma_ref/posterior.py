@@ -46,13 +46,14 @@ from ._array import (
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
+from ._compat import renamed_names
 
 __all__ = [
     "log_gaussian_density",
     "scores",
     "responsibilities",
-    "softmax_backward",
-    "log_softmax_backward",
+    "scores_cotangent",
+    "scores_cotangent_from_log",
     "ScoresGrad",
     "scores_backward",
     "responsibilities_backward",
@@ -299,7 +300,7 @@ def _shift_to_dominant(xp: Any, gamma: Array, d_gamma: Array) -> Array:
     return d_gamma - ref
 
 
-def softmax_backward(gamma: Array, d_gamma: Array) -> Array:
+def scores_cotangent(gamma: Array, d_gamma: Array) -> Array:
     """Gradient entering the scores, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij) (Eq. 18).
 
     ``gamma`` and ``d_gamma`` (g = ∂L/∂Γ) have shape ``(..., N, K)``; returns
@@ -316,12 +317,12 @@ def softmax_backward(gamma: Array, d_gamma: Array) -> Array:
     return gamma * (d_gamma - centre)
 
 
-def log_softmax_backward(gamma: Array, d_log_gamma: Array) -> Array:
+def scores_cotangent_from_log(gamma: Array, d_log_gamma: Array) -> Array:
     """δ for an upstream gradient at log Γ: δ_ik = h_ik − γ_ik Σ_j h_ij with h = ∂L/∂log Γ.
 
     Shapes ``(..., N, K)``. Rows of the result sum to 0. Raises ``TypeError``/``ValueError``
     unless ``d_log_gamma`` is real floating of ``gamma``'s shape (finiteness is left to the
-    caller, as in :func:`softmax_backward`).
+    caller, as in :func:`scores_cotangent`).
     """
     xp = namespace(gamma=gamma, d_log_gamma=d_log_gamma)
     check_cotangent(xp, "d_log_gamma", d_log_gamma, tuple(gamma.shape), "gamma", False)
@@ -338,12 +339,12 @@ class ScoresGrad(NamedTuple):
 
 
 def scores_backward(
-    x: Array, means: Array, variances: Array, d_scores: Array, log_priors: Array | None = None,
+    x: Array, means: Array, variances: Array, log_priors: Array | None, d_out: Array,
     *, check_finite: bool = True,
 ) -> ScoresGrad:
     """Vector–Jacobian product of the scores (Eqs. 19/19b with 20, 52–54, 57, 62).
 
-    Given δ = ∂L/∂s of shape ``(..., N, K)``, with r_ikm = (x_im − μ_km)/σ²_km:
+    Given δ = ``d_out`` = ∂L/∂s of shape ``(..., N, K)``, with r_ikm = (x_im − μ_km)/σ²_km:
 
     * ∂L/∂x_im       = −Σ_k δ_ik r_ikm                          (∇_x s_k = −Σ_k⁻¹(x − μ_k))
     * ∂L/∂μ_km       =  Σ_i δ_ik r_ikm                          (Eqs. 52–54)
@@ -353,7 +354,8 @@ def scores_backward(
     The sums over i run over every token and every broadcast batch/head axis
     the parameter was shared across; ``d_means``/``d_variances`` come back in
     the shapes of ``means``/``variances`` and ``d_log_priors`` in the shape of
-    ``log_priors`` (an array, used for its shape only; default ``means.shape[:-1]``).
+    ``log_priors`` (which does not enter the derivative; ``None``, as in the forward, gives
+    ``means.shape[:-1]``).
 
     Computed as written, a block of tokens at a time (as :func:`scores`): r ``(..., n, K, d_r)``
     per block, its ∂L/∂x rows, and its shares of Σ_i δ r and Σ_i δ r² added up. Memory: the
@@ -364,18 +366,18 @@ def scores_backward(
     ------
     TypeError
         ``log_priors`` given but not an array (e.g. a shape tuple); any input or
-        ``d_scores`` not real floating.
+        ``d_out`` not real floating.
     ValueError
-        The inputs as :func:`scores` rejects them; ``d_scores`` not of the shape of
+        The inputs as :func:`scores` rejects them; ``d_out`` not of the shape of
         the scores ``(..., N, K)``; with ``check_finite``, NaN/Inf in any of them, and finite
         inputs whose gradient overflows the dtype (e.g. σ² = 1e-300, where r² = (x − μ)²/σ⁴
         exceeds the largest float), naming the gradient.
     """
     _check_log_priors_is_array(log_priors)
-    xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
+    xp = namespace(x=x, means=means, variances=variances, d_out=d_out)
     shape = _validate(xp, x, means, variances, log_priors, check_finite)
-    check_cotangent(xp, "d_scores", d_scores, shape, "the scores", check_finite)
-    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), check_finite)
+    check_cotangent(xp, "d_out", d_out, shape, "the scores", check_finite)
+    return _scores_backward(xp, x, means, variances, d_out, _log_priors_shape(means, log_priors), check_finite)
 
 
 def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
@@ -429,36 +431,40 @@ def responsibilities_backward(
     x: Array,
     means: Array,
     variances: Array,
-    gamma: Array,
-    d_gamma: Array,
-    log_priors: Array | None = None,
+    log_priors: Array | None,
+    d_out: Array,
     *,
+    saved: Array | None = None,
     check_finite: bool = True,
 ) -> ScoresGrad:
     """Vector–Jacobian product of :func:`responsibilities` (Eq. 18 then Eqs. 19, 54, 57, 64).
 
-    ``gamma`` is the forward output ``(..., N, K)``, ``d_gamma`` = ∂L/∂Γ of the
-    same shape; ``log_priors`` (optional) gives ``d_log_priors`` its shape, as in
-    :func:`scores_backward`. Returns :class:`ScoresGrad` (∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π).
-    Chain ∂L/∂σ² through :func:`~gma_ref.mixture.variances_from_omega_backward`
-    (Eqs. 58–60) and ∂L/∂log π through
-    :func:`~gma_ref.mixture.log_priors_from_logits_backward` (Eqs. 61–64).
+    ``d_out`` = ∂L/∂Γ ``(..., N, K)``. ``saved``: the forward's output Γ, if kept
+    (``None`` recomputes it, at the cost of the forward). Returns :class:`ScoresGrad`
+    (∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π, each the shape of its input). Chain ∂L/∂σ²
+    through :func:`~gma_ref.mixture.variances_from_omega_backward` (Eqs. 58–60) and
+    ∂L/∂log π through :func:`~gma_ref.mixture.log_priors_from_logits_backward` (Eqs. 61–64).
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`scores_backward`; ``gamma`` and ``d_gamma`` must both have the
+        As :func:`scores_backward`; ``d_out`` and ``saved`` must both have the
         shape of the responsibilities ``(..., N, K)`` (real floating; finite with
-        ``check_finite``); ``gamma`` must be non-negative with rows summing to 1 (to √u of
+        ``check_finite``); ``saved`` must be non-negative with rows summing to 1 (to √u of
         its dtype): Eq. 18 is the VJP of a softmax only at a point of the simplex.
     """
     _check_log_priors_is_array(log_priors)
-    xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
+    xp = namespace(x=x, means=means, variances=variances, d_out=d_out)
     shape = _validate(xp, x, means, variances, log_priors, check_finite)
-    check_cotangent(xp, "gamma", gamma, shape, "the responsibilities", check_finite)
-    _check_simplex(xp, gamma)
-    check_cotangent(xp, "d_gamma", d_gamma, shape, "the responsibilities", check_finite)
-    d_scores = softmax_backward(gamma, d_gamma)
+    if saved is None:
+        gamma = responsibilities(x, means, variances, log_priors, check_finite=False)
+    else:
+        namespace(x=x, saved=saved)
+        check_cotangent(xp, "saved", saved, shape, "the responsibilities", check_finite)
+        _check_simplex(xp, saved)
+        gamma = saved
+    check_cotangent(xp, "d_out", d_out, shape, "the responsibilities", check_finite)
+    d_scores = scores_cotangent(gamma, d_out)
     return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), check_finite)
 
 
@@ -487,3 +493,7 @@ def _check_log_priors_is_array(log_priors: Array | None) -> None:
             f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
         )
 
+
+
+__getattr__ = renamed_names(__name__, {"softmax_backward": "scores_cotangent",
+                                       "log_softmax_backward": "scores_cotangent_from_log"}, globals())

@@ -58,7 +58,7 @@ import math
 from typing import Any, NamedTuple
 
 from ._array import Array, broadcast_shapes, device_of, n_elements, namespace, sum_to_shape
-from .posterior import ScoresGrad, softmax_backward, softmax_scores
+from .posterior import ScoresGrad, scores_cotangent, softmax_scores
 
 __all__ = [
     "guarded_scores",
@@ -266,7 +266,7 @@ def responsibilities_backward_guarded(
     x: Array, means: Array, variances: Array, gamma: Array, d_gamma: Array, log_priors: Array,
     direct_rows: Array,
 ) -> ScoresGrad:
-    """The VJP of :func:`responsibilities_and_guard`: Eq. 18 (:func:`~gma_ref.posterior.softmax_backward`),
+    """The VJP of :func:`responsibilities_and_guard`: Eq. 18 (:func:`~gma_ref.posterior.scores_cotangent`),
     then :func:`scores_backward_guarded` with the forward's guard verdict.
 
     ``gamma`` and ``direct_rows`` are what :func:`responsibilities_and_guard` returned for these
@@ -274,5 +274,5 @@ def responsibilities_backward_guarded(
     gives the same gradients to rounding; one that clears a row the bound rejects loses that row's
     accuracy guarantee.
     """
-    d_scores = softmax_backward(gamma, d_gamma)
+    d_scores = scores_cotangent(gamma, d_gamma)
     return scores_backward_guarded(x, means, variances, d_scores, tuple(log_priors.shape), direct_rows)

@@ -117,9 +117,9 @@ def test_the_backward_of_the_requested_form_runs_with_the_requested_options(rng,
                            chunk_size=5)
     assert len(calls) == 1
     a, kw = calls[0]
-    assert a[4] == 0.25
+    assert kw["eps"] == 0.25
     if core == "gma_causal_chunked_backward":
-        assert a[5] == 5
+        assert kw["chunk_size"] == 5
     if core == "gma_materialized_backward":
         assert kw["causal"] is causal
 

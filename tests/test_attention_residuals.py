@@ -1,6 +1,6 @@
 """The backward reuses the forward's work, and refuses residuals that do not fit.
 
-``gma_attention(..., return_residuals=True)`` returns ``(out, AttentionResiduals)``; passing them
+``gma_attention(..., return_saved=True)`` returns ``(out, AttentionSaved)``; passing them
 to ``gma_attention_backward(..., residuals=)`` gives the gradients it gives without them (to
 rounding), for every form, cross-attention, broadcast batch/head axes, under every array
 namespace, and where the scores' rounding guard sends rows to the element-wise form. Residuals
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gma_ref
-from gma_ref.attention import FORMS, AttentionResiduals, gma_attention, gma_attention_backward
+from gma_ref.attention import FORMS, AttentionSaved, gma_attention, gma_attention_backward
 from gma_ref.mixture import log_priors_from_logits, variances_from_omega
 from gma_ref.posterior import responsibilities
 from tests._helpers import from_numpy, rel_err, to_numpy
@@ -45,8 +45,8 @@ def _check_forward_then_backward(rng, args, causal, form, chunk_size=4, eps=1e-6
     if xp is not None:
         args = tuple(from_numpy(xp, a) for a in args)
     kw = {"causal": causal, "form": form, "chunk_size": chunk_size, "eps": eps}
-    out, res = gma_attention(*args, return_residuals=True, **kw)
-    assert isinstance(res, AttentionResiduals)
+    out, res = gma_attention(*args, return_saved=True, **kw)
+    assert isinstance(res, AttentionSaved)
     assert res.out is out
     np.testing.assert_array_equal(to_numpy(out), to_numpy(gma_attention(*args, **kw)))
     lp = log_priors_from_logits(args[5])
@@ -55,7 +55,7 @@ def _check_forward_then_backward(rng, args, causal, form, chunk_size=4, eps=1e-6
         assert rel_err(gamma, responsibilities(x, args[3], var, lp)) <= 1e-14
     d_out = from_numpy(xp, rng.normal(size=tuple(out.shape))) if xp is not None else rng.normal(size=out.shape)
     without = gma_attention_backward(*args, d_out, **kw)
-    _assert_same_gradients(gma_attention_backward(*args, d_out, residuals=res, **kw), without)
+    _assert_same_gradients(gma_attention_backward(*args, d_out, saved=res, **kw), without)
     return res
 
 
@@ -100,9 +100,9 @@ def test_residuals_on_a_device_other_than_the_default(rng, causal, form):
     dev = xs.Device("device1")
     args = tuple(xs.asarray(a, device=dev) for a in _inputs(rng))
     kw = {"causal": causal, "form": form, "chunk_size": 4}
-    out, res = gma_attention(*args, return_residuals=True, **kw)
+    out, res = gma_attention(*args, return_saved=True, **kw)
     d_out = xs.asarray(rng.normal(size=tuple(out.shape)), device=dev)
-    got = gma_attention_backward(*args, d_out, residuals=res, **kw)
+    got = gma_attention_backward(*args, d_out, saved=res, **kw)
     assert all(g.device == dev for g in got)
     _assert_same_gradients(got, gma_attention_backward(*args, d_out, **kw))
 
@@ -125,37 +125,37 @@ def test_residuals_where_the_guard_computes_rows_element_wise(rng, causal, form)
 
 def test_return_residuals_must_be_a_bool(rng):
     """return_residuals=1 is a TypeError naming it (the output shape must not depend on truthiness)."""
-    with pytest.raises(TypeError, match="return_residuals"):
-        gma_attention(*_inputs(rng), return_residuals=1)
+    with pytest.raises(TypeError, match="return_saved"):
+        gma_attention(*_inputs(rng), return_saved=1)
 
 
 def _forward(args, **kw):
-    return gma_attention(*args, return_residuals=True, **kw)
+    return gma_attention(*args, return_saved=True, **kw)
 
 
 def _backward(rng, args, res, **kw):
     d_out = rng.normal(size=res[2].shape)  # the output's shape (res may be a plain tuple)
-    return gma_attention_backward(*args, d_out, residuals=res, **kw)
+    return gma_attention_backward(*args, d_out, saved=res, **kw)
 
 
 def test_residuals_must_be_attention_residuals(rng):
     """A plain tuple with the right arrays is refused: TypeError naming residuals and the type expected."""
     args = _inputs(rng)
     _, res = _forward(args)
-    with pytest.raises(TypeError, match="residuals must be the AttentionResiduals"):
+    with pytest.raises(TypeError, match="saved must be the AttentionSaved"):
         _backward(rng, args, tuple(res))
 
 
-@pytest.mark.parametrize("field", AttentionResiduals._fields)
+@pytest.mark.parametrize("field", AttentionSaved._fields)
 def test_each_field_is_checked_for_dtype_and_shape(rng, field):
     """A field of another dtype is a TypeError, of another shape a ValueError, each naming residuals.<field>."""
     args = _inputs(rng)
     _, res = _forward(args)
     a = getattr(res, field)
     other = a.astype(np.float32) if a.dtype == np.float64 else a.astype(np.float64)
-    with pytest.raises(TypeError, match=f"residuals.{field} must have dtype"):
+    with pytest.raises(TypeError, match=f"saved.{field} must have dtype"):
         _backward(rng, args, res._replace(**{field: other}))
-    with pytest.raises(ValueError, match=rf"residuals.{field} must have shape"):
+    with pytest.raises(ValueError, match=rf"saved.{field} must have shape"):
         _backward(rng, args, res._replace(**{field: a[..., :-1, :] if a.ndim > 2 else a[:1]}))
 
 
@@ -163,7 +163,7 @@ def test_a_field_that_is_not_an_array_is_a_type_error(rng):
     """A list where an array belongs: TypeError naming residuals.gamma_q."""
     args = _inputs(rng)
     _, res = _forward(args)
-    with pytest.raises(TypeError, match="residuals.gamma_q must be an array"):
+    with pytest.raises(TypeError, match="saved.gamma_q must be an array"):
         _backward(rng, args, res._replace(gamma_q=res.gamma_q.tolist()))
 
 
@@ -173,7 +173,7 @@ def test_a_field_from_another_namespace_is_a_type_error(rng):
 
     args = _inputs(rng)
     _, res = _forward(args)
-    with pytest.raises(TypeError, match="residuals.gamma_k"):
+    with pytest.raises(TypeError, match="saved.gamma_k"):
         _backward(rng, args, res._replace(gamma_k=from_numpy(xs, res.gamma_k)))
 
 
@@ -183,7 +183,7 @@ def test_nan_in_gamma_is_refused_with_check_finite(rng):
     _, res = _forward(args)
     gk = res.gamma_k.copy()
     gk[0, 4, 1] = np.nan
-    with pytest.raises(ValueError, match="residuals.gamma_k must be finite"):
+    with pytest.raises(ValueError, match="saved.gamma_k must be finite"):
         _backward(rng, args, res._replace(gamma_k=gk))
 
 
@@ -193,13 +193,13 @@ def test_residuals_of_other_inputs_are_refused(rng, causal, form):
     args = _inputs(rng)
     _, res = _forward(args, causal=causal, form=form)
     other_q = (args[0] + 0.5, *args[1:])
-    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ of these inputs"):
+    with pytest.raises(ValueError, match="saved.gamma_q is not Γ of these inputs"):
         _backward(rng, other_q, res, causal=causal, form=form)
     other_k = (args[0], rng.normal(size=args[1].shape), *args[2:])
-    with pytest.raises(ValueError, match="residuals.gamma_k is not Γ of these inputs"):
+    with pytest.raises(ValueError, match="saved.gamma_k is not Γ of these inputs"):
         _backward(rng, other_k, res, causal=causal, form=form)
     other_means = (*args[:3], args[3] + 0.01, *args[4:])
-    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
+    with pytest.raises(ValueError, match="saved.gamma_q is not Γ"):
         _backward(rng, other_means, res, causal=causal, form=form)
     for index in (4, 5):  # omega, prior_logits
         changed = list(args)
@@ -217,7 +217,7 @@ def test_the_first_and_last_tokens_are_among_the_rows_checked(rng, which):
     _, res = _forward(args)
     q = args[0].copy()
     q[:, 0 if which == "first" else -1] += 1.0
-    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
+    with pytest.raises(ValueError, match="saved.gamma_q is not Γ"):
         _backward(rng, (q, *args[1:]), res)
 
 
@@ -225,11 +225,11 @@ def test_a_stale_output_is_refused_by_the_latent_form(rng):
     """The latent backward uses residuals.out: one modified, or of other values or another ε, is refused."""
     args = _inputs(rng)
     _, res = _forward(args)
-    with pytest.raises(ValueError, match="residuals.out is not the output"):
+    with pytest.raises(ValueError, match="saved.out is not the output"):
         _backward(rng, args, res._replace(out=res.out * 1.01))
-    with pytest.raises(ValueError, match="residuals.out is not the output"):
+    with pytest.raises(ValueError, match="saved.out is not the output"):
         _backward(rng, (*args[:2], args[2] + 1.0, *args[3:]), res)
-    with pytest.raises(ValueError, match="residuals.out is not the output"):
+    with pytest.raises(ValueError, match="saved.out is not the output"):
         _backward(rng, args, res, eps=0.5)
 
 
@@ -242,7 +242,7 @@ def test_forms_that_do_not_read_the_output_give_exact_gradients_without_it(rng, 
     _, res = _forward(args, causal=causal, form=form, chunk_size=4)
     d_out = rng.normal(size=res.out.shape)
     kw = {"causal": causal, "form": form, "chunk_size": 4}
-    got = gma_attention_backward(*args, d_out, residuals=res._replace(out=np.zeros_like(res.out)), **kw)
+    got = gma_attention_backward(*args, d_out, saved=res._replace(out=np.zeros_like(res.out)), **kw)
     _assert_same_gradients(got, gma_attention_backward(*args, d_out, **kw))
 
 
@@ -253,14 +253,14 @@ def test_guard_rows_change_accuracy_only(rng):
     _, res = _forward(args)
     d_out = rng.normal(size=res.out.shape)
     flipped = res._replace(direct_rows_q=~res.direct_rows_q, direct_rows_k=~res.direct_rows_k)
-    _assert_same_gradients(gma_attention_backward(*args, d_out, residuals=flipped),
-                           gma_attention_backward(*args, d_out, residuals=res))
+    _assert_same_gradients(gma_attention_backward(*args, d_out, saved=flipped),
+                           gma_attention_backward(*args, d_out, saved=res))
 
 
 def test_residuals_are_exported():
-    """AttentionResiduals is part of the public surface."""
-    assert "AttentionResiduals" in gma_ref.__all__
-    assert gma_ref.attention.AttentionResiduals is AttentionResiduals
+    """AttentionSaved is part of the public surface."""
+    assert "AttentionSaved" in gma_ref.__all__
+    assert gma_ref.AttentionSaved is AttentionSaved
 
 
 @pytest.mark.parametrize(("causal", "form"), _VARIANTS)
@@ -273,15 +273,15 @@ def test_unchecked_backward_with_residuals_lets_non_finite_values_through(rng, c
     d_out = rng.normal(size=res.out.shape)
     d_out[0, 2, 1] = np.nan
     with np.errstate(all="ignore"):
-        g = gma_attention_backward(*args, d_out, residuals=res, check_finite=False, **kw)
+        g = gma_attention_backward(*args, d_out, saved=res, check_finite=False, **kw)
     assert np.isnan(g.d_v).any()
     with pytest.raises(ValueError, match="d_out must be finite"):
-        gma_attention_backward(*args, d_out, residuals=res, **kw)
+        gma_attention_backward(*args, d_out, saved=res, **kw)
     gq, out = res.gamma_q.copy(), res.out.copy()
     gq[1, 3, 0] = np.nan
     out[1, 3] = np.nan  # as the forward would give it
     with np.errstate(all="ignore"):
-        gma_attention_backward(*args, rng.normal(size=res.out.shape), residuals=res._replace(gamma_q=gq, out=out),
+        gma_attention_backward(*args, rng.normal(size=res.out.shape), saved=res._replace(gamma_q=gq, out=out),
                                check_finite=False, **kw)
 
 
@@ -293,15 +293,15 @@ def test_unchecked_non_finite_inputs_pass_through_with_residuals(rng):
     v[0, 1, 0] = np.nan
     q[1, 0, 1] = np.nan  # a sampled row: recomputing it must not check it either
     with np.errstate(all="ignore"):
-        out, res = gma_attention(q, k, v, means, omega, alpha, return_residuals=True, check_finite=False)
-        g = gma_attention_backward(q, k, v, means, omega, alpha, rng.normal(size=out.shape), residuals=res,
+        out, res = gma_attention(q, k, v, means, omega, alpha, return_saved=True, check_finite=False)
+        g = gma_attention_backward(q, k, v, means, omega, alpha, rng.normal(size=out.shape), saved=res,
                                    check_finite=False)
     assert np.isnan(out).any() and np.isnan(g.d_q).any()
     args = _inputs(rng)
     _, res = _forward(args)
     bad_out = res.out.copy()
     bad_out[1, 2, 3] = np.inf
-    with pytest.raises(ValueError, match="residuals.out must be finite"):
+    with pytest.raises(ValueError, match="saved.out must be finite"):
         _backward(rng, args, res._replace(out=bad_out))
 
 
@@ -349,7 +349,7 @@ def test_sampled_rows_are_compared_in_probability_space(rng):
                 if ok:
                     _backward(rng, args, stale, **kw)
                 else:
-                    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
+                    with pytest.raises(ValueError, match="saved.gamma_q is not Γ"):
                         _backward(rng, args, stale, **kw)
 
 
@@ -374,11 +374,11 @@ def test_swapped_gamma_q_and_gamma_k_are_refused_when_scores_are_large(rng, caus
     s = gma_ref.scores(args[0], args[3], variances_from_omega(args[4]), log_priors_from_logits(args[5]))
     assert np.sqrt(np.finfo(np.float32).eps) * (1.0 + np.max(np.abs(s))) > 1.0  # the regime of the old hole
     d_out = rng.normal(size=res.out.shape).astype(np.float32)
-    right = gma_attention_backward(*args, d_out, residuals=res, **kw)  # no false alarm
+    right = gma_attention_backward(*args, d_out, saved=res, **kw)  # no false alarm
     _assert_same_gradients(right, gma_attention_backward(*args, d_out, **kw), rtol=1e-5)
     swapped = res._replace(gamma_q=res.gamma_k, gamma_k=res.gamma_q)
-    with pytest.raises(ValueError, match=r"residuals.gamma_[qk] is not Γ"):
-        gma_attention_backward(*args, d_out, residuals=swapped, **kw)
+    with pytest.raises(ValueError, match=r"saved.gamma_[qk] is not Γ"):
+        gma_attention_backward(*args, d_out, saved=swapped, **kw)
 
 
 def test_a_probability_twice_the_recomputed_one_is_refused_however_large_the_scores(rng):
@@ -393,5 +393,5 @@ def test_a_probability_twice_the_recomputed_one_is_refused_however_large_the_sco
     assert cu * abs(s[b, i, j]) > 0.5 and res.gamma_q[b, i, j] < 1e-6
     gq = res.gamma_q.copy()
     gq[b, i, j] = 1e-3
-    with pytest.raises(ValueError, match="residuals.gamma_q is not Γ"):
+    with pytest.raises(ValueError, match="saved.gamma_q is not Γ"):
         _backward(rng, args, res._replace(gamma_q=gq), **kw)

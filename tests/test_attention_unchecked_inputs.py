@@ -28,8 +28,7 @@ def test_unchecked_forward_lets_non_finite_values_through_every_form(rng, causal
     q, k, v, means, omega, alpha = _inputs(rng)
     v[1, 0] = np.nan
     with np.errstate(all="ignore"):
-        out = gma_attention(q, k, v, means, omega, alpha, causal=causal, form=form, chunk_size=2,
-                            check_finite=False)
+        out = gma_attention(q, k, v, means, omega, alpha, causal=causal, form=form, chunk_size=2, check_finite=False)
     assert np.isnan(out).any()
     with pytest.raises(ValueError, match="^v"):
         gma_attention(q, k, v, means, omega, alpha, causal=causal, form=form)

@@ -24,7 +24,7 @@ def test_one_key_without_eps_gives_exactly_zero_responsibility_gradients(rng):
     v = np.array([[[1e3, -2e-3]], [[-7e2, 5e-3]]])
     d_out = rng.normal(size=(2, 3, 2))
     np.testing.assert_allclose(gma_bidirectional(gq, gk, v, 0.0), np.broadcast_to(v, (2, 3, 2)), rtol=1e-15)
-    g = gma_bidirectional_backward(gq, gk, v, d_out, 0.0)
+    g = gma_bidirectional_backward(gq, gk, v, d_out, eps=0.0)
     np.testing.assert_array_equal(g.d_gamma_q, 0.0)
     np.testing.assert_array_equal(g.d_gamma_k, 0.0)
     np.testing.assert_allclose(g.d_v, d_out.sum(axis=-2, keepdims=True), rtol=1e-14)
@@ -32,14 +32,14 @@ def test_one_key_without_eps_gives_exactly_zero_responsibility_gradients(rng):
 
 @pytest.mark.parametrize("backward", [gma_bidirectional_backward, gma_cross_backward])
 def test_saved_output_near_the_float_maximum_is_accepted(rng, backward):
-    """With |V| ~ 2e307 the forward's own output, passed as out, gives the gradients computed without it."""
+    """With |V| ~ 2e307 the forward's own output, passed as saved, gives the gradients computed without it."""
     gq = rng.dirichlet(np.ones(3), size=(2, 5))
     gk = rng.dirichlet(np.ones(3), size=(2, 4))
     v = np.sign(rng.normal(size=(2, 4, 2))) * 2e307
     d_out = 1e-3 * rng.normal(size=(2, 5, 2))
     out = gma_bidirectional(gq, gk, v, 1e-6)
-    with_out = backward(gq, gk, v, d_out, 1e-6, out=out)
-    for a, b in zip(with_out, backward(gq, gk, v, d_out, 1e-6), strict=True):
+    with_out = backward(gq, gk, v, d_out, eps=1e-6, saved=out)
+    for a, b in zip(with_out, backward(gq, gk, v, d_out, eps=1e-6), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9)
 
 

@@ -25,9 +25,10 @@ from gma_ref.causal import (
 )
 
 BACKWARDS = {
-    "prefix": gma_causal_prefix_backward,
-    "streaming": gma_causal_streaming_backward,
-    "chunked": lambda gq, gk, v, g, eps=1e-6, **kw: gma_causal_chunked_backward(gq, gk, v, g, eps, 2, **kw),
+    "prefix": lambda gq, gk, v, g, eps=1e-6, **kw: gma_causal_prefix_backward(gq, gk, v, g, eps=eps, **kw),
+    "streaming": lambda gq, gk, v, g, eps=1e-6, **kw: gma_causal_streaming_backward(gq, gk, v, g, eps=eps, **kw),
+    "chunked": lambda gq, gk, v, g, eps=1e-6, **kw: gma_causal_chunked_backward(gq, gk, v, g, eps=eps, chunk_size=2,
+                                                                                  **kw),
 }
 
 
@@ -68,7 +69,7 @@ def test_causal_backward_runs_under_array_api_strict(rng, form, eps):
     d_out = rng.normal(size=(2, 5, 2))
     want = BACKWARDS[form](gq, gk, v, d_out, eps)
     got = BACKWARDS[form](*(xps.asarray(a) for a in (gq, gk, v, d_out)), eps)
-    for g, w in zip(got, want, strict=True):
+    for g, w in zip(got[:3], want[:3], strict=True):
         np.testing.assert_allclose(np.asarray(np.from_dlpack(g)), w, rtol=1e-12, atol=1e-14)
 
 

@@ -33,9 +33,9 @@ FORWARDS = {
     "chunked": lambda gq, gk, v, eps, **kw: gma_causal_chunked(gq, gk, v, eps, 2, **kw),
 }
 BACKWARDS = {
-    "prefix": lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps),
-    "streaming": lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps),
-    "chunked": lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps, 2),
+    "prefix": lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps=eps),
+    "streaming": lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps=eps),
+    "chunked": lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps=eps, chunk_size=2),
 }
 
 
@@ -65,7 +65,7 @@ def test_causal_forms_stay_on_the_inputs_device(rng, form, eps, batch, n, v_scal
     out = FORWARDS[form](*map(_on, (gq, gk, v)), eps)
     np.testing.assert_allclose(_host(out), FORWARDS[form](gq, gk, v, eps), rtol=1e-13)
     grads = BACKWARDS[form](*map(_on, (gq, gk, v, g)), eps)
-    for got, want in zip(grads, BACKWARDS[form](gq, gk, v, g, eps), strict=True):
+    for got, want in zip(grads[:3], BACKWARDS[form](gq, gk, v, g, eps)[:3], strict=True):
         np.testing.assert_allclose(_host(got), want, rtol=1e-12, atol=1e-14 * max(1.0, float(np.max(np.abs(want),
                                                                                                   initial=0.0))))
 

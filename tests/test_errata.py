@@ -252,7 +252,7 @@ def test_output_lipschitz_constant_in_the_query_responsibilities_grows_like_n_v_
     tenfold when ε shrinks tenfold: bounded for fixed N and ε, as the paper says, but by nothing smaller."""
     def slope(n: int, eps: float) -> float:
         gq, gk, v = np.array([[1.0, 0.0]]), np.tile([0.0, 1.0], (n, 1)), np.ones((n, 1))
-        return float(gma_ref.gma_bidirectional_backward(gq, gk, v, np.ones((1, 1)), eps).d_gamma_q[0, 1])
+        return float(gma_ref.gma_bidirectional_backward(gq, gk, v, np.ones((1, 1)), eps=eps).d_gamma_q[0, 1])
 
     assert slope(100, 1e-6) == pytest.approx(1e8, rel=1e-12)
     assert slope(200, 1e-6) == pytest.approx(2e8, rel=1e-12)
@@ -289,8 +289,8 @@ def test_relabelling_one_head_leaves_the_output_but_not_the_head_averaged_diagno
     perm = rng.permutation(k)
     means2, omega2, alpha2 = means.copy(), omega.copy(), alpha.copy()
     means2[0], omega2[0], alpha2[0] = means[0][perm], omega[0][perm], alpha[0][perm]
-    out, res = gma_ref.gma_attention(q, kk, v, means, omega, alpha, return_residuals=True)
-    out2, res2 = gma_ref.gma_attention(q, kk, v, means2, omega2, alpha2, return_residuals=True)
+    out, res = gma_ref.gma_attention(q, kk, v, means, omega, alpha, return_saved=True)
+    out2, res2 = gma_ref.gma_attention(q, kk, v, means2, omega2, alpha2, return_saved=True)
     np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(res2.gamma_q[0], res.gamma_q[0][:, perm], rtol=1e-12, atol=1e-15)
 

@@ -84,14 +84,14 @@ def test_dirichlet_kl_backward_matches_finite_differences(rng):
     """∂KL/∂a from dirichlet_prior_kl_backward vs central differences (float64)."""
     a = rng.uniform(0.5, 3.0, size=(2, 4))
     d_kl = rng.normal(size=2)
-    got = E.dirichlet_prior_kl_backward(a, 2.5, d_kl)
+    got = E.dirichlet_prior_kl_backward(a, 2.5, d_kl).d_a
     fd = _fd_vjp(lambda x: E.dirichlet_prior_kl(x, 2.5), [a], 0, d_kl)
     assert rel_err(got, fd) < FD_TOL
 
 
 def test_dirichlet_kl_gradient_vanishes_at_the_prior():
     """The KL is minimal at a = (α₀/K, …): its gradient is 0 there."""
-    g = E.dirichlet_prior_kl_backward(np.full(4, 0.75), 3.0, np.array(1.0))
+    g = E.dirichlet_prior_kl_backward(np.full(4, 0.75), 3.0, np.array(1.0)).d_a
     assert np.max(np.abs(g)) < 1e-12
 
 
@@ -109,9 +109,9 @@ def test_posterior_mean_priors_backward_match_finite_differences(rng):
     a = rng.uniform(0.5, 3.0, size=(2, 4))
     g = rng.normal(size=(2, 4))
     fd = _fd_vjp(E.posterior_mean_priors, [a], 0, g)
-    assert rel_err(E.posterior_mean_priors_backward(a, g), fd) < FD_TOL
+    assert rel_err(E.posterior_mean_priors_backward(a, g).d_a, fd) < FD_TOL
     fd_log = _fd_vjp(E.posterior_mean_log_priors, [a], 0, g)
-    assert rel_err(E.posterior_mean_log_priors_backward(a, g), fd_log) < FD_TOL
+    assert rel_err(E.posterior_mean_log_priors_backward(a, g).d_a, fd_log) < FD_TOL
 
 
 # --------------------------------------------------------------------------- stick breaking (Eq. 38)
@@ -145,7 +145,7 @@ def test_stick_breaking_backward_matches_finite_differences(rng):
     v = rng.uniform(0.05, 0.95, size=(3, 5))
     d_pri = rng.normal(size=(3, 5))
     d_rem = rng.normal(size=3)
-    got = E.stick_breaking_priors_backward(v, d_pri, d_rem)
+    got = E.stick_breaking_priors_backward(v, d_pri, d_rem).d_v
 
     def loss_parts(x):
         pri, rem = E.stick_breaking_priors(x)
@@ -155,7 +155,7 @@ def test_stick_breaking_backward_matches_finite_differences(rng):
     fd = _fd_vjp(loss_parts, [v], 0, cot)
     assert rel_err(got, fd) < FD_TOL
     # without d_remainder the remainder's cotangent is zero
-    got0 = E.stick_breaking_priors_backward(v, d_pri)
+    got0 = E.stick_breaking_priors_backward(v, d_pri).d_v
     fd0 = _fd_vjp(lambda x: E.stick_breaking_priors(x)[0], [v], 0, d_pri)
     assert rel_err(got0, fd0) < FD_TOL
 
@@ -305,7 +305,7 @@ _R, _M, _V, _L = (np.zeros((3, 2)), np.zeros((4, 2)), np.ones((4, 2)), np.zeros(
         (lambda: E.dirichlet_prior_kl(np.ones((2, 0)), 1.0), ValueError, "K >= 1"),
         (lambda: E.dirichlet_prior_kl(np.array([1.0, 2.0]), 0.0), ValueError, "alpha0"),
         (lambda: E.dirichlet_prior_kl(np.array([1, 2]), 1.0), TypeError, "floating"),
-        (lambda: E.dirichlet_prior_kl_backward(np.ones(3), 1.0, np.ones(2)), ValueError, "d_kl"),
+        (lambda: E.dirichlet_prior_kl_backward(np.ones(3), 1.0, np.ones(2)).d_a, ValueError, "d_out"),
         (lambda: E.posterior_mean_priors(np.array([1.0, np.nan])), ValueError, "finite"),
         (lambda: E.stick_breaking_priors(np.array([0.5, 1.2])), ValueError, r"v must lie in \[0, 1\]"),
         (lambda: E.stick_breaking_priors(np.ones((3, 0))), ValueError, "K_max >= 1"),
@@ -313,7 +313,7 @@ _R, _M, _V, _L = (np.zeros((3, 2)), np.zeros((4, 2)), np.ones((4, 2)), np.zeros(
         (lambda: E.moe_gates(_R, _M, -_V, _L), ValueError, "expert_variances must be > 0"),
         (lambda: E.moe_gates(_R, _M, _V[:, :1], _L), ValueError, "expert_variances"),
         (lambda: E.moe_gates(_R, _M, _V, _L[:3]), ValueError, "expert_prior_logits"),
-        (lambda: E.moe_gates_backward(_R, _M, _V, _L, np.zeros((3, 3))), ValueError, "d_gates"),
+        (lambda: E.moe_gates_backward(_R, _M, _V, _L, np.zeros((3, 3))), ValueError, "d_out"),
         (lambda: E.top_r_mask(np.ones((2, 3)) / 3, 0), ValueError, "r must be"),
         (lambda: E.top_r_mask(np.ones((2, 3)) / 3, 4), ValueError, "r must satisfy"),
         (lambda: E.top_r_mask(np.ones((2, 3)) / 3, 1.5), TypeError, "r must be"),

@@ -185,7 +185,7 @@ def test_variances_from_omega_backward_matches_fd_entrywise(rng):
     """
     omega = rng.uniform(-40.0, 40.0, size=(4, 5))
     cot = rng.normal(size=omega.shape)
-    bw = g.mixture.variances_from_omega_backward(omega, cot)
+    bw = g.mixture.variances_from_omega_backward(omega, cot).d_omega
     # the map is elementwise, so all entries are stepped at once and each is differenced on its own
     offsets, weights = _STENCILS[6]
     h = 1e-2
@@ -203,7 +203,7 @@ def test_variances_from_omega_backward_matches_fd_at_floor(rng):
     """
     omega = -30.0 + 0.5 * rng.normal(size=(3, 4))
     cot = rng.normal(size=omega.shape)
-    bw = g.mixture.variances_from_omega_backward(omega, cot)
+    bw = g.mixture.variances_from_omega_backward(omega, cot).d_omega
     assert np.all(np.abs(g.variances_from_omega(omega) / g.DEFAULT_EPS_SIGMA - 1) <= 1e-8)
     fd = fd_vjp(lambda omega: g.variances_from_omega(omega), {"omega": omega}, cot, step=0.05, order=6,
                 dtype=np.longdouble)
@@ -214,7 +214,7 @@ def test_log_priors_from_logits_backward_matches_fd(rng):
     """Eqs. 61–62: ∂L/∂α_m = g_m − π_m Σ_k g_k, on batched logits with a spread of ±10."""
     alpha = 10.0 * rng.normal(size=(2, 5))
     cot = rng.normal(size=alpha.shape)
-    bw = g.mixture.log_priors_from_logits_backward(g.log_priors_from_logits(alpha), cot)
+    bw = g.mixture.log_priors_from_logits_backward(g.log_priors_from_logits(alpha), cot).d_prior_logits
     fd = fd_vjp(lambda a: g.log_priors_from_logits(a), {"a": alpha}, cot)
     assert_grads({"a": bw}, fd)
 
@@ -226,7 +226,7 @@ def test_softmax_backward_matches_fd_of_scipy_softmax(rng):
     """Eq. 18: δ = γ ⊙ (g − Σ_j γ_j g_j) is the VJP of the softmax over components (SciPy forward)."""
     s = 2.0 * rng.normal(size=(2, 5, 4))
     cot = rng.normal(size=s.shape)
-    bw = g.posterior.softmax_backward(scipy.special.softmax(s, axis=-1), cot)
+    bw = g.posterior.scores_cotangent(scipy.special.softmax(s, axis=-1), cot)
     fd = fd_vjp(lambda s: scipy.special.softmax(s, axis=-1), {"s": s}, cot)
     assert_grads({"s": bw}, fd)
 
@@ -235,7 +235,7 @@ def test_log_softmax_backward_matches_fd_of_scipy_log_softmax(rng):
     """δ = h − γ Σ_j h_j is the VJP of log-softmax (SciPy forward)."""
     s = 2.0 * rng.normal(size=(2, 5, 4))
     cot = rng.normal(size=s.shape)
-    bw = g.posterior.log_softmax_backward(scipy.special.softmax(s, axis=-1), cot)
+    bw = g.posterior.scores_cotangent_from_log(scipy.special.softmax(s, axis=-1), cot)
     fd = fd_vjp(lambda s: scipy.special.log_softmax(s, axis=-1), {"s": s}, cot)
     assert_grads({"s": bw}, fd)
 
@@ -271,7 +271,7 @@ def test_scores_backward_matches_fd_with_head_broadcasting(rng):
                                    - 0.5 * np.sum((x[idx] - mu[h, kk]) ** 2 / var[h, kk]))
     assert rel_err(s, oracle) <= FWD_TOL
     cot = rng.normal(size=s.shape)
-    bw = g.posterior.scores_backward(x, mu, var, cot, lp)
+    bw = g.posterior.scores_backward(x, mu, var, lp, cot)
     fd = fd_vjp(lambda **a: g.scores(**a), args, cot, scales=scales)
     assert_grads({"x": bw.d_x, "means": bw.d_means, "variances": bw.d_variances, "log_priors": bw.d_log_priors}, fd)
 
@@ -286,8 +286,8 @@ def test_responsibilities_backward_matches_fd(rng, regime):
         top2 = np.sort(gamma, axis=-1)[..., -2:]
         assert np.all(top2[..., 1] >= 1 - 1e-5) and np.all(top2[..., 0] >= 1e-12)
     cot = rng.normal(size=gamma.shape)
-    bw = g.posterior.responsibilities_backward(args["x"], args["means"], args["variances"], gamma, cot,
-                                               args["log_priors"])
+    bw = g.posterior.responsibilities_backward(args["x"], args["means"], args["variances"], args["log_priors"], cot,
+                                               saved=gamma)
     extended = regime != "generic"
     if extended and not EXTENDED:
         pytest.skip("numpy.longdouble is no wider than float64 here")
@@ -320,7 +320,7 @@ def test_read_memory_backward_matches_fd(rng, eps):
     out = g.read_memory(gamma_q, memory, mass, eps)
     assert rel_err(out, (gamma_q @ memory) / (gamma_q @ mass + eps)[:, None]) <= FWD_TOL
     cot = rng.normal(size=out.shape)
-    bw = g.bidirectional.read_memory_backward(gamma_q, memory, mass, cot, eps)
+    bw = g.bidirectional.read_memory_backward(gamma_q, memory, mass, cot, eps=eps)
     fd = fd_vjp(lambda **a: g.read_memory(**a, eps=eps), {"gamma_q": gamma_q, "memory": memory, "mass": mass}, cot)
     assert_grads({"gamma_q": bw.d_gamma_q, "memory": bw.d_memory, "mass": bw.d_mass}, fd)
 
@@ -332,7 +332,7 @@ def _core_check(forward: Callable[..., np.ndarray], backward: Callable[..., Any]
     assert out.shape == oracle.shape
     assert rel_err(out, oracle) <= FWD_TOL
     cot = rng.normal(size=out.shape)
-    d_gamma_q, d_gamma_k, d_v = backward(gamma_q, gamma_k, v, cot)
+    d_gamma_q, d_gamma_k, d_v = backward(gamma_q, gamma_k, v, cot)[:3]
     fd = fd_vjp(lambda gamma_q, gamma_k, v: forward(gamma_q, gamma_k, v),
                 {"gamma_q": gamma_q, "gamma_k": gamma_k, "v": v}, cot)
     return assert_grads({"gamma_q": d_gamma_q, "gamma_k": d_gamma_k, "v": d_v}, fd)
@@ -508,7 +508,7 @@ def test_gma_layer_backward_matches_fd(rng, causal, form, cross):
     ref = g.gma_layer(params, x, y, causal=causal, form="materialized")
     assert rel_err(out, ref) <= FWD_TOL
     cot = rng.normal(size=out.shape)
-    bw = g.gma_layer_backward(params, x, y, d_out=cot, **kw)
+    bw = g.gma_layer_backward(params, x, cot, y=y, **kw)
     args = {name: getattr(params, name) for name in _PARAM_NAMES} | {"x": x}
     if cross:
         args["y"] = y

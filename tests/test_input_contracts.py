@@ -88,14 +88,14 @@ def test_responsibilities_backward_rejects_gamma_off_the_simplex(rng, defect):
     x, means, var, lp = rng.normal(size=(5, 3)), rng.normal(size=(4, 3)), np.ones((4, 3)), np.log(np.full(4, .25))
     gamma = responsibilities(x, means, var, lp)
     d_gamma = rng.normal(size=gamma.shape)
-    responsibilities_backward(x, means, var, gamma, d_gamma, lp)
+    responsibilities_backward(x, means, var, lp, d_gamma, saved=gamma)
     bad = gamma.copy()
     if defect == "negative":
         bad[0] = [1.2, -0.2, 0.0, 0.0]
     else:
         bad[2] *= 2.0 if defect == "rows sum to 2" else 0.9
     with pytest.raises(ValueError, match=r"^gamma\b.*simplex"):
-        responsibilities_backward(x, means, var, bad, d_gamma, lp)
+        responsibilities_backward(x, means, var, lp, d_gamma, saved=bad)
 
 
 def test_gradients_that_truly_overflow_are_an_error_naming_them():
@@ -106,10 +106,10 @@ def test_gradients_that_truly_overflow_are_an_error_naming_them():
     lp = np.log(np.array([0.5, 0.5]))
     d = np.array([[1.0, 0.0], [1.0, 0.0]])
     with pytest.raises(ValueError, match=r"^the gradient d_variances overflows float64"):
-        scores_backward(x, means, var, d, lp)
+        scores_backward(x, means, var, lp, d)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = scores_backward(x, means, var, d, lp, check_finite=False)
+        out = scores_backward(x, means, var, lp, d, check_finite=False)
     assert not np.all(np.isfinite(out.d_variances))
 
 
@@ -122,7 +122,7 @@ def test_a_variance_of_1e_300_through_gamma_gives_the_correct_zero_gradients():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gamma = responsibilities(x, means, var, lp)
-        grads = responsibilities_backward(x, means, var, gamma, np.array([[1.0, 0.0], [0.0, 1.0]]), lp)
+        grads = responsibilities_backward(x, means, var, lp, np.array([[1.0, 0.0], [0.0, 1.0]]), saved=gamma)
     np.testing.assert_array_equal(gamma, [[0.0, 1.0], [0.0, 1.0]])
     for g in grads:
         np.testing.assert_array_equal(g, np.zeros_like(g))

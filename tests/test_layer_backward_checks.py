@@ -30,11 +30,11 @@ def test_backward_takes_broadcast_batch_axes_of_x_and_y(params, rng):
     x, y = rng.normal(size=(2, 4, D_MODEL)), rng.normal(size=(3, 1, 5, D_MODEL))
     out = gma_layer(params, x, y)
     assert out.shape == (3, 2, 4, D_MODEL)
-    g = gma_layer_backward(params, x, y, d_out=rng.normal(size=out.shape))
+    g = gma_layer_backward(params, x, rng.normal(size=out.shape), y=y)
     assert g.d_x.shape == x.shape and g.d_y.shape == y.shape
     for shape in ((2, 4, D_MODEL), (3, 2, 4, D_MODEL + 1), (3, 2, 5, D_MODEL), (1, 3, 2, 4, D_MODEL)):
         with pytest.raises(ValueError, match=r"^d_out must have the shape of the output of gma_layer"):
-            gma_layer_backward(params, x, y, d_out=np.zeros(shape))
+            gma_layer_backward(params, x, np.zeros(shape), y=y)
 
 
 def test_backward_checks_parameters_and_inputs(params, rng):
@@ -43,12 +43,12 @@ def test_backward_checks_parameters_and_inputs(params, rng):
     d_out = rng.normal(size=(4, D_MODEL))
     bad = dataclasses.replace(params, omega=params.omega[:, :2])
     with pytest.raises(ValueError, match="^omega must have shape"):
-        gma_layer_backward(bad, x, d_out=d_out)
+        gma_layer_backward(bad, x, d_out)
     with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., N, d_model=6\)"):
-        gma_layer_backward(params, rng.normal(size=(4, D_MODEL + 1)), d_out=d_out)
+        gma_layer_backward(params, rng.normal(size=(4, D_MODEL + 1)), d_out)
     with pytest.raises(ValueError, match=r"^y must have shape \(\.\.\., N, d_model=6\)"):
-        gma_layer_backward(params, x, rng.normal(size=(5, D_MODEL - 1)), d_out=d_out)
-    assert gma_layer_backward(params, x, y, d_out=d_out).d_y.shape == y.shape
+        gma_layer_backward(params, x, d_out, y=rng.normal(size=(5, D_MODEL - 1)))
+    assert gma_layer_backward(params, x, d_out, y=y).d_y.shape == y.shape
 
 
 def test_backward_checks_finiteness_by_default(params, rng):
@@ -59,7 +59,7 @@ def test_backward_checks_finiteness_by_default(params, rng):
         args = {"x": x.copy(), "y": y.copy(), "d_out": d_out.copy()}
         args[name][1, 2] = np.nan
         with pytest.raises(ValueError, match=f"^{name}"):
-            gma_layer_backward(params, args["x"], args["y"], d_out=args["d_out"])
+            gma_layer_backward(params, args["x"], args["d_out"], y=args["y"])
     # (check_finite=False through the layer's VJP: see tests/test_attention_unchecked_inputs.py)
 
 
@@ -75,7 +75,7 @@ def test_options_reach_the_attention_unchanged(params, rng, monkeypatch, backwar
 
     monkeypatch.setattr(layer, "gma_attention", spy)
     x = rng.normal(size=(4, D_MODEL))
-    run = (lambda **kw: gma_layer_backward(params, x, d_out=np.ones((4, D_MODEL)), **kw)) if backward else \
+    run = (lambda **kw: gma_layer_backward(params, x, np.ones((4, D_MODEL)), **kw)) if backward else \
         (lambda **kw: gma_layer(params, x, **kw))
     run(causal=True, form="prefix", eps=0.25, eps_sigma=0.5, chunk_size=3)
     assert {k: seen[-1][k] for k in ("causal", "form", "eps", "eps_sigma", "chunk_size")} == {
@@ -88,5 +88,5 @@ def test_self_attention_backward_with_two_batch_axes(params, rng):
     """x of shape (3, 2, N, d) (two batch axes of different sizes): d_out of the same shape is accepted and
     ∂L/∂x has x's shape."""
     x = rng.normal(size=(3, 2, 4, D_MODEL))
-    g = gma_layer_backward(params, x, d_out=rng.normal(size=x.shape))
+    g = gma_layer_backward(params, x, rng.normal(size=x.shape))
     assert g.d_x.shape == x.shape and g.d_y is None

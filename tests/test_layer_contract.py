@@ -152,7 +152,7 @@ def test_layer_backward_passes_each_option(params, rng, option):
     x = rng.normal(size=(4, D_MODEL))
     d_out = rng.normal(size=(4, D_MODEL))
     dx = rng.normal(size=x.shape)
-    g = gma_layer_backward(params, x, d_out=d_out, **option)
+    g = gma_layer_backward(params, x, d_out, **option)
     h = 1e-6
     fd = np.sum(d_out * (gma_layer(params, x + h * dx, **option) - gma_layer(params, x - h * dx, **option))) / (2 * h)
     assert g.d_y is None

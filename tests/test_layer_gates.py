@@ -103,7 +103,7 @@ def test_gated_layer_backward_matches_fd(rng, gate, causal, form, cross):
     out = gma_layer(params, x, y, **kw)
     assert rel_err(out, gma_layer(params, x, y, causal=causal, form="materialized", gate=gate)) <= 1e-12
     cot = rng.normal(size=out.shape)
-    bw = gma_layer_backward(params, x, y, d_out=cot, **kw)
+    bw = gma_layer_backward(params, x, cot, y=y, **kw)
     args = params.arrays() | {"x": x} | ({"y": y} if cross else {})
 
     def fun(x: np.ndarray, y: np.ndarray | None = None, **p: np.ndarray) -> np.ndarray:
@@ -130,7 +130,7 @@ def test_gated_layer_matches_mpmath(gate, causal):
     p = GMALayerParams(**params)
     out = gma_layer(p, x, causal=causal, eps=0.0, chunk_size=2, gate=gate)
     np.testing.assert_allclose(out, exact["out"], rtol=0, atol=1e-13 * max_abs(exact["out"]))
-    grad = gma_layer_backward(p, x, d_out=g, causal=causal, eps=0.0, chunk_size=2, gate=gate)
+    grad = gma_layer_backward(p, x, g, causal=causal, eps=0.0, chunk_size=2, gate=gate)
     got = {"d_x": grad.d_x, **{"d_" + n: a for n, a in grad.d_params.arrays().items()}}
     assert set(got) == {"d_x"} | {"d_" + n for n in params}
     for name, value in got.items():
@@ -146,10 +146,10 @@ def test_gated_backward_with_broadcast_batch_axes(rng, gate):
     x, y = rng.normal(size=(2, 3, 4)), rng.normal(size=(3, 1, 5, 4))
     out = gma_layer(params, x, y, gate=gate)
     cot = rng.normal(size=out.shape)
-    g = gma_layer_backward(params, x, y, d_out=cot, gate=gate)
+    g = gma_layer_backward(params, x, cot, y=y, gate=gate)
     assert g.d_x.shape == x.shape and g.d_y.shape == y.shape
     assert g.d_params.gate_w.shape == params.gate_w.shape and g.d_params.gate_b.shape == params.gate_b.shape
-    per_item = [gma_layer_backward(params, x, y[i], d_out=cot[i], gate=gate) for i in range(3)]
+    per_item = [gma_layer_backward(params, x, cot[i], y=y[i], gate=gate) for i in range(3)]
     assert rel_err(g.d_x, sum(p.d_x for p in per_item)) <= 1e-13
     assert rel_err(g.d_params.gate_w, sum(p.d_params.gate_w for p in per_item)) <= 1e-13
     assert rel_err(g.d_params.gate_b, sum(p.d_params.gate_b for p in per_item)) <= 1e-13
@@ -190,7 +190,7 @@ def test_gates_are_validated_by_name(rng):
     with pytest.raises(ValueError, match=r"^gate=None but params hold elementwise gate parameters"):
         gma_layer(p, x)
     with pytest.raises(ValueError, match=r"^gate='headwise' but params hold elementwise"):
-        gma_layer_backward(p, x, d_out=np.zeros((3, 4)), gate="headwise")
+        gma_layer_backward(p, x, np.zeros((3, 4)), gate="headwise")
     with pytest.raises(ValueError, match=r"^gate='elementwise' but params hold no gate parameters"):
         gma_layer(plain, x, gate="elementwise")
     with pytest.raises(ValueError, match=r"^gate_w and gate_b must both be set"):
@@ -213,8 +213,8 @@ def test_gated_layer_in_other_namespaces(xp):
         px = GMALayerParams(**{n: from_numpy(xp, a) for n, a in p.arrays().items()})
         x, cot = rng.normal(size=(5, 4)), rng.normal(size=(5, 4))
         assert rel_err(gma_layer(px, from_numpy(xp, x), gate=gate), gma_layer(p, x, gate=gate)) <= 1e-14
-        gx = gma_layer_backward(px, from_numpy(xp, x), d_out=from_numpy(xp, cot), gate=gate)
-        g = gma_layer_backward(p, x, d_out=cot, gate=gate)
+        gx = gma_layer_backward(px, from_numpy(xp, x), from_numpy(xp, cot), gate=gate)
+        g = gma_layer_backward(p, x, cot, gate=gate)
         assert rel_err(to_numpy(gx.d_params.gate_w), g.d_params.gate_w) <= 1e-13
         assert rel_err(to_numpy(gx.d_x), g.d_x) <= 1e-13
 
@@ -228,7 +228,7 @@ def test_gate_gradients_equal_the_sympy_derivation(rng, gate):
     p = init_layer_params(2, 1, 2, 2, 2, seed=4, gate=gate)
     p = dataclasses.replace(p, gate_b=rng.normal(size=p.gate_b.shape))
     x, cot = rng.normal(size=(2, 2)), rng.normal(size=(2, 2))
-    g = gma_layer_backward(p, x, d_out=cot, eps=0.05, gate=gate)
+    g = gma_layer_backward(p, x, cot, eps=0.05, gate=gate)
     o = gma_attention(x @ p.w_q[0], x @ p.w_k[0], x @ p.w_v[0], p.means[0], p.omega[0], p.prior_logits[0], eps=0.05)
     _, _, d_w, d_b, d_w_o = sym.numeric_gradient(gate, o, x, p.gate_w[0], p.gate_b[0], p.w_o, cot)
     assert rel_err(g.d_params.gate_w[0], d_w) <= 1e-12
@@ -245,4 +245,4 @@ def test_backward_refuses_a_cotangent_from_another_namespace(rng):
     for gate in (None, "headwise"):
         p = init_layer_params(4, 2, 3, 2, 2, seed=0, gate=gate)
         with pytest.raises(TypeError, match=r"one array namespace.*d_out"):
-            gma_layer_backward(p, x, d_out=d_out, gate=gate)
+            gma_layer_backward(p, x, d_out, gate=gate)

@@ -2,7 +2,7 @@
 
 The Jacobians are computed here, independently of gma_ref: J_s has rows −Σ_k⁻¹(x − μ_k), and
 J_γ = (diag γ − γγᵀ) J_s. They are checked against central finite differences of
-gma_ref.responsibilities and against the library's VJPs (softmax_backward, scores_backward).
+gma_ref.responsibilities and against the library's VJPs (scores_cotangent, scores_backward).
 
 Bound proved in docs/guide/08-lipschitz.md, with R ≥ max_k ‖x − μ_k‖ and ε_σ ≤ min variance:
 
@@ -21,7 +21,7 @@ import scipy.special
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gma_ref.posterior import responsibilities, scores_backward, softmax_backward
+from gma_ref.posterior import responsibilities, scores_backward, scores_cotangent
 from tests._helpers import from_numpy, to_numpy
 
 # --------------------------------------------------------------------------- helpers (test-only)
@@ -97,7 +97,7 @@ def _symmetric_case(r: float, eps_sigma: float, d_r: int = 3):
 
 def test_jacobians_match_finite_differences_and_library_vjps(xp, rng):
     """J_s and J_γ = S J_s computed here equal central differences of gma_ref.responsibilities and
-    the rows e_kᵀ J_γ given by softmax_backward + scores_backward."""
+    the rows e_kᵀ J_γ given by scores_cotangent + scores_backward."""
     k, d_r = 5, 4
     x, means, variances, log_priors = _random_case(rng, k, d_r, 0.3, 1.0)
     gamma = to_numpy(responsibilities(from_numpy(xp, x[None]), *(from_numpy(xp, a) for a in
@@ -112,11 +112,12 @@ def test_jacobians_match_finite_differences_and_library_vjps(xp, rng):
     for c in range(k):
         d_gamma = np.zeros((1, k))
         d_gamma[0, c] = 1.0
-        d_scores = softmax_backward(g_x, from_numpy(xp, d_gamma))
-        grad = scores_backward(from_numpy(xp, x[None]), from_numpy(xp, means), from_numpy(xp, variances), d_scores)
+        d_scores = scores_cotangent(g_x, from_numpy(xp, d_gamma))
+        grad = scores_backward(from_numpy(xp, x[None]), from_numpy(xp, means), from_numpy(xp, variances), None,
+                               d_scores)
         rows.append(to_numpy(grad.d_x)[0])
         # The score rows: with d_scores = e_k, d_x is ∇s_k.
-        row_s = scores_backward(from_numpy(xp, x[None]), from_numpy(xp, means), from_numpy(xp, variances),
+        row_s = scores_backward(from_numpy(xp, x[None]), from_numpy(xp, means), from_numpy(xp, variances), None,
                                 from_numpy(xp, d_gamma)).d_x
         assert np.max(np.abs(to_numpy(row_s)[0] - j_s[c])) <= 1e-13 * np.max(np.abs(j_s))
     assert np.max(np.abs(np.stack(rows) - j_g)) <= 1e-13 * max(1.0, np.max(np.abs(j_g)))

@@ -19,12 +19,12 @@ import pytest
 
 from gma_ref.posterior import (
     log_gaussian_density,
-    log_softmax_backward,
     responsibilities,
     responsibilities_backward,
     scores,
     scores_backward,
-    softmax_backward,
+    scores_cotangent,
+    scores_cotangent_from_log,
 )
 from gma_ref.scores_fast import expand as _expand
 from gma_ref.scores_fast import expanded_scores as _expanded_scores
@@ -48,8 +48,8 @@ def _calls(x, means, var, lp, d_s):
         "log_gaussian_density": lambda: log_gaussian_density(x, means, var),
         "scores": lambda: scores(x, means, var, lp),
         "responsibilities": lambda: responsibilities(x, means, var, lp),
-        "scores_backward": lambda: scores_backward(x, means, var, d_s, lp),
-        "responsibilities_backward": lambda: responsibilities_backward(x, means, var, gamma, d_s, lp),
+        "scores_backward": lambda: scores_backward(x, means, var, lp, d_s),
+        "responsibilities_backward": lambda: responsibilities_backward(x, means, var, lp, d_s, saved=gamma),
     }
 
 
@@ -82,7 +82,7 @@ def _per_head_loop(x, means, var, lp, delta):
     per = [np.broadcast_to(a, (h,) + a.shape[-2:]) if a is not lp else np.broadcast_to(a, (h, K))
            for a in (means, var, lp)]
     s = np.stack([scores(x[i], per[0][i], per[1][i], per[2][i]) for i in range(h)])
-    grads = [scores_backward(x[i], per[0][i], per[1][i], delta[i], per[2][i]) for i in range(h)]
+    grads = [scores_backward(x[i], per[0][i], per[1][i], per[2][i], delta[i]) for i in range(h)]
     return s, grads
 
 
@@ -106,7 +106,7 @@ def test_means_and_variances_broadcast_against_each_other(rng, per_head, guarded
     s_loop, grads_loop = _per_head_loop(x, means, var, lp, delta)
     _, scores_of, backward_of = IMPLEMENTATIONS[impl]
     np.testing.assert_allclose(scores_of(x, means, var, lp), s_loop, rtol=1e-12, atol=1e-12)
-    got = backward_of(x, means, var, delta, lp)
+    got = backward_of(x, means, var, lp, delta)
     np.testing.assert_allclose(got.d_x, np.stack([g.d_x for g in grads_loop]), rtol=1e-10, atol=1e-10)
     for name in ("d_means", "d_variances"):
         want = np.stack([getattr(g, name) for g in grads_loop])
@@ -134,8 +134,8 @@ def test_arrays_on_a_second_device_stay_there(rng, guarded):
     assert gamma_dev.device == dev and s_dev.device == dev
     np.testing.assert_array_equal(to_numpy(xp.asarray(gamma_dev, device=xp.Device("CPU_DEVICE"))),
                                   to_numpy(gamma_cpu))
-    want = responsibilities_backward(*on_cpu[:3], gamma_cpu, on_cpu[4], on_cpu[3])
-    got = responsibilities_backward(*on_dev[:3], gamma_dev, on_dev[4], on_dev[3])
+    want = responsibilities_backward(*on_cpu, saved=gamma_cpu)
+    got = responsibilities_backward(*on_dev, saved=gamma_dev)
     for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, want, strict=True):
         assert g.device == dev, name
         np.testing.assert_array_equal(to_numpy(xp.asarray(g, device=xp.Device("CPU_DEVICE"))), to_numpy(w),
@@ -176,7 +176,7 @@ def _loop_over_batch(x, means, var, lp, delta):
     grads = [np.zeros(batch + a.shape[-2:]) for a in (x, means, var)] + [np.zeros(batch + lp.shape[-1:])]
     for idx in np.ndindex(*batch):
         s[idx] = scores(xb[idx], mb[idx], vb[idx], lb[idx])
-        for g, part in zip(grads, scores_backward(xb[idx], mb[idx], vb[idx], delta[idx], lb[idx]), strict=True):
+        for g, part in zip(grads, scores_backward(xb[idx], mb[idx], vb[idx], lb[idx], delta[idx]), strict=True):
             g[idx] = part
 
     def reduce(g, shape):
@@ -210,7 +210,7 @@ def test_guarded_rows_with_several_batch_axes(rng, layout, impl):
     s_loop, grads_loop = _loop_over_batch(x, means, var, lp, delta)
     _, scores_of, backward_of = IMPLEMENTATIONS[impl]
     np.testing.assert_allclose(scores_of(x, means, var, lp), s_loop, rtol=1e-13, atol=1e-12)
-    got = backward_of(x, means, var, delta, lp)
+    got = backward_of(x, means, var, lp, delta)
     for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, grads_loop, strict=True):
         assert g.shape == w.shape, name
         assert np.max(np.abs(g - w)) <= 1e-12 * np.max(np.abs(w)), name
@@ -223,11 +223,11 @@ def test_backward_passes_reject_a_non_finite_cotangent_by_default(rng, fn):
     x, means, var, lp = _inputs(rng)
     d = rng.normal(size=(N, K))
     d[2, 1] = np.nan
-    name = "d_scores" if fn == "scores_backward" else "d_gamma"
     gamma = responsibilities(x, means, var, lp)
-    call = {"scores_backward": lambda **kw: scores_backward(x, means, var, d, lp, **kw),
-            "responsibilities_backward": lambda **kw: responsibilities_backward(x, means, var, gamma, d, lp, **kw)}[fn]
-    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+    call = {"scores_backward": lambda **kw: scores_backward(x, means, var, lp, d, **kw),
+            "responsibilities_backward": lambda **kw: responsibilities_backward(x, means, var, lp, d, saved=gamma,
+                                                                                **kw)}[fn]
+    with pytest.raises(ValueError, match=r"\bd_out\b"):
         call()
     assert np.isnan(call(check_finite=False).d_x[2]).all()
 
@@ -246,7 +246,7 @@ def test_no_tokens_with_batch_axes(rng, guarded):
     s = scores(*arrs)
     gamma, log_gamma = responsibilities(*arrs, return_log=True)
     assert s.shape == gamma.shape == log_gamma.shape == (2, h, 0, K)
-    grads = scores_backward(*arrs[:3], from_numpy(xp, np.zeros((2, h, 0, K))), arrs[3])
+    grads = scores_backward(*arrs, from_numpy(xp, np.zeros((2, h, 0, K))))
     for g, a in zip(grads, (x, means, var, lp), strict=True):
         assert g.shape == a.shape and not np.any(to_numpy(g))
 
@@ -281,16 +281,16 @@ def test_log_priors_given_as_a_shape_or_a_list_is_a_type_error(rng, fn, given):
 
 def test_responsibilities_backward_checks_gamma(rng):
     """responsibilities_backward: Γ of another shape than the responsibilities, or holding a NaN, is a
-    ValueError naming gamma (the NaN one passes with check_finite=False)."""
+    ValueError naming saved (the NaN one passes with check_finite=False)."""
     x, means, var, lp = _inputs(rng)
     gamma = responsibilities(x, means, var, lp)
     d_gamma = rng.normal(size=gamma.shape)
-    with pytest.raises(ValueError, match=r"^gamma must have the shape of the responsibilities"):
-        responsibilities_backward(x, means, var, gamma[:1], d_gamma, lp)
+    with pytest.raises(ValueError, match=r"^saved must have the shape of the responsibilities"):
+        responsibilities_backward(x, means, var, lp, d_gamma, saved=gamma[:1])
     gamma[0, 0] = np.nan
-    with pytest.raises(ValueError, match=r"^gamma\b.*(NaN|finite)"):
-        responsibilities_backward(x, means, var, gamma, d_gamma, lp)
-    assert np.isnan(responsibilities_backward(x, means, var, gamma, d_gamma, lp, check_finite=False).d_x[0]).all()
+    with pytest.raises(ValueError, match=r"^saved\b.*(NaN|finite)"):
+        responsibilities_backward(x, means, var, lp, d_gamma, saved=gamma)
+    assert np.isnan(responsibilities_backward(x, means, var, lp, d_gamma, saved=gamma, check_finite=False).d_x[0]).all()
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -307,16 +307,16 @@ def test_float32_in_float32_out_with_and_without_guarded_rows(rng, guarded, impl
     gamma_of, scores_of, backward_of = IMPLEMENTATIONS[impl]
     gamma = gamma_of(x, means, var, lp)
     assert scores_of(x, means, var, lp).dtype == gamma.dtype == np.float32
-    grads = backward_of(x, means, var, rng.normal(size=(N, K)).astype(np.float32), lp)
+    grads = backward_of(x, means, var, lp, rng.normal(size=(N, K)).astype(np.float32))
     assert [g.dtype for g in grads] == [np.float32] * 4
 
 
-@pytest.mark.parametrize("fn", ["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("fn", ["scores_cotangent", "scores_cotangent_from_log"])
 def test_softmax_backward_passes_check_their_cotangent(rng, fn):
-    """softmax_backward / log_softmax_backward: a cotangent of another shape than Γ is a ValueError naming it
+    """scores_cotangent / scores_cotangent_from_log: a cotangent of another shape than Γ is a ValueError naming it
     (never a broadcast), an integer one a TypeError naming it."""
-    f, name = {"softmax_backward": (softmax_backward, "d_gamma"),
-               "log_softmax_backward": (log_softmax_backward, "d_log_gamma")}[fn]
+    f, name = {"scores_cotangent": (scores_cotangent, "d_gamma"),
+               "scores_cotangent_from_log": (scores_cotangent_from_log, "d_log_gamma")}[fn]
     gamma = np.full((N, K), 1.0 / K)
     with pytest.raises(ValueError, match=rf"\b{name}\b.*shape"):
         f(gamma, np.ones((1, K)))
@@ -331,16 +331,16 @@ def test_d_log_priors_takes_the_shape_of_the_components_without_log_priors(rng):
     x = rng.normal(size=(h, N, D))
     means, var = rng.normal(size=(h, K, D)), rng.uniform(0.5, 2.0, size=(h, K, D))
     delta = rng.normal(size=(h, N, K))
-    got = scores_backward(x, means, var, delta).d_log_priors
+    got = scores_backward(x, means, var, None, delta).d_log_priors
     assert got.shape == (h, K)
     np.testing.assert_allclose(got, delta.sum(axis=1), rtol=1e-14)
 
 
-@pytest.mark.parametrize("fn", ["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("fn", ["scores_cotangent", "scores_cotangent_from_log"])
 def test_softmax_backward_passes_leave_finiteness_to_their_callers(rng, fn):
     """The δ helpers check shape and dtype only (the public backward passes check finiteness when asked):
     a NaN in the cotangent makes its own row NaN and leaves every other row finite."""
-    f = {"softmax_backward": softmax_backward, "log_softmax_backward": log_softmax_backward}[fn]
+    f = {"scores_cotangent": scores_cotangent, "scores_cotangent_from_log": scores_cotangent_from_log}[fn]
     gamma = np.full((N, K), 1.0 / K)
     d = rng.normal(size=(N, K))
     d[3, 0] = np.nan

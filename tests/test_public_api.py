@@ -51,7 +51,7 @@ def test_responsibilities_and_affinity_are_callable_from_the_package() -> None:
 #: The package's surface, pinned: what a reader of the paper needs (the rest lives in its module).
 PACKAGE_SURFACE = {
     "DEFAULT_EPS", "DEFAULT_EPS_SIGMA", "DEFAULT_MAX_BYTES",
-    "AttentionGrad", "AttentionResiduals", "CausalState", "GMAGrad", "GMALayerParams", "LayerGrad",
+    "AttentionGrad", "AttentionSaved", "CausalState", "GMAGrad", "GMALayerParams", "LayerGrad",
     "variances_from_omega", "log_priors_from_logits", "scores", "responsibilities",
     "write_memory", "read_memory", "gma_bidirectional", "gma_bidirectional_backward",
     "affinity", "attention_weights", "gma_materialized",

@@ -31,7 +31,7 @@ def test_read_backward_broadcasts_and_is_the_directional_derivative(rng, eps):
     out = read_memory(gq, memory, mass, eps)
     assert out.shape == (2, 3, 5, N, D_V)
     d_out = rng.normal(size=out.shape)
-    g = read_memory_backward(gq, memory, mass, d_out, eps)
+    g = read_memory_backward(gq, memory, mass, d_out, eps=eps)
     assert (g.d_gamma_q.shape, g.d_memory.shape, g.d_mass.shape) == (gq.shape, memory.shape, mass.shape)
     dirs = [rng.normal(size=a.shape) for a in (gq, memory, mass)]
     h = 1e-6

@@ -1,4 +1,4 @@
-"""Backward passes given the forward's saved output (``out=``) equal the ones that recompute it,
+"""Backward passes given the forward's saved output (``saved=``) equal the ones that recompute it,
 and refuse a saved output that is not the forward's."""
 
 from __future__ import annotations
@@ -34,32 +34,32 @@ def test_bidirectional_backward_with_saved_output(xp, eps: float) -> None:
     gq, gk, v, g = (from_numpy(xp, a) for a in (_simplex(rng, 9, 3), _simplex(rng, 9, 3), rng.normal(size=(9, 4)),
                                                  rng.normal(size=(9, 4))))
     out = gma_bidirectional(gq, gk, v, eps)
-    plain = gma_bidirectional_backward(gq, gk, v, g, eps)
-    saved = gma_bidirectional_backward(gq, gk, v, g, eps, out=out)
+    plain = gma_bidirectional_backward(gq, gk, v, g, eps=eps)
+    saved = gma_bidirectional_backward(gq, gk, v, g, saved=out, eps=eps)
     for a, b in zip(plain, saved, strict=True):
         assert rel_err(b, a) <= 1e-13
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-3])
 def test_read_memory_backward_with_saved_output(xp, eps: float) -> None:
-    """read_memory_backward(out=...) equals the recomputing read backward."""
+    """read_memory_backward(saved=...) equals the recomputing read backward."""
     rng = np.random.default_rng(15)
     gq, gk, v, g = (from_numpy(xp, a) for a in (_simplex(rng, 5, 3), _simplex(rng, 7, 3), rng.normal(size=(7, 2)),
                                                  rng.normal(size=(5, 2))))
     memory, mass = write_memory(gk, v)
     out = read_memory(gq, memory, mass, eps)
-    for a, b in zip(read_memory_backward(gq, memory, mass, g, eps),
-                    read_memory_backward(gq, memory, mass, g, eps, out=out), strict=True):
+    for a, b in zip(read_memory_backward(gq, memory, mass, g, eps=eps),
+                    read_memory_backward(gq, memory, mass, g, saved=out, eps=eps), strict=True):
         assert rel_err(b, a) <= 1e-14
 
 
 def test_cross_backward_with_saved_output(xp) -> None:
-    """gma_cross_backward(out=...) equals the recomputing backward, N_q ≠ N_k."""
+    """gma_cross_backward(saved=...) equals the recomputing backward, N_q ≠ N_k."""
     rng = np.random.default_rng(12)
     gq, gk, v, g = (from_numpy(xp, a) for a in (_simplex(rng, 4, 3), _simplex(rng, 7, 3), rng.normal(size=(7, 2)),
                                                  rng.normal(size=(4, 2))))
     out = gma_cross(gq, gk, v, 1e-3)
-    for a, b in zip(gma_cross_backward(gq, gk, v, g, 1e-3), gma_cross_backward(gq, gk, v, g, 1e-3, out=out),
+    for a, b in zip(gma_cross_backward(gq, gk, v, g, eps=1e-3), gma_cross_backward(gq, gk, v, g, saved=out, eps=1e-3),
                     strict=True):
         assert rel_err(b, a) <= 1e-13
 
@@ -78,12 +78,12 @@ def test_stale_saved_output_is_refused(eps: float) -> None:
     other = gma_bidirectional(gq, gk, v + 0.01, eps)  # the forward of slightly different values
     memory, mass = write_memory(gk, v)
     for stale in (out + 1.0, other, out * 1.001):
-        with pytest.raises(ValueError, match="out is not the output of gma_bidirectional"):
-            gma_bidirectional_backward(gq, gk, v, g, eps, out=stale)
-        with pytest.raises(ValueError, match="out is not the output of gma_bidirectional"):
-            gma_cross_backward(gq, gk, v, g, eps, out=stale)
-        with pytest.raises(ValueError, match="out is not the output of read_memory"):
-            read_memory_backward(gq, memory, mass, g, eps, out=stale)
+        with pytest.raises(ValueError, match="saved is not the output of gma_bidirectional"):
+            gma_bidirectional_backward(gq, gk, v, g, saved=stale, eps=eps)
+        with pytest.raises(ValueError, match="saved is not the output of gma_bidirectional"):
+            gma_cross_backward(gq, gk, v, g, saved=stale, eps=eps)
+        with pytest.raises(ValueError, match="saved is not the output of read_memory"):
+            read_memory_backward(gq, memory, mass, g, saved=stale, eps=eps)
 
 
 def test_saved_output_shape_and_dtype_checked() -> None:
@@ -91,7 +91,7 @@ def test_saved_output_shape_and_dtype_checked() -> None:
     rng = np.random.default_rng(16)
     gq, gk, v, g = _simplex(rng, 6, 3), _simplex(rng, 6, 3), rng.normal(size=(6, 2)), rng.normal(size=(6, 2))
     out = gma_bidirectional(gq, gk, v, 1e-3)
-    with pytest.raises(ValueError, match=r"out must be the output of gma_bidirectional, of shape \(6, 2\)"):
-        gma_bidirectional_backward(gq, gk, v, g, 1e-3, out=out[:5])
-    with pytest.raises(TypeError, match="out must have a real floating dtype"):
-        gma_bidirectional_backward(gq, gk, v, g, 1e-3, out=np.zeros((6, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"saved must be the output of gma_bidirectional, of shape \(6, 2\)"):
+        gma_bidirectional_backward(gq, gk, v, g, saved=out[:5], eps=1e-3)
+    with pytest.raises(TypeError, match="saved must have a real floating dtype"):
+        gma_bidirectional_backward(gq, gk, v, g, saved=np.zeros((6, 2), dtype=np.int64), eps=1e-3)

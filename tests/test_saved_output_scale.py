@@ -31,12 +31,12 @@ def test_the_true_output_is_accepted_at_any_scale(rng, size, eps):
     v = v * size
     d_out = rng.normal(size=(2, 5, 2))
     out = gma_bidirectional(gq, gk, v, eps)
-    with_out = gma_bidirectional_backward(gq, gk, v, d_out, eps, out=out)
-    without = gma_bidirectional_backward(gq, gk, v, d_out, eps)
+    with_out = gma_bidirectional_backward(gq, gk, v, d_out, saved=out, eps=eps)
+    without = gma_bidirectional_backward(gq, gk, v, d_out, eps=eps)
     for a, b in zip(with_out, without, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12 * np.max(np.abs(b)))
     memory, mass = write_memory(gk, v)
-    read_memory_backward(gq, memory, mass, d_out, eps, out=out)
+    read_memory_backward(gq, memory, mass, d_out, saved=out, eps=eps)
 
 
 def test_a_stale_output_in_a_small_batch_entry_is_refused_next_to_a_large_one(rng):
@@ -48,8 +48,8 @@ def test_a_stale_output_in_a_small_batch_entry_is_refused_next_to_a_large_one(rn
     out = gma_bidirectional(gq, gk, v, 1e-6)
     stale = out.copy()
     stale[0] *= 1.0 + 1e-4
-    with pytest.raises(ValueError, match="out is not the output of gma_bidirectional"):
-        gma_bidirectional_backward(gq, gk, v, d_out, 1e-6, out=stale)
+    with pytest.raises(ValueError, match="saved is not the output of gma_bidirectional"):
+        gma_bidirectional_backward(gq, gk, v, d_out, saved=stale, eps=1e-6)
 
 
 def test_a_stale_output_in_a_small_column_is_refused_next_to_a_large_one(rng):
@@ -61,5 +61,5 @@ def test_a_stale_output_in_a_small_column_is_refused_next_to_a_large_one(rng):
     out = gma_bidirectional(gq, gk, v, 0.0)
     stale = out.copy()
     stale[..., 0] *= 1.0 + 1e-4
-    with pytest.raises(ValueError, match="out is not the output of gma_bidirectional"):
-        gma_bidirectional_backward(gq, gk, v, d_out, 0.0, out=stale)
+    with pytest.raises(ValueError, match="saved is not the output of gma_bidirectional"):
+        gma_bidirectional_backward(gq, gk, v, d_out, saved=stale, eps=0.0)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import gma_ref.scores_fast as fast
-from gma_ref.posterior import responsibilities, scores, scores_backward, softmax_backward
+from gma_ref.posterior import responsibilities, scores, scores_backward, scores_cotangent
 from tests._helpers import from_numpy, to_numpy
 
 _DPS = 40
@@ -73,7 +73,7 @@ IMPLEMENTATIONS = {
     "direct": (responsibilities, scores, scores_backward),
     "fast": (lambda x, m, v, lp: fast.responsibilities_and_guard(x, m, v, lp)[0],
              lambda x, m, v, lp: fast.guarded_scores(x, m, v, lp)[0],
-             lambda x, m, v, d, lp: fast.scores_backward_guarded(x, m, v, d, tuple(lp.shape))),
+             lambda x, m, v, lp, d: fast.scores_backward_guarded(x, m, v, d, tuple(lp.shape))),
 }
 
 
@@ -121,7 +121,7 @@ def _check(name: str, seed: int, dtype=np.float64, xp=None, impl: str = "direct"
     x, means, var, lp = _regime(name, rng, dtype)
     arrs = [from_numpy(xp, a) for a in (x, means, var, lp)]
     gamma = to_numpy(responsibilities(*arrs))
-    delta = np.asarray(to_numpy(softmax_backward(from_numpy(xp, gamma), from_numpy(xp, rng.normal(size=gamma.shape)
+    delta = np.asarray(to_numpy(scores_cotangent(from_numpy(xp, gamma), from_numpy(xp, rng.normal(size=gamma.shape)
                                                                                         .astype(dtype)))))
     s_ref, gamma_ref, grads_ref, scale = _mp_reference(x, means, var, lp, delta)
     s_el, gamma_el, grads_el = _elementwise(x, means, var, lp, delta)
@@ -136,7 +136,7 @@ def _check(name: str, seed: int, dtype=np.float64, xp=None, impl: str = "direct"
     for cot in (delta, rng.normal(size=delta.shape).astype(dtype)):
         if cot is not delta:
             grads_ref, grads_el = _mp_reference(x, means, var, lp, cot)[2], _elementwise(x, means, var, lp, cot)[2]
-        got = scores_backward(*arrs[:3], from_numpy(xp, cot), arrs[3])
+        got = scores_backward(*arrs, from_numpy(xp, cot))
         for label, g, g_ref, g_el in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got, grads_ref,
                                          grads_el, strict=True):
             norm = max(float(np.max(np.abs(g_ref))), np.finfo(np.float64).tiny)
@@ -176,7 +176,7 @@ def test_fast_path_agrees_with_the_direct_form(name, dtype):
     gamma = fast.responsibilities_and_guard(x, means, var, lp)[0]
     assert np.max(np.abs(gamma - responsibilities(x, means, var, lp))) <= 32 * u, name
     delta = rng.normal(size=s_direct.shape).astype(dtype)
-    want = scores_backward(x, means, var, delta, lp)
+    want = scores_backward(x, means, var, lp, delta)
     got = fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape), xp.asarray(rows))
     for label, g, w in zip(want._fields, got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype, (name, label)
@@ -224,7 +224,7 @@ def test_broadcast_heads_with_half_of_the_rows_guarded(impl):
     assert np.any(rows) and not np.all(rows)
     s = to_numpy(scores(*arrs))
     delta = rng.normal(size=s.shape)
-    got = scores_backward(*arrs[:3], from_numpy(xp, delta), arrs[3])
+    got = scores_backward(*arrs, from_numpy(xp, delta))
     ref_grads = [np.zeros_like(a) for a in (x, means, var, lp)]
     for bi in range(b):
         for hi in range(h):

@@ -26,32 +26,33 @@ def _args(rng, batch=()):
 def test_log_priors_must_be_an_array(rng):
     """A shape tuple where the log-prior array belongs is a TypeError naming log_priors."""
     with pytest.raises(TypeError, match="log_priors must be the log-prior array"):
-        scores_backward(*_args(rng), (3,))
+        x, means, variances, d_scores = _args(rng)
+        scores_backward(x, means, variances, (3,), d_scores)
 
 
 def test_inputs_are_checked_as_the_scores_check_them(rng):
     """x of another d_r than the means: ValueError naming x."""
     x, means, variances, d_scores = _args(rng)
     with pytest.raises(ValueError, match="^x"):
-        scores_backward(x[..., :1], means, variances, d_scores)
+        scores_backward(x[..., :1], means, variances, None, d_scores)
 
 
 def test_d_scores_must_have_the_scores_shape_and_be_finite(rng):
     """d_scores of another shape, or with a NaN (by default), is a ValueError naming d_scores."""
     x, means, variances, d_scores = _args(rng)
-    with pytest.raises(ValueError, match="d_scores must have the shape of the scores"):
-        scores_backward(x, means, variances, d_scores[:, :2])
+    with pytest.raises(ValueError, match="d_out must have the shape of the scores"):
+        scores_backward(x, means, variances, None, d_scores[:, :2])
     d_scores[1, 1] = np.nan
-    with pytest.raises(ValueError, match="d_scores must be finite"):
-        scores_backward(x, means, variances, d_scores)
+    with pytest.raises(ValueError, match="d_out must be finite"):
+        scores_backward(x, means, variances, None, d_scores)
     with np.errstate(all="ignore"):
-        assert np.isnan(scores_backward(x, means, variances, d_scores, check_finite=False).d_x).any()
+        assert np.isnan(scores_backward(x, means, variances, None, d_scores, check_finite=False).d_x).any()
 
 
 def test_d_log_priors_takes_the_batch_of_the_means_without_log_priors(rng):
     """Per-head means (H, K, d_r) and log_priors=None: ∂L/∂log π is (H, K), the sum of δ over tokens."""
     x, means, variances, d_scores = _args(rng, batch=(4,))
-    g = scores_backward(x, means, variances, d_scores)
+    g = scores_backward(x, means, variances, None, d_scores)
     assert g.d_log_priors.shape == (4, 3)
     np.testing.assert_allclose(g.d_log_priors, d_scores.sum(axis=-2), rtol=1e-14)
 
@@ -67,7 +68,7 @@ def test_tight_components_far_from_the_centre_keep_every_digit(rng):
     x = means[own] + 1e-7 * rng.normal(size=(4, 1))
     d_scores = np.zeros((4, 2))
     d_scores[np.arange(4), own] = rng.normal(size=4)
-    g = scores_backward(x, means, variances, d_scores)
+    g = scores_backward(x, means, variances, None, d_scores)
     r = (x[:, None, :] - means[None]) / variances[None]  # (N, K, d_r)
     np.testing.assert_allclose(g.d_x, -np.einsum("ik,ikm->im", d_scores, r), rtol=1e-13)
     np.testing.assert_allclose(g.d_means, np.einsum("ik,ikm->km", d_scores, r), rtol=1e-13)

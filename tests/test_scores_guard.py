@@ -38,7 +38,7 @@ def scores(x, means, var, lp):
     return fast.guarded_scores(x, means, var, lp)[0]
 
 
-def scores_backward(x, means, var, delta, lp):
+def scores_backward(x, means, var, lp, delta):
     return fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape))
 
 
@@ -71,7 +71,7 @@ def test_without_the_guard_the_expanded_form_loses_digits_at_tight_clusters(monk
 
     def errors():
         s = scores(x, means, var, lp)
-        grads = scores_backward(x, means, var, delta, lp)
+        grads = scores_backward(x, means, var, lp, delta)
         rel = [np.max(np.abs(g - r)) / np.max(np.abs(r)) for g, r in zip(grads, grads_ref, strict=True)]
         return np.max(np.abs(s - s_ref) / scale), rel
 

@@ -1,6 +1,6 @@
 """Eq. 18 from the dominant component: δ of a nearly one-hot row is exact, row by row.
 
-``softmax_backward`` shifts ∂L/∂Γ in each row to 0 at that row's largest responsibility before
+``scores_cotangent`` shifts ∂L/∂Γ in each row to 0 at that row's largest responsibility before
 forming δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij). Compared with exact rational arithmetic: a row whose
 largest γ is below the largest γ of another row still gets its own shift (no cancellation of
 g_im against Σ_j γ_ij g_ij), and K = 0 components give an empty δ as before.
@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from gma_ref.posterior import softmax_backward
+from gma_ref.posterior import scores_cotangent
 
 
 def _exact_delta(gamma: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -32,11 +32,11 @@ def test_each_row_is_shifted_at_its_own_largest_responsibility():
     gamma = np.array([[1.0 - 2.0**-50, 2.0**-50], [1.0 - 2.0**-40, 2.0**-40]])
     g = np.array([[1 / 3, 0.1], [1 / 3, 0.1]])
     exact = _exact_delta(gamma, g)
-    got = softmax_backward(gamma, g)
+    got = scores_cotangent(gamma, g)
     np.testing.assert_allclose(got, exact, rtol=1e-12, atol=0.0)
 
 
 def test_no_components_give_an_empty_delta():
     """K = 0: δ is the empty (N, 0) array, no error."""
-    d = softmax_backward(np.zeros((3, 0)), np.zeros((3, 0)))
+    d = scores_cotangent(np.zeros((3, 0)), np.zeros((3, 0)))
     assert d.shape == (3, 0)

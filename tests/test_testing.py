@@ -259,6 +259,30 @@ def test_returned_state_is_checked():
     assert any(x.tensor == "mass" and not x.passed for x in r.results)
 
 
+def test_returned_state_as_the_cores_causal_state_type():
+    """The oracle takes the state as the core's causal forms return it, (out, CausalState(memory, mass)):
+    the right state passes, a wrong mass fails, and a pair whose second element is no state is refused."""
+    from gma_ref.causal import CausalState
+
+    def with_state(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma):
+        kq = NumpyKernel("float32")
+        _, _, vv, _, _, _, _, _, gk = kq._prepare(q, k, v, means, omega, prior_logits, eps_sigma)
+        memory, mass = kq.write(gk, vv)
+        out = kq(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma)
+        return out, CausalState(memory, mass)
+
+    assert check(_wrap(with_state, returns_state=True), variants=("cross", "causal")).passed
+
+    def bad_state(*a, **kw):
+        out, state = with_state(*a, **kw)
+        return out, state._replace(mass=state.mass * 1.01)
+
+    r = check(_wrap(bad_state, returns_state=True), variants=("cross",))
+    assert any(x.tensor == "mass" and not x.passed for x in r.results)
+    r = check(_wrap(lambda *a, **kw: (with_state(*a, **kw)[0], None), returns_state=True), variants=("cross",))
+    assert not r.passed and "CausalState(memory, mass)" in r.format()
+
+
 # --------------------------------------------------------------------------- declarations and skips
 
 

@@ -39,7 +39,7 @@ def responsibilities(x, means, variances, log_priors):
 
 
 def responsibilities_backward(x, means, variances, gamma, d_gamma):
-    delta = posterior.softmax_backward(gamma, d_gamma)
+    delta = posterior.scores_cotangent(gamma, d_gamma)
     return fast.scores_backward_guarded(x, means, variances, delta, tuple(means.shape[:-1]))
 
 
@@ -164,7 +164,7 @@ def test_the_direct_form_is_the_same_in_any_number_of_token_blocks(case, rng, mo
     want, scale = _direct_scores(x, means, variances, log_priors)
     assert np.max(np.abs(posterior.scores(x, means, variances, log_priors) - want) / scale) <= 1e-14
     delta = rng.normal(size=want.shape)
-    got = posterior.scores_backward(x, means, variances, delta, log_priors)
+    got = posterior.scores_backward(x, means, variances, log_priors, delta)
     for name, g, w in zip(("d_x", "d_means", "d_variances", "d_log_priors"), got,
                           _direct_scores_vjp(x, means, variances, delta), strict=True):
         assert np.max(np.abs(g - w)) <= 1e-12 * np.max(np.abs(w)), name

@@ -31,11 +31,11 @@ FORWARDS = {
     "chunked": lambda gq, gk, v, eps: gma_causal_chunked(gq, gk, v, eps, 2),
 }
 BACKWARDS = {
-    "bidirectional": lambda gq, gk, v, g, eps: gma_bidirectional_backward(gq, gk, v, g, eps),
-    "cross": lambda gq, gk, v, g, eps: gma_cross_backward(gq, gk, v, g, eps),
-    "prefix": lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps),
-    "streaming": lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps),
-    "chunked": lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps, 2),
+    "bidirectional": lambda gq, gk, v, g, eps: gma_bidirectional_backward(gq, gk, v, g, eps=eps),
+    "cross": lambda gq, gk, v, g, eps: gma_cross_backward(gq, gk, v, g, eps=eps),
+    "prefix": lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps=eps),
+    "streaming": lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps=eps),
+    "chunked": lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps=eps, chunk_size=2),
 }
 
 
@@ -66,7 +66,7 @@ def test_backward_near_the_float_maximum_is_the_scaled_exact_gradient(rng, form,
     d_out = 1e-3 * rng.normal(size=(2, 5, 2))
     got = BACKWARDS[form](gq, gk, v, d_out, eps)
     small = BACKWARDS[form](gq, gk, v / S, d_out, eps)
-    for name, g, w, factor in zip(("d_gamma_q", "d_gamma_k", "d_v"), got, small, (S, S, 1.0), strict=True):
+    for name, g, w, factor in zip(("d_gamma_q", "d_gamma_k", "d_v"), got[:3], small[:3], (S, S, 1.0), strict=True):
         assert np.all(np.isfinite(g)), name
         np.testing.assert_allclose(g, w * factor, rtol=1e-10, atol=1e-12 * np.max(np.abs(w * factor)),
                                    err_msg=name)
@@ -74,8 +74,8 @@ def test_backward_near_the_float_maximum_is_the_scaled_exact_gradient(rng, form,
 
 BACKWARDS_WITH_MATERIALIZED = {
     **BACKWARDS,
-    "materialized": lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps),
-    "materialized causal": lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps, causal=True),
+    "materialized": lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps=eps),
+    "materialized causal": lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps=eps, causal=True),
 }
 
 

@@ -73,15 +73,28 @@ def array_problem(x: Any) -> str | None:
 
 
 def split_result(result: Any, returns_state: bool) -> tuple[Any, dict[str, Any]]:
+    """The output and (with ``returns_state``) the state of a candidate's result.
+
+    The state comes as the core's causal forms return it, ``(out, CausalState(memory, mass))`` (any
+    object with ``memory`` and ``mass`` attributes, e.g. a kernel's own named tuple), or as
+    ``(out, memory, mass)``.
+    """
     if returns_state:
-        if not isinstance(result, (tuple, list)) or len(result) != 3:
+        pair = isinstance(result, (tuple, list)) and len(result) == 2
+        if pair and hasattr(result[1], "memory") and hasattr(result[1], "mass"):
+            parts = {"out": result[0], "memory": result[1].memory, "mass": result[1].mass}
+        elif isinstance(result, (tuple, list)) and len(result) == 3:
+            parts = {"out": result[0], "memory": result[1], "mass": result[2]}
+        else:
             got = f"a {type(result).__name__}" + (f" of {len(result)}" if isinstance(result, (tuple, list)) else "")
-            raise ReturnedError(f"declared returns_state=True: expected (out, memory, mass), got {got}")
-        parts = {"out": result[0], "memory": result[1], "mass": result[2]}
+            if pair:
+                got += f" whose second element ({type(result[1]).__name__}) has no .memory and .mass"
+            raise ReturnedError("declared returns_state=True: expected (out, CausalState(memory, mass)) or "
+                                f"(out, memory, mass), got {got}")
     else:
         if isinstance(result, (tuple, list)):
             raise ReturnedError(f"expected one output array, got a {type(result).__name__} of {len(result)} "
-                            "(declare returns_state=True to return (out, memory, mass))")
+                            "(declare returns_state=True to return (out, CausalState(memory, mass)))")
         parts = {"out": result}
     for name, x in parts.items():
         why = array_problem(x)

@@ -38,9 +38,11 @@ class Declaration:
     namespace : ``'numpy'``, ``'torch'``, ``'jax'`` or ``'cupy'``
         The kind of arrays the implementation takes and returns.
     returns_state : bool
-        The implementation returns ``(out, memory, mass)``: the written memory
-        Ṽ = (Γ^K)ᵀV ``(..., K, d_v)`` and mass Z ``(..., K)`` over all keys
-        (for causal GMA, the state after the last token).
+        The implementation returns ``(out, state)`` with ``state`` a
+        :class:`gma_ref.causal.CausalState` ``(memory, mass)`` (or any object with those two
+        attributes), as the core's causal forms do with ``return_state=True``, or
+        ``(out, memory, mass)``: the written memory Ṽ = (Γ^K)ᵀV ``(..., K, d_v)`` and mass
+        Z ``(..., K)`` over all keys (for causal GMA, the state after the last token).
     accepts_chunk_size : bool
         Pass ``chunk_size=C`` (the case's chunk size, often not dividing N).
     deterministic : bool

@@ -214,15 +214,16 @@ def long_reference(
     fl: dict[str, float] = {"out": out_floor, "memory": 0.0, "mass": 0.0}
     if d_out is not None:
         if causal:
-            d_gq, d_gk, d_v = gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps, chunk_size)
+            d_gq, d_gk, d_v, _ = gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size)
         else:
-            d_gq, d_gk, d_v = gma_bidirectional_backward(gamma_q, gamma_k, v, d_out, eps)
-        side_q = responsibilities_backward(q, means, variances, gamma_q, d_gq, log_priors)
-        side_k = responsibilities_backward(k, means, variances, gamma_k, d_gk, log_priors)
+            d_gq, d_gk, d_v = gma_bidirectional_backward(gamma_q, gamma_k, v, d_out, eps=eps)
+        side_q = responsibilities_backward(q, means, variances, log_priors, d_gq, saved=gamma_q)
+        side_k = responsibilities_backward(k, means, variances, log_priors, d_gk, saved=gamma_k)
         tensors.update({
             "d_q": side_q.d_x, "d_k": side_k.d_x, "d_v": d_v, "d_means": side_q.d_means + side_k.d_means,
-            "d_omega": variances_from_omega_backward(omega, side_q.d_variances + side_k.d_variances),
-            "d_prior_logits": log_priors_from_logits_backward(log_priors, side_q.d_log_priors + side_k.d_log_priors),
+            "d_omega": variances_from_omega_backward(omega, side_q.d_variances + side_k.d_variances).d_omega,
+            "d_prior_logits": log_priors_from_logits_backward(log_priors,
+                                                              side_q.d_log_priors + side_k.d_log_priors).d_prior_logits,
         })
         fl.update({name: 0.0 for name in tensors if name.startswith("d_")})
         if floors:

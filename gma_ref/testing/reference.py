@@ -443,7 +443,7 @@ def layer_reference(
     c_mag = _concat(xp, heads * heads + v_rms * v_rms)
     fl: dict[str, float] = {"out": _rms(xp, xp.sqrt(xp.matmul(c_mag, w_o * w_o)))}
     if d_out is not None:
-        g = gma_layer_backward(params, x, y, d_out=d_out, gate=params.gate, **kw)
+        g = gma_layer_backward(params, x, d_out, y=y, gate=params.gate, **kw)
         tensors["d_x"] = g.d_x
         if y is not None:
             tensors["d_y"] = g.d_y

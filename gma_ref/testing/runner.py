@@ -83,7 +83,7 @@ def check(
     impl : callable
         ``impl(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma[, chunk_size])``
         on arrays of its own kind, returning the output ``(B, H, N_q, d_v)`` (or
-        ``(out, memory, mass)`` when it declares ``returns_state``).
+        ``(out, CausalState(memory, mass))`` or ``(out, memory, mass)`` when it declares ``returns_state``).
     declaration : Declaration, optional
         Default: ``impl.gma_declaration``, else ``Declaration()`` (NumPy, float32,
         every variant, no gradients) — noted in the report.

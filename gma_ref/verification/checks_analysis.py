@@ -39,7 +39,7 @@ def _thm1(ctx: Context) -> float:
         for j in range(k):
             d_scores = np.zeros((1, k))
             d_scores[0, j] = 1.0
-            g = resp.scores_backward(ctx.arr(x[None, :]), ctx.arr(means), ctx.arr(variances), ctx.arr(d_scores))
+            g = resp.scores_backward(ctx.arr(x[None, :]), ctx.arr(means), ctx.arr(variances), None, ctx.arr(d_scores))
             rows.append(to_numpy(g.d_x)[0])
         norm = float(np.linalg.norm(np.array(rows), 2))
         worst = max(worst, norm / (math.sqrt(k) * r / eps_sigma))
@@ -200,10 +200,10 @@ def _eq40_41(ctx: Context) -> float:
 def _ext_grads(ctx: Context) -> float:
     a = 0.5 + 2 * ctx.rng.random(4)
     cot0 = np.asarray(ctx.rng.normal())
-    kl_grad = ext.dirichlet_prior_kl_backward(ctx.arr(a), 2.0, ctx.arr(cot0))
+    kl_grad = ext.dirichlet_prior_kl_backward(ctx.arr(a), 2.0, ctx.arr(cot0)).d_a
     errs = [_worst(ctx, _np(lambda a_: ext.dirichlet_prior_kl(a_, 2.0)), [a], [kl_grad], cot0)]
     v, cot = ctx.rounded(0.1 + 0.8 * ctx.rng.random(5)), ctx.normal(5)
-    sb = ext.stick_breaking_priors_backward(ctx.arr(v), ctx.arr(cot))
+    sb = ext.stick_breaking_priors_backward(ctx.arr(v), ctx.arr(cot)).d_v
     errs.append(_worst(ctx, _np(lambda v_: ext.stick_breaking_priors(v_)[0]), [v], [sb], cot))
     args = [ctx.normal(4, 2), ctx.normal(3, 2), ctx.rounded(0.5 + ctx.rng.random((3, 2))), ctx.normal(3)]
     cot = ctx.normal(4, 3)
@@ -223,7 +223,7 @@ def _responsibility_jacobian(ctx: Context, x: np.ndarray, means: np.ndarray, var
     for j in range(means.shape[0]):
         cot = np.zeros((1, means.shape[0]))
         cot[0, j] = 1.0
-        rows.append(to_numpy(resp.responsibilities_backward(*args[:3], gamma, ctx.arr(cot)).d_x)[0])
+        rows.append(to_numpy(resp.responsibilities_backward(*args, ctx.arr(cot), saved=gamma).d_x)[0])
     return np.array(rows)
 
 

@@ -49,7 +49,7 @@ def _mixture_point(ctx: Context, n: int = 2, k: int = 3, d_r: int = 2) -> dict[s
 def _scores_side(ctx: Context, p: dict[str, np.ndarray]) -> resp.ScoresGrad:
     args = [ctx.arr(p["x"]), ctx.arr(p["means"]), ctx.arr(p["variances"]), ctx.arr(p["log_priors"])]
     gamma = resp.responsibilities(*args)
-    return resp.responsibilities_backward(*args[:3], gamma, ctx.arr(p["d_gamma"]))
+    return resp.responsibilities_backward(*args, ctx.arr(p["d_gamma"]), saved=gamma)
 
 
 def sympy_comparisons(ctx: Context) -> dict[str, float]:
@@ -58,7 +58,7 @@ def sympy_comparisons(ctx: Context) -> dict[str, float]:
     s = ctx.normal(3, scale=2.0)
     g = ctx.normal(3)
     gamma = special.softmax(s)
-    errs["Eq. 18 δ"] = _rel(resp.softmax_backward(ctx.arr(gamma), ctx.arr(g)),
+    errs["Eq. 18 δ"] = _rel(resp.scores_cotangent(ctx.arr(gamma), ctx.arr(g)),
                             _derivation("softmax").numeric_gradient(s, g))
 
     p = _mixture_point(ctx)
@@ -66,10 +66,10 @@ def sympy_comparisons(ctx: Context) -> dict[str, float]:
     base = (p["x"], p["means"], p["variances"], p["log_priors"], p["d_gamma"])
     errs["Eq. 54 ∂L/∂μ"] = _rel(side.d_means, _derivation("means").numeric_gradient(*base))
     errs["∂L/∂x"] = _rel(side.d_x, _derivation("routing_vectors").numeric_gradient(*base))
-    d_omega = mixture.variances_from_omega_backward(ctx.arr(p["omega"]), side.d_variances)
+    d_omega = mixture.variances_from_omega_backward(ctx.arr(p["omega"]), side.d_variances).d_omega
     errs["Eq. 60 ∂L/∂ω"] = _rel(d_omega, _derivation("variances").numeric_gradient(
         p["x"], p["means"], p["omega"], p["log_priors"], p["d_gamma"], 1e-2))
-    d_alpha = mixture.log_priors_from_logits_backward(ctx.arr(p["log_priors"]), side.d_log_priors)
+    d_alpha = mixture.log_priors_from_logits_backward(ctx.arr(p["log_priors"]), side.d_log_priors).d_prior_logits
     errs["Eq. 64 ∂L/∂α"] = _rel(d_alpha, _derivation("priors").numeric_gradient(
         p["x"], p["means"], p["variances"], p["alpha"], p["d_gamma"]))
 
@@ -81,21 +81,22 @@ def sympy_comparisons(ctx: Context) -> dict[str, float]:
         q["x"], kk["x"], q["means"], q["omega"], q["alpha"], q["d_gamma"], kk["d_gamma"], 1e-2)
     errs["shared μ (queries + keys)"] = _rel(to_numpy(sq.d_means) + to_numpy(sk.d_means), ref[0])
     d_var = ctx.arr(to_numpy(sq.d_variances) + to_numpy(sk.d_variances))
-    errs["shared ω (queries + keys)"] = _rel(mixture.variances_from_omega_backward(ctx.arr(q["omega"]), d_var), ref[1])
+    errs["shared ω (queries + keys)"] = _rel(mixture.variances_from_omega_backward(ctx.arr(q["omega"]),
+                                                                                   d_var).d_omega, ref[1])
     d_lp = ctx.arr(to_numpy(sq.d_log_priors) + to_numpy(sk.d_log_priors))
     errs["shared α (queries + keys)"] = _rel(
-        mixture.log_priors_from_logits_backward(ctx.arr(q["log_priors"]), d_lp), ref[2])
+        mixture.log_priors_from_logits_backward(ctx.arr(q["log_priors"]), d_lp).d_prior_logits, ref[2])
 
     cores: dict[str, tuple[Callable[..., object], int, int]] = {
-        "write_read": (lambda a, b, c, d: bidirectional.gma_bidirectional_backward(a, b, c, d, 0.05), 3, 3),
-        "cross": (lambda a, b, c, d: bidirectional.gma_cross_backward(a, b, c, d, 0.05), 2, 3),
-        "causal": (lambda a, b, c, d: causal.gma_causal_chunked_backward(a, b, c, d, 0.05, 2), 3, 3),
+        "write_read": (lambda a, b, c, d: bidirectional.gma_bidirectional_backward(a, b, c, d, eps=0.05), 3, 3),
+        "cross": (lambda a, b, c, d: bidirectional.gma_cross_backward(a, b, c, d, eps=0.05), 2, 3),
+        "causal": (lambda a, b, c, d: causal.gma_causal_chunked_backward(a, b, c, d, eps=0.05, chunk_size=2), 3, 3),
     }
     for name, (bwd, n_q, n_k) in cores.items():
         args = [ctx.simplex(n_q, 2), ctx.simplex(n_k, 2), ctx.normal(n_k, 2), ctx.normal(n_q, 2)]
         ref_core = _derivation(name).numeric_gradient(*args, 0.05)
         got = bwd(*[ctx.arr(a) for a in args])
-        for label, a, b in zip(("∂L/∂Γ^Q", "∂L/∂Γ^K", "∂L/∂V"), got, ref_core, strict=True):
+        for label, a, b in zip(("∂L/∂Γ^Q", "∂L/∂Γ^K", "∂L/∂V"), got[:3], ref_core, strict=True):
             errs[f"{name} {label}"] = _rel(a, b)
     return errs
 
@@ -119,7 +120,7 @@ def gate_comparisons(ctx: Context) -> dict[str, float]:
         host["gate_b"] = ctx.normal(*host["gate_b"].shape)
         x, cot = ctx.normal(2, 2), ctx.normal(2, 2)
         params = layer.GMALayerParams(**{f: ctx.arr(a) for f, a in host.items()})
-        g = layer.gma_layer_backward(params, ctx.arr(x), d_out=ctx.arr(cot), eps=0.05, gate=gate)
+        g = layer.gma_layer_backward(params, ctx.arr(x), ctx.arr(cot), eps=0.05, gate=gate)
         q, k, v = (x @ host[f][0] for f in ("w_q", "w_k", "w_v"))
         o = to_numpy(attention.gma_attention(q, k, v, host["means"][0], host["omega"][0], host["prior_logits"][0],
                                              eps=0.05))

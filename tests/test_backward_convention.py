@@ -1,0 +1,199 @@
+"""Every public backward pass follows the one convention of the architecture page.
+
+``f_backward(<f's required arguments>, <one cotangent per output>, *, [saved=None,] <f's other
+parameters>) -> FGrad``: the positional arguments are f's required ones, in f's order, then
+``d_out`` (or one ``d_<output>`` per output of a function with several); every other parameter of
+f follows keyword-only, with f's name and default (the flags that choose what f returns, e.g.
+``return_state``, excepted); ``saved`` (default ``None``) takes what the forward can hand on, and a
+forward with ``return_saved`` has a backward with ``saved``. The result is a named tuple with one
+field ``d_<p>`` per array input p of f, in f's order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gma_ref
+
+#: Functions that return several outputs, and the cotangents their backward takes (in that order).
+MULTI_OUTPUT = {
+    "write_memory": ["d_memory", "d_mass"],
+    "stick_breaking_priors": ["d_priors", "d_remainder"],
+}
+#: Annotations that mark an array input (one with a gradient).
+ARRAY_TYPES = ("Array", "CausalState", "GMALayerParams")
+
+
+def _modules() -> list[Any]:
+    names = [m.name for m in pkgutil.iter_modules(gma_ref.__path__, "gma_ref.") if not m.name.split(".")[-1][0] == "_"]
+    return [importlib.import_module(n) for n in sorted(names) if not n.endswith((".testing", ".verification"))]
+
+
+def _backwards() -> list[tuple[str, Callable[..., Any], Callable[..., Any], Any]]:
+    found = []
+    for module in _modules():
+        for name in getattr(module, "__all__", [n for n in vars(module) if not n.startswith("_")]):
+            fn = getattr(module, name)
+            if name.endswith("_backward") and callable(fn) and inspect.unwrap(fn).__module__ == module.__name__:
+                found.append((f"{module.__name__}.{name}", getattr(module, name[: -len("_backward")]), fn, module))
+    return found
+
+
+BACKWARDS = _backwards()
+
+
+def test_the_convention_covers_every_backward_pass():
+    """The scan finds every public backward pass of the package (a new one is added here, and so checked)."""
+    found = {name.rsplit(".", 1)[1] for name, *_ in BACKWARDS}
+    assert found == {
+        "variances_from_omega_backward", "log_priors_from_logits_backward",  # mixture
+        "scores_backward", "responsibilities_backward",  # posterior
+        "write_memory_backward", "read_memory_backward", "gma_bidirectional_backward", "gma_cross_backward",
+        "gma_materialized_backward",  # induced
+        "gma_causal_prefix_backward", "gma_causal_streaming_backward", "gma_causal_chunked_backward",
+        "gma_attention_backward", "gma_layer_backward",
+        "dirichlet_prior_kl_backward", "posterior_mean_priors_backward", "posterior_mean_log_priors_backward",
+        "stick_breaking_priors_backward", "moe_gates_backward", "moe_dense_mixture_backward",
+        "moe_sparse_mixture_backward",  # extensions
+    }
+
+
+def _is_array(p: inspect.Parameter) -> bool:
+    return any(t in str(p.annotation) for t in ARRAY_TYPES)
+
+
+@pytest.mark.parametrize("name, forward, backward, module", BACKWARDS, ids=[b[0] for b in BACKWARDS])
+def test_backward_signature_mirrors_its_forward(name, forward, backward, module):
+    """Positional: f's required arguments then the cotangent(s); keyword-only: f's other parameters with f's
+    defaults, plus saved=None where the forward's work is reused; nothing else."""
+    fwd = inspect.signature(forward).parameters
+    bwd = inspect.signature(backward).parameters
+    short = name.rsplit(".", 1)[1][: -len("_backward")]
+    required = [p for p, par in fwd.items() if par.default is inspect.Parameter.empty
+                and par.kind is not inspect.Parameter.KEYWORD_ONLY]
+    cotangents = MULTI_OUTPUT.get(short, ["d_out"])
+    positional = [p for p, par in bwd.items() if par.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == required + cotangents, f"{name}: positional {positional}"
+    options = {p: par.default for p, par in fwd.items() if p not in required and not p.startswith("return_")}
+    keyword = {p: par.default for p, par in bwd.items() if par.kind is inspect.Parameter.KEYWORD_ONLY}
+    saved = keyword.pop("saved", "absent")
+    assert keyword == options, f"{name}: keyword-only {keyword} != the forward's {options}"
+    assert saved in (None, "absent"), f"{name}: saved must default to None"
+    if "return_saved" in fwd:
+        assert saved is None, f"{name}: the forward offers return_saved, the backward must take saved="
+    assert not any(par.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+                   for par in bwd.values())
+
+
+@pytest.mark.parametrize("name, forward, backward, module", BACKWARDS, ids=[b[0] for b in BACKWARDS])
+def test_backward_returns_one_named_field_per_array_input(name, forward, backward, module):
+    """The declared result is a named tuple whose fields are d_<p> for f's array inputs p, in f's order."""
+    result = getattr(module, str(inspect.signature(backward).return_annotation))
+    assert hasattr(result, "_fields"), f"{name} must return a named tuple, returns {result}"
+    fwd = inspect.signature(forward).parameters
+    want = [f"d_{p}" for p, par in fwd.items() if _is_array(par)]
+    assert list(result._fields) == want, f"{name}: fields {result._fields}, inputs {want}"
+
+
+def _core(rng: np.random.Generator, batch: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+    gq = rng.dirichlet(np.ones(3), size=batch + (5,))
+    gk = rng.dirichlet(np.ones(3), size=(5,))
+    return gq, gk, rng.normal(size=(1,) * len(batch) + (5, 2))
+
+
+@pytest.mark.parametrize("form", ["gma_bidirectional", "gma_cross", "gma_materialized", "gma_causal_prefix",
+                                  "gma_causal_streaming", "gma_causal_chunked"])
+def test_core_gradients_come_back_in_the_shapes_of_broadcast_inputs(rng, form):
+    """Γ^Q with batch axes (2, 3), Γ^K without, V with (1, 1): each gradient has its own input's shape,
+    the broadcast axes summed (the sum over the batch of the unbroadcast gradients)."""
+    module = {"gma_materialized": gma_ref.induced}.get(form, gma_ref.causal if "causal" in form else
+                                                      gma_ref.bidirectional)
+    backward = getattr(module, form + "_backward")
+    gq, gk, v = _core(rng, (2, 3))
+    d_out = rng.normal(size=(2, 3, 5, 2))
+    grad = backward(gq, gk, v, d_out)
+    assert [tuple(g.shape) for g in grad[:3]] == [gq.shape, gk.shape, v.shape]
+    total = sum(backward(gq[i, j], gk, v[0, 0], d_out[i, j]).d_gamma_k for i in range(2) for j in range(3))
+    np.testing.assert_allclose(grad.d_gamma_k, total, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("form", ["prefix", "streaming", "chunked"])
+def test_causal_backward_from_a_state_matches_the_whole_sequence(rng, form):
+    """Run from the state after a prefix, the causal backward gives the suffix's gradients of the whole
+    sequence, and d_state is the gradient that reaches the prefix's memory and mass: chained through the
+    prefix's write (Ṽ = Σ γ^K ⊗ V, Z = Σ γ^K) it adds up to the whole sequence's prefix gradients."""
+    causal = gma_ref.causal
+    fwd, bwd = getattr(causal, f"gma_causal_{form}"), getattr(causal, f"gma_causal_{form}_backward")
+    opts = {"chunk_size": 2} if form == "chunked" else {}
+    n, p, k, d_v = 7, 3, 3, 2
+    gq, gk = rng.dirichlet(np.ones(k), size=n), rng.dirichlet(np.ones(k), size=n)
+    v, d_out = rng.normal(size=(n, d_v)), rng.normal(size=(n, d_v))
+    whole = bwd(gq, gk, v, d_out, eps=1e-3, **opts)
+    assert whole.d_state is None
+    _, state = fwd(gq[:p], gk[:p], v[:p], 1e-3, return_state=True, **opts)
+    np.testing.assert_allclose(fwd(gq[p:], gk[p:], v[p:], 1e-3, state=state, **opts),
+                               fwd(gq, gk, v, 1e-3, **opts)[p:], rtol=1e-12)  # forward first
+    tail = bwd(gq[p:], gk[p:], v[p:], d_out[p:], eps=1e-3, state=state, **opts)
+    head = bwd(gq[:p], gk[:p], v[:p], d_out[:p], eps=1e-3, **opts)
+    np.testing.assert_allclose(tail.d_gamma_q, whole.d_gamma_q[p:], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(tail.d_gamma_k, whole.d_gamma_k[p:], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(tail.d_v, whole.d_v[p:], rtol=1e-11, atol=1e-13)
+    d_mem, d_mass = tail.d_state
+    assert d_mem.shape == state.memory.shape and d_mass.shape == state.mass.shape
+    via_state = gma_ref.bidirectional.write_memory_backward(gk[:p], v[:p], d_mem, d_mass)
+    np.testing.assert_allclose(head.d_gamma_k + via_state.d_gamma_k, whole.d_gamma_k[:p], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(head.d_v + via_state.d_v, whole.d_v[:p], rtol=1e-11, atol=1e-13)
+
+
+def test_causal_state_gradient_matches_finite_differences(rng):
+    """d_state of the chunked form against central differences of ⟨d_out, O⟩ in Ṽ⁽⁰⁾ and Z⁽⁰⁾ (a state that
+    need not come from any prefix: any non-negative mass)."""
+    causal = gma_ref.causal
+    gq, gk = rng.dirichlet(np.ones(3), size=6), rng.dirichlet(np.ones(3), size=6)
+    v, d_out = rng.normal(size=(6, 2)), rng.normal(size=(6, 2))
+    state = causal.CausalState(rng.normal(size=(3, 2)), rng.uniform(0.5, 2.0, size=3))
+    grad = causal.gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-3, chunk_size=4, state=state)
+
+    def loss(memory: np.ndarray, mass: np.ndarray) -> float:
+        out = causal.gma_causal_chunked(gq, gk, v, 1e-3, 4, state=causal.CausalState(memory, mass))
+        return float(np.sum(out * d_out))
+
+    h = 1e-6
+    for field, arr in (("memory", state.memory), ("mass", state.mass)):
+        fd = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            e = np.zeros_like(arr)
+            e[idx] = h
+            plus = {"memory": state.memory, "mass": state.mass, field: arr + e}
+            minus = {"memory": state.memory, "mass": state.mass, field: arr - e}
+            fd[idx] = (loss(**plus) - loss(**minus)) / (2 * h)
+        np.testing.assert_allclose(getattr(grad.d_state, field), fd, rtol=1e-7, atol=1e-9)
+
+
+def test_old_keywords_still_work_with_a_warning(rng):
+    """gma_attention(return_residuals=) and gma_attention_backward(residuals=) are the former names of
+    return_saved= and saved=: accepted for one release with a DeprecationWarning; both at once is a TypeError."""
+    q, k, v = rng.normal(size=(4, 2)), rng.normal(size=(4, 2)), rng.normal(size=(4, 3))
+    mix = (rng.normal(size=(3, 2)), rng.normal(size=(3, 2)), rng.normal(size=3))
+    with pytest.warns(DeprecationWarning, match="return_saved"):
+        out, res = gma_ref.gma_attention(q, k, v, *mix, return_residuals=True)
+    assert isinstance(res, gma_ref.AttentionSaved)
+    d_out = rng.normal(size=out.shape)
+    with pytest.warns(DeprecationWarning, match="saved"):
+        old = gma_ref.gma_attention_backward(q, k, v, *mix, d_out, residuals=res)
+    new = gma_ref.gma_attention_backward(q, k, v, *mix, d_out, saved=res)
+    for a, b in zip(old, new, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="both"):
+        gma_ref.gma_attention_backward(q, k, v, *mix, d_out, residuals=res, saved=res)
+    with pytest.warns(DeprecationWarning, match="AttentionSaved"):
+        assert gma_ref.attention.AttentionResiduals is gma_ref.AttentionSaved
+    with pytest.warns(DeprecationWarning, match="scores_cotangent"):
+        assert gma_ref.posterior.softmax_backward is gma_ref.posterior.scores_cotangent
