@@ -375,7 +375,7 @@ def _softmax_jacobian(gamma: np.ndarray) -> np.ndarray:
 
 
 def test_self_sensitivity_peaks_at_a_two_way_tie_and_is_about_1_over_k_at_maximal_uncertainty():
-    """§4.1 (A15): γ_ik(1 − γ_ik) (Eq. 17b) is at most 1/4, reached only at γ_ik = 1/2. At the most uncertain
+    """§4.1 (A17): γ_ik(1 − γ_ik) (Eq. 17b) is at most 1/4, reached only at γ_ik = 1/2. At the most uncertain
     assignment, uniform over K = 128, it is 127/128² = 0.00775 (1/32 of that), and the whole Jacobian
     diag(γ) − γγᵀ has spectral norm 1/K = 0.0078 against 1/2 at a two-way tie: as little as a row that is
     99.6 % on one component (η = 0.0039) passes."""
@@ -402,7 +402,7 @@ def test_self_sensitivity_peaks_at_a_two_way_tie_and_is_about_1_over_k_at_maxima
 
 
 def test_head_averaging_explains_at_most_log_h_of_the_token_entropy():
-    """§5.4 (A16): averaging H heads raises a token's entropy by at most log H (H(Σ_h γ_h/H) ≤ mean_h H(γ_h)
+    """§5.4 (A18): averaging H heads raises a token's entropy by at most log H (H(Σ_h γ_h/H) ≤ mean_h H(γ_h)
     + log H), i.e. by 3/7 = 0.429 of log 128 for H = 8; so of the reported H_token = 0.790 at least 0.361
     (1.754 nats, e^1.754 = 5.8 components) is in the heads themselves. And 8 one-hot heads give R_max ≥ 1/8 =
     0.125 > 0.103. Both bounds are checked on random heads with gma_ref.diagnostics, and attained by
@@ -432,7 +432,7 @@ def test_head_averaging_explains_at_most_log_h_of_the_token_entropy():
 
 
 def test_table1_counts_rule_out_a_mixture_shared_by_the_heads_and_include_w_o():
-    """§2, Eq. 13 (A17): Table 1's 2.5M (K = 64) → 3.2M (K = 512) is a mixture per head (2,458,368 and
+    """§2, Eq. 13 (A15): Table 1's 2.5M (K = 64) → 3.2M (K = 512) is a mixture per head (2,458,368 and
     3,151,872). One mixture shared by the 12 heads (d_r = 64), as §2 describes, gives 2.4M → 2.4M; one mixture
     over the 768-dimensional concatenated routing space (a single head) gives 2,457,664 → 3,146,240, that is
     2.5M → 3.1M; and Θ_GMA of Eq. 13, without W_O, gives 1.9M → 2.6M."""
@@ -453,6 +453,7 @@ def test_table1_counts_rule_out_a_mixture_shared_by_the_heads_and_include_w_o():
 
     assert (per_head(64), per_head(512)) == (2_458_368, 3_151_872)
     assert (one_wide_mixture(64), one_wide_mixture(512)) == (2_457_664, 3_146_240)
+    assert (shared_by_heads(64), shared_by_heads(512)) == (2_367_552, 2_425_344)
     millions = {f.__name__: [round(f(k) / 1e6, 1) for k in (64, 512)]
                 for f in (per_head, shared_by_heads, one_wide_mixture, without_w_o)}
     assert millions == {"per_head": [2.5, 3.2], "shared_by_heads": [2.4, 2.4],
@@ -463,7 +464,7 @@ def test_table1_counts_rule_out_a_mixture_shared_by_the_heads_and_include_w_o():
 
 
 def test_responsibility_overlap_prefers_a_one_hot_key_to_a_matching_one():
-    """§3.3, App. G (A18): for a query γ^Q, the overlap ⟨γ^Q, γ^K⟩ over all keys is largest, max_k γ^Q_k, for the
+    """§3.3, App. G (A16): for a query γ^Q, the overlap ⟨γ^Q, γ^K⟩ over all keys is largest, max_k γ^Q_k, for the
     key one-hot on the query's top component, not for the key with the same responsibilities (Σ_k (γ^Q_k)²):
     γ^Q = (0.6, 0.4) gives 0.60 against 0.52. A query uniform over K components gives every key the same
     weight 1/(N + Kε) and reads the (shrunk) mean of the values, whatever the keys' responsibilities."""
@@ -523,10 +524,11 @@ def test_purity_and_mutual_information_are_consistent_by_fano():
 
 def test_bfloat16_scores_cannot_carry_the_responsibilities():
     """B9: the paper trains in 'bfloat16 mixed precision' without saying in which precision the scores are
-    formed. At d_r = 64, K = 128, unit-scale x, μ and σ² = 1, the scores as printed (Eq. 16, about −90 to
-    −190) rounded to bfloat16 move by up to 0.5, so the responsibilities above 1e-3 err by 10 % (median) and
-    the hard assignment (Eq. 29) of 4.1 % of 4096 tokens changes; without the constants that cancel in the
-    softmax (−(d_r/2) log 2π, log π_k) 5 % and 2.4 %. Rounded to float32 no assignment changes."""
+    formed. At d_r = 64, K = 128, unit-scale x, μ and σ² = 1, the scores as printed (Eq. 16, −90 to −193;
+    −(d_r/2) log 2π = −58.8 of it) rounded to bfloat16 move by up to 0.5, so the responsibilities above 1e-3
+    err by 10 % (median) and the hard assignment (Eq. 29) of 4.1 % of 4096 tokens changes; without the
+    constants that cancel in the softmax (−(d_r/2) log 2π, log π_k) 5 % and 2.4 %. Rounded to float32 no
+    assignment changes."""
     import ml_dtypes
 
     from gma_ref.posterior import softmax_scores
@@ -535,7 +537,8 @@ def test_bfloat16_scores_cannot_carry_the_responsibilities():
     n, k, d = 4096, 128, 64
     x, means = rng.normal(size=(n, d)), rng.normal(size=(k, d))
     s = gma_ref.scores(x, means, np.ones((k, d)), np.log(np.full(k, 1 / k)))
-    assert -195 < s.min() < s.max() < -90
+    assert -193 < s.min() < s.max() < -90
+    assert -d / 2 * math.log(2 * math.pi) == pytest.approx(-58.8, abs=0.05)
     gamma = softmax_scores(s)[0]
     centred = s + d / 2 * math.log(2 * math.pi) - math.log(1 / k)  # the constants that cancel, removed
     found = {}
