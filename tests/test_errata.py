@@ -350,3 +350,208 @@ def test_linear_in_n_hides_d_r_and_d_v_and_the_naive_mahalanobis_broadcast_needs
     finally:
         tracemalloc.stop()
     assert peak < n * k * d_r * 8 / 4, peak
+
+
+# --------------------------------------------------------------------------- A5, the size of a lost output
+
+
+def test_an_underflowed_query_mass_hides_an_output_below_2e_30_in_float32_and_1e_308_in_float64():
+    """A5: a computed u_i is 0 only if its exact value is below about N·K times the smallest subnormal, so with
+    N·K ≤ 1e9 and ε = 1e-6 the lost output u_i/(u_i + ε) is below 1.5e-30 (float32) and 5e-309 (float64)."""
+    nk, eps = 1e9, 1e-6
+    f32 = nk * float(np.finfo(np.float32).smallest_subnormal) / eps
+    f64 = nk * float(np.finfo(np.float64).smallest_subnormal) / eps
+    assert 1e-30 < f32 < 2e-30  # 1.4e-30: "below 1e-30" would be wrong
+    assert f64 < 1e-308
+
+
+# --------------------------------------------------------------------------- §4.1, the self-sensitivity γ(1 − γ)
+
+
+def _softmax_jacobian(gamma: np.ndarray) -> np.ndarray:
+    """∂γ/∂s of one row (Eq. 17), column by column from gma_ref's VJP of Eq. 18 (the Jacobian is symmetric)."""
+    k = gamma.shape[-1]
+    return np.stack([gma_ref.posterior.softmax_backward(gamma[None], np.eye(k)[j][None])[0] for j in range(k)])
+
+
+def test_self_sensitivity_peaks_at_a_two_way_tie_and_is_about_1_over_k_at_maximal_uncertainty():
+    """§4.1 (A17): γ_ik(1 − γ_ik) (Eq. 17b) is at most 1/4, reached only at γ_ik = 1/2. At the most uncertain
+    assignment, uniform over K = 128, it is 127/128² = 0.00775 (1/32 of that), and the whole Jacobian
+    diag(γ) − γγᵀ has spectral norm 1/K = 0.0078 against 1/2 at a two-way tie: as little as a row that is
+    99.6 % on one component (η = 0.0039) passes."""
+    k = 128
+    uniform = _softmax_jacobian(np.full(k, 1 / k))
+    assert uniform[0, 0] == pytest.approx(127 / 128**2, rel=1e-12) and 127 / 128**2 == pytest.approx(0.00775, abs=5e-6)
+    assert np.linalg.norm(uniform, 2) == pytest.approx(1 / k, rel=1e-10)
+    tie = np.zeros(k)
+    tie[:2] = 0.5
+    assert _softmax_jacobian(tie)[0, 0] == pytest.approx(0.25, rel=1e-12)
+    assert np.linalg.norm(_softmax_jacobian(tie), 2) == pytest.approx(0.5, rel=1e-10)
+    eta = (1 - math.sqrt(1 - 2 / k)) / 2  # 2η(1 − η) = 1/K
+    assert eta == pytest.approx(0.0039, abs=5e-5)
+    confident = np.zeros(k)
+    confident[:2] = 1 - eta, eta
+    assert np.linalg.norm(_softmax_jacobian(confident), 2) == pytest.approx(1 / k, rel=1e-9)
+    rng = np.random.default_rng(5)  # and 1/2 bounds every row, so the tie is the maximum
+    for _ in range(20):
+        g = rng.dirichlet(np.full(8, rng.uniform(0.05, 2.0)))
+        assert np.linalg.norm(_softmax_jacobian(g), 2) <= 0.5 + 1e-12
+
+
+# --------------------------------------------------------------------------- §5.4, the softness of the head average
+
+
+def test_head_averaging_explains_at_most_log_h_of_the_token_entropy():
+    """§5.4 (A18): averaging H heads raises a token's entropy by at most log H (H(Σ_h γ_h/H) ≤ mean_h H(γ_h)
+    + log H), i.e. by 3/7 = 0.429 of log 128 for H = 8; so of the reported H_token = 0.790 at least 0.361
+    (1.754 nats, e^1.754 = 5.8 components) is in the heads themselves. And 8 one-hot heads give R_max ≥ 1/8 =
+    0.125 > 0.103. Both bounds are checked on random heads with gma_ref.diagnostics, and attained by
+    8 one-hot heads on 8 different components."""
+    k, h = 128, 8
+    assert math.log(h) / math.log(k) == pytest.approx(3 / 7, rel=1e-12)
+    assert 0.790 - 3 / 7 == pytest.approx(0.361, abs=5e-4)
+    per_head_nats = 0.790 * math.log(k) - math.log(h)
+    assert per_head_nats == pytest.approx(1.754, abs=5e-4) and math.exp(per_head_nats) == pytest.approx(5.8, abs=0.05)
+    assert 1 / h > 0.103
+    rng = np.random.default_rng(2)
+    for concentration in (0.02, 0.3, 3.0):
+        gamma = rng.dirichlet(np.full(k, concentration), size=(2, h, 64))
+        averaged = float(token_entropy(gamma))
+        per_head = np.mean([float(token_entropy(gamma[:, j:j + 1])) for j in range(h)])
+        assert averaged <= per_head + math.log(h) / math.log(k) + 1e-12
+        one_hot = np.eye(k)[gamma.argmax(-1)]  # each head sharpened to its own top component
+        assert float(mean_max_responsibility(one_hot)) >= 1 / h - 1e-12
+    disjoint = np.zeros((1, h, 4, k))
+    for j in range(h):
+        disjoint[0, j, :, j] = 1.0
+    assert float(token_entropy(disjoint)) == pytest.approx(3 / 7, rel=1e-12)
+    assert float(mean_max_responsibility(disjoint)) == pytest.approx(1 / h, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- §2 and Eq. 13 against the counts
+
+
+def test_table1_counts_rule_out_a_mixture_shared_by_the_heads_and_include_w_o():
+    """§2, Eq. 13 (A15): Table 1's 2.5M (K = 64) → 3.2M (K = 512) is a mixture per head (2,458,368 and
+    3,151,872). One mixture shared by the 12 heads (d_r = 64), as §2 describes, gives 2.4M → 2.4M; one mixture
+    over the 768-dimensional concatenated routing space (a single head) gives 2,457,664 → 3,146,240, that is
+    2.5M → 3.1M; and Θ_GMA of Eq. 13, without W_O, gives 1.9M → 2.6M."""
+    def count(p) -> int:
+        return sum(int(np.prod(a.shape)) for a in (p.w_q, p.w_k, p.w_v, p.w_o, p.means, p.omega, p.prior_logits))
+
+    def per_head(k: int) -> int:
+        return count(gma_ref.init_layer_params(768, 12, k, 64, 64))
+
+    def shared_by_heads(k: int) -> int:
+        return per_head(k) - 11 * (2 * k * 64 + k)
+
+    def one_wide_mixture(k: int) -> int:
+        return count(gma_ref.init_layer_params(768, 1, k, 768, 768))
+
+    def without_w_o(k: int) -> int:
+        return per_head(k) - 768 * 768
+
+    assert (per_head(64), per_head(512)) == (2_458_368, 3_151_872)
+    assert (one_wide_mixture(64), one_wide_mixture(512)) == (2_457_664, 3_146_240)
+    assert (shared_by_heads(64), shared_by_heads(512)) == (2_367_552, 2_425_344)
+    millions = {f.__name__: [round(f(k) / 1e6, 1) for k in (64, 512)]
+                for f in (per_head, shared_by_heads, one_wide_mixture, without_w_o)}
+    assert millions == {"per_head": [2.5, 3.2], "shared_by_heads": [2.4, 2.4],
+                        "one_wide_mixture": [2.5, 3.1], "without_w_o": [1.9, 2.6]}
+
+
+# --------------------------------------------------------------------------- §3.3, App. G: the overlap as a similarity
+
+
+def test_responsibility_overlap_prefers_a_one_hot_key_to_a_matching_one():
+    """§3.3, App. G (A16): for a query γ^Q, the overlap ⟨γ^Q, γ^K⟩ over all keys is largest, max_k γ^Q_k, for the
+    key one-hot on the query's top component, not for the key with the same responsibilities (Σ_k (γ^Q_k)²):
+    γ^Q = (0.6, 0.4) gives 0.60 against 0.52. A query uniform over K components gives every key the same
+    weight 1/(N + Kε) and reads the (shrunk) mean of the values, whatever the keys' responsibilities."""
+    from gma_ref.induced import affinity, attention_weights
+
+    a = affinity(np.array([[0.6, 0.4]]), np.array([[0.6, 0.4], [1.0, 0.0], [0.0, 1.0]]))
+    np.testing.assert_allclose(a, [[0.52, 0.60, 0.40]], rtol=1e-14)
+    rng = np.random.default_rng(4)
+    k, n, eps = 16, 50, 1e-6
+    gq = rng.dirichlet(np.full(k, 0.5), 200)
+    keys = np.concatenate([np.eye(k), rng.dirichlet(np.full(k, 0.5), 500), gq])
+    overlap = affinity(gq, keys)
+    np.testing.assert_allclose(overlap.max(axis=1), gq.max(axis=1), rtol=1e-14)  # attained by a vertex
+    self_overlap = (gq * gq).sum(axis=1)
+    assert np.all(self_overlap <= gq.max(axis=1) + 1e-15) and np.all(self_overlap < gq.max(axis=1))
+    gk = rng.dirichlet(np.full(k, 0.3), n)
+    uniform = np.full((1, k), 1 / k)
+    np.testing.assert_allclose(attention_weights(uniform, gk, eps=eps), 1 / (n + k * eps), rtol=1e-12)
+    v = rng.normal(size=(n, 3))
+    np.testing.assert_allclose(gma_ref.gma_bidirectional(uniform, gk, v, eps), v.sum(0)[None] / (n + k * eps),
+                               rtol=1e-12, atol=1e-15)
+
+
+# --------------------------------------------------------------------------- §5.4, purity against mutual information
+
+
+def test_purity_and_mutual_information_are_consistent_by_fano():
+    """§5.4 (part D): with H(C) between 0.427/0.244 = 1.75 and 1.877 nats, H(C|Z) = H(C) − 0.427 lies in
+    [1.323, 1.451]; a majority rule that is right with probability Purity_w = 0.483 needs H(C|Z) ≥ −log 0.483
+    = 0.728 (min-entropy) and allows at most h(0.517) + 0.517 log 6 = 1.619 (Fano, 7 categories): consistent.
+    Both inequalities are checked on random contingency tables computed by gma_ref.diagnostics."""
+    from gma_ref.diagnostics import mutual_information
+
+    p = 18_757 / 65_536
+    h_c_high = -p * math.log(p) - (1 - p) * math.log((1 - p) / 6)
+    low, high = 0.427 / 0.244 - 0.427, h_c_high - 0.427
+    assert low == pytest.approx(1.323, abs=5e-4) and high == pytest.approx(1.451, abs=5e-4)
+    pe = 1 - 0.483
+    fano = -pe * math.log(pe) - 0.483 * math.log(0.483) + pe * math.log(6)
+    assert -math.log(0.483) == pytest.approx(0.728, abs=5e-4) and fano == pytest.approx(1.619, abs=5e-4)
+    assert -math.log(0.483) <= low <= high <= fano
+    rng = np.random.default_rng(9)
+    for _ in range(30):
+        k, c, t = int(rng.integers(2, 30)), int(rng.integers(2, 8)), int(rng.integers(50, 400))
+        z, cats = rng.integers(0, k, t), np.minimum(rng.geometric(rng.uniform(0.2, 0.8), t) - 1, c - 1)
+        counts = contingency_counts(z, cats, n_components=k, n_categories=c)
+        pc = np.bincount(cats, minlength=c) / t
+        h_c_given_z = -sum(q * math.log(q) for q in pc if q > 0) - float(mutual_information(counts))
+        purity = float(weighted_purity(counts))
+        e = 1 - purity
+        bound = (-e * math.log(e) - purity * math.log(purity) if 0 < e < 1 else 0.0) + e * math.log(c - 1)
+        assert -math.log(purity) - 1e-12 <= h_c_given_z <= bound + 1e-12
+
+
+# --------------------------------------------------------------------------- §5, bfloat16 scores
+
+
+def test_bfloat16_scores_cannot_carry_the_responsibilities():
+    """B9: the paper trains in 'bfloat16 mixed precision' without saying in which precision the scores are
+    formed. At d_r = 64, K = 128, unit-scale x, μ and σ² = 1, the scores as printed (Eq. 16, −90 to −193;
+    −(d_r/2) log 2π = −58.8 of it) rounded to bfloat16 move by up to 0.5, so the responsibilities above 1e-3
+    err by 10 % (median) and the hard assignment (Eq. 29) of 4.1 % of 4096 tokens changes; without the
+    constants that cancel in the softmax (−(d_r/2) log 2π, log π_k) 5 % and 2.4 %. Rounded to float32 no
+    assignment changes."""
+    import ml_dtypes
+
+    from gma_ref.posterior import softmax_scores
+
+    rng = np.random.default_rng(0)
+    n, k, d = 4096, 128, 64
+    x, means = rng.normal(size=(n, d)), rng.normal(size=(k, d))
+    s = gma_ref.scores(x, means, np.ones((k, d)), np.log(np.full(k, 1 / k)))
+    assert -193 < s.min() < s.max() < -90
+    assert -d / 2 * math.log(2 * math.pi) == pytest.approx(-58.8, abs=0.05)
+    gamma = softmax_scores(s)[0]
+    centred = s + d / 2 * math.log(2 * math.pi) - math.log(1 / k)  # the constants that cancel, removed
+    found = {}
+    for name, t, dtype in (("printed", s, ml_dtypes.bfloat16), ("centred", centred, ml_dtypes.bfloat16),
+                           ("float32", s, np.float32)):
+        rounded = t.astype(dtype).astype(np.float64)
+        g = softmax_scores(rounded)[0]
+        big = gamma > 1e-3
+        found[name] = (float(np.abs(rounded - t).max()), float(np.median(np.abs(g[big] / gamma[big] - 1))),
+                       float(np.mean(g.argmax(1) != gamma.argmax(1))))
+    assert 0.45 < found["printed"][0] <= 0.5
+    assert found["printed"][1] == pytest.approx(0.10, abs=0.01)
+    assert found["printed"][2] == pytest.approx(0.041, abs=2e-3)
+    assert found["centred"][1] == pytest.approx(0.05, abs=0.01)
+    assert found["centred"][2] == pytest.approx(0.024, abs=2e-3)
+    assert found["float32"][2] == 0.0
