@@ -371,7 +371,7 @@ def test_an_underflowed_query_mass_hides_an_output_below_2e_30_in_float32_and_1e
 def _softmax_jacobian(gamma: np.ndarray) -> np.ndarray:
     """∂γ/∂s of one row (Eq. 17), column by column from gma_ref's VJP of Eq. 18 (the Jacobian is symmetric)."""
     k = gamma.shape[-1]
-    return np.stack([gma_ref.posterior.softmax_backward(gamma[None], np.eye(k)[j][None])[0] for j in range(k)])
+    return np.stack([gma_ref.posterior.scores_cotangent(gamma[None], np.eye(k)[j][None])[0] for j in range(k)])
 
 
 def test_self_sensitivity_peaks_at_a_two_way_tie_and_is_about_1_over_k_at_maximal_uncertainty():

@@ -222,7 +222,7 @@ def test_log_priors_from_logits_backward_matches_fd(rng):
 # ----------------------------------------------------------------------------- softmax (Eq. 18)
 
 
-def test_softmax_backward_matches_fd_of_scipy_softmax(rng):
+def test_scores_cotangent_matches_fd_of_scipy_softmax(rng):
     """Eq. 18: δ = γ ⊙ (g − Σ_j γ_j g_j) is the VJP of the softmax over components (SciPy forward)."""
     s = 2.0 * rng.normal(size=(2, 5, 4))
     cot = rng.normal(size=s.shape)
@@ -231,7 +231,7 @@ def test_softmax_backward_matches_fd_of_scipy_softmax(rng):
     assert_grads({"s": bw}, fd)
 
 
-def test_log_softmax_backward_matches_fd_of_scipy_log_softmax(rng):
+def test_scores_cotangent_from_log_matches_fd_of_scipy_log_softmax(rng):
     """δ = h − γ Σ_j h_j is the VJP of log-softmax (SciPy forward)."""
     s = 2.0 * rng.normal(size=(2, 5, 4))
     cot = rng.normal(size=s.shape)

@@ -312,7 +312,7 @@ def test_float32_in_float32_out_with_and_without_guarded_rows(rng, guarded, impl
 
 
 @pytest.mark.parametrize("fn", ["scores_cotangent", "scores_cotangent_from_log"])
-def test_softmax_backward_passes_check_their_cotangent(rng, fn):
+def test_scores_cotangent_checks_its_cotangent(rng, fn):
     """scores_cotangent / scores_cotangent_from_log: a cotangent of another shape than Γ is a ValueError naming it
     (never a broadcast), an integer one a TypeError naming it."""
     f, name = {"scores_cotangent": (scores_cotangent, "d_gamma"),
@@ -337,7 +337,7 @@ def test_d_log_priors_takes_the_shape_of_the_components_without_log_priors(rng):
 
 
 @pytest.mark.parametrize("fn", ["scores_cotangent", "scores_cotangent_from_log"])
-def test_softmax_backward_passes_leave_finiteness_to_their_callers(rng, fn):
+def test_scores_cotangent_leaves_finiteness_to_its_callers(rng, fn):
     """The δ helpers check shape and dtype only (the public backward passes check finiteness when asked):
     a NaN in the cotangent makes its own row NaN and leaves every other row finite."""
     f = {"scores_cotangent": scores_cotangent, "scores_cotangent_from_log": scores_cotangent_from_log}[fn]
