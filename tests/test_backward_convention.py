@@ -124,8 +124,9 @@ def test_core_gradients_come_back_in_the_shapes_of_broadcast_inputs(rng, form):
     np.testing.assert_allclose(grad.d_gamma_k, total, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("batch", [(), (2,)])
 @pytest.mark.parametrize("form", ["prefix", "streaming", "chunked"])
-def test_causal_backward_from_a_state_matches_the_whole_sequence(rng, form):
+def test_causal_backward_from_a_state_matches_the_whole_sequence(rng, form, batch):
     """Run from the state after a prefix, the causal backward gives the suffix's gradients of the whole
     sequence, and d_state is the gradient that reaches the prefix's memory and mass: chained through the
     prefix's write (Ṽ = Σ γ^K ⊗ V, Z = Σ γ^K) it adds up to the whole sequence's prefix gradients."""
@@ -133,23 +134,24 @@ def test_causal_backward_from_a_state_matches_the_whole_sequence(rng, form):
     fwd, bwd = getattr(causal, f"gma_causal_{form}"), getattr(causal, f"gma_causal_{form}_backward")
     opts = {"chunk_size": 2} if form == "chunked" else {}
     n, p, k, d_v = 7, 3, 3, 2
-    gq, gk = rng.dirichlet(np.ones(k), size=n), rng.dirichlet(np.ones(k), size=n)
-    v, d_out = rng.normal(size=(n, d_v)), rng.normal(size=(n, d_v))
+    gq, gk = rng.dirichlet(np.ones(k), size=(*batch, n)), rng.dirichlet(np.ones(k), size=(*batch, n))
+    v, d_out = rng.normal(size=(*batch, n, d_v)), rng.normal(size=(*batch, n, d_v))
     whole = bwd(gq, gk, v, d_out, eps=1e-3, **opts)
     assert whole.d_state is None
-    _, state = fwd(gq[:p], gk[:p], v[:p], 1e-3, return_state=True, **opts)
-    np.testing.assert_allclose(fwd(gq[p:], gk[p:], v[p:], 1e-3, state=state, **opts),
-                               fwd(gq, gk, v, 1e-3, **opts)[p:], rtol=1e-12)  # forward first
-    tail = bwd(gq[p:], gk[p:], v[p:], d_out[p:], eps=1e-3, state=state, **opts)
-    head = bwd(gq[:p], gk[:p], v[:p], d_out[:p], eps=1e-3, **opts)
-    np.testing.assert_allclose(tail.d_gamma_q, whole.d_gamma_q[p:], rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(tail.d_gamma_k, whole.d_gamma_k[p:], rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(tail.d_v, whole.d_v[p:], rtol=1e-11, atol=1e-13)
+    pre, post = (slice(None),) * len(batch) + (slice(None, p),), (slice(None),) * len(batch) + (slice(p, None),)
+    _, state = fwd(gq[pre], gk[pre], v[pre], 1e-3, return_state=True, **opts)
+    np.testing.assert_allclose(fwd(gq[post], gk[post], v[post], 1e-3, state=state, **opts),
+                               fwd(gq, gk, v, 1e-3, **opts)[post], rtol=1e-12)  # forward first
+    tail = bwd(gq[post], gk[post], v[post], d_out[post], eps=1e-3, state=state, **opts)
+    head = bwd(gq[pre], gk[pre], v[pre], d_out[pre], eps=1e-3, **opts)
+    np.testing.assert_allclose(tail.d_gamma_q, whole.d_gamma_q[post], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(tail.d_gamma_k, whole.d_gamma_k[post], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(tail.d_v, whole.d_v[post], rtol=1e-11, atol=1e-13)
     d_mem, d_mass = tail.d_state
     assert d_mem.shape == state.memory.shape and d_mass.shape == state.mass.shape
-    via_state = gma_ref.bidirectional.write_memory_backward(gk[:p], v[:p], d_mem, d_mass)
-    np.testing.assert_allclose(head.d_gamma_k + via_state.d_gamma_k, whole.d_gamma_k[:p], rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(head.d_v + via_state.d_v, whole.d_v[:p], rtol=1e-11, atol=1e-13)
+    via_state = gma_ref.bidirectional.write_memory_backward(gk[pre], v[pre], d_mem, d_mass)
+    np.testing.assert_allclose(head.d_gamma_k + via_state.d_gamma_k, whole.d_gamma_k[pre], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(head.d_v + via_state.d_v, whole.d_v[pre], rtol=1e-11, atol=1e-13)
 
 
 def test_causal_state_gradient_matches_finite_differences(rng):
@@ -197,3 +199,53 @@ def test_old_keywords_still_work_with_a_warning(rng):
         assert gma_ref.attention.AttentionResiduals is gma_ref.AttentionSaved
     with pytest.warns(DeprecationWarning, match="scores_cotangent"):
         assert gma_ref.posterior.softmax_backward is gma_ref.posterior.scores_cotangent
+
+
+@pytest.mark.parametrize("form", ["prefix", "streaming", "chunked"])
+def test_causal_backward_from_a_state_near_the_float_maximum(rng, form):
+    """With |V| and the state's Ṽ⁽⁰⁾ near the float maximum (computed on V / 2^s, scaled back), every gradient
+    equals that for V / S and Ṽ⁽⁰⁾ / S with the Γ- and Z⁽⁰⁾-gradients times S (those of V and Ṽ⁽⁰⁾ unchanged)."""
+    causal = gma_ref.causal
+    bwd = getattr(causal, f"gma_causal_{form}_backward")
+    opts = {"chunk_size": 2} if form == "chunked" else {}
+    gq, gk = rng.dirichlet(np.ones(3), size=5), rng.dirichlet(np.ones(3), size=5)
+    big = 2.0 ** 1020  # max |V| · (N + 1) above a quarter of the float maximum: the rescaled path
+    v = big * (1.0 + 0.1 * rng.normal(size=(5, 2)))
+    state = causal.CausalState(big * rng.uniform(0.5, 1.0, size=(3, 2)), rng.uniform(0.5, 2.0, size=3))
+    d_out = 1e-3 * rng.normal(size=(5, 2))
+    got = bwd(gq, gk, v, d_out, eps=1e-6, state=state, **opts)
+    small = bwd(gq, gk, v / big, d_out, eps=1e-6, state=causal.CausalState(state.memory / big, state.mass), **opts)
+    pairs = [(got.d_gamma_q, small.d_gamma_q * big), (got.d_gamma_k, small.d_gamma_k * big), (got.d_v, small.d_v),
+             (got.d_state.memory, small.d_state.memory), (got.d_state.mass, small.d_state.mass * big)]
+    for g, w in pairs:
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12 * np.max(np.abs(w)))
+
+
+@pytest.mark.parametrize("form", ["prefix", "streaming", "chunked"])
+def test_causal_backward_with_a_batched_state_and_unbatched_inputs(rng, form):
+    """A state with batch axes (2,) broadcasts unbatched inputs, as in the forward: d_out must have the
+    output's shape (2, N, d_v) (the inputs' (N, d_v) is a ValueError naming d_out); the gradients of the
+    inputs are summed over the batch, d_state keeps the state's shape and equals each batch entry's own."""
+    causal = gma_ref.causal
+    fwd, bwd = getattr(causal, f"gma_causal_{form}"), getattr(causal, f"gma_causal_{form}_backward")
+    opts = {"chunk_size": 2} if form == "chunked" else {}
+    gq, gk, v = rng.dirichlet(np.ones(3), size=4), rng.dirichlet(np.ones(3), size=4), rng.normal(size=(4, 2))
+    state = causal.CausalState(rng.normal(size=(2, 3, 2)), rng.uniform(0.5, 2.0, size=(2, 3)))
+    out = fwd(gq, gk, v, 1e-3, state=state, **opts)
+    assert out.shape == (2, 4, 2)
+    d_out = rng.normal(size=out.shape)
+    with pytest.raises(ValueError, match="d_out"):
+        bwd(gq, gk, v, d_out[0], eps=1e-3, state=state, **opts)
+    grad = bwd(gq, gk, v, d_out, eps=1e-3, state=state, **opts)
+    assert [g.shape for g in grad[:3]] == [gq.shape, gk.shape, v.shape]
+    assert grad.d_state.memory.shape == (2, 3, 2) and grad.d_state.mass.shape == (2, 3)
+    for b in range(2):
+        one = bwd(gq, gk, v, d_out[b], eps=1e-3, state=causal.CausalState(state.memory[b], state.mass[b]), **opts)
+        np.testing.assert_allclose(grad.d_state.memory[b], one.d_state.memory, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(grad.d_state.mass[b], one.d_state.mass, rtol=1e-12, atol=1e-14)
+    # inputs with batch axes (3, 2) broadcast against the state's (2,): the output, and d_out, are (3, 2, N, d_v)
+    gq3, gk3, v3 = (np.broadcast_to(a, (3, 2) + a.shape) for a in (gq, gk, v))
+    d_out3 = rng.normal(size=(3, 2, 4, 2))
+    grad3 = bwd(gq3, gk3, v3, d_out3, eps=1e-3, state=state, **opts)
+    assert grad3.d_state.memory.shape == (2, 3, 2) and grad3.d_gamma_q.shape == (3, 2, 4, 3)
