@@ -473,12 +473,12 @@ def _check_simplex(xp: Any, gamma: Array) -> None:
     if n_elements(gamma) == 0:
         return
     if bool(xp.any(gamma < 0)):
-        raise ValueError(f"gamma must be non-negative (responsibilities lie on the simplex), "
+        raise ValueError(f"saved (Γ) must be non-negative (responsibilities lie on the simplex), "
                          f"got min {float(xp.min(gamma)):.3g}")
     tol = math.sqrt(float(xp.finfo(gamma.dtype).eps))
     off = xp.abs(xp.sum(gamma, axis=-1) - 1.0)
     if bool(xp.any(off > tol)):
-        raise ValueError(f"gamma's rows must sum to 1 (responsibilities lie on the simplex), got a row "
+        raise ValueError(f"saved (Γ): its rows must sum to 1 (responsibilities lie on the simplex), got a row "
                          f"off by {float(xp.max(off)):.3g} (tolerance {tol:.3g}); pass the Γ of the forward")
 
 

@@ -65,3 +65,24 @@ def test_cross_checks_finiteness_unless_told_not_to(rng):
         gma_cross(gq, gk, v)
     with np.errstate(invalid="ignore"):
         assert np.isnan(gma_cross(gq, gk, v, check_finite=False)[:, 0]).all()
+
+
+@pytest.mark.parametrize("name", ["gamma_q", "memory", "mass"])
+def test_read_step_checks_finiteness_of_its_inputs(rng, name):
+    """read_memory and read_memory_backward raise a ValueError naming a NaN input (the read takes check_finite
+    as every form does); with check_finite=False the NaN passes through to the result."""
+    from gma_ref.bidirectional import read_memory, read_memory_backward, write_memory
+
+    gq = rng.dirichlet(np.ones(3), size=4)
+    memory, mass = write_memory(rng.dirichlet(np.ones(3), size=5), rng.normal(size=(5, 2)))
+    args = {"gamma_q": gq, "memory": memory, "mass": mass}
+    args[name] = args[name].copy()
+    args[name].reshape(-1)[0] = np.nan
+    d_out = rng.normal(size=(4, 2))
+    with pytest.raises(ValueError, match=rf"^{name} must be finite"):
+        read_memory(**args)
+    with pytest.raises(ValueError, match=rf"^{name} must be finite"):
+        read_memory_backward(*args.values(), d_out)
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(read_memory(**args, check_finite=False)).any()
+        assert np.isnan(read_memory_backward(*args.values(), d_out, check_finite=False).d_gamma_q).any()

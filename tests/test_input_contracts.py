@@ -83,7 +83,7 @@ def test_mixture_batch_axes_that_do_not_broadcast_are_named(rng):
 
 @pytest.mark.parametrize("defect", ["negative", "rows sum to 2", "rows sum to 0.9"])
 def test_responsibilities_backward_rejects_gamma_off_the_simplex(rng, defect):
-    """Γ with a negative entry, or rows summing to 2 or 0.9: a ValueError naming gamma and the simplex;
+    """A saved Γ with a negative entry, or rows summing to 2 or 0.9: a ValueError naming saved and the simplex;
     the forward's Γ passes."""
     x, means, var, lp = rng.normal(size=(5, 3)), rng.normal(size=(4, 3)), np.ones((4, 3)), np.log(np.full(4, .25))
     gamma = responsibilities(x, means, var, lp)
@@ -94,7 +94,7 @@ def test_responsibilities_backward_rejects_gamma_off_the_simplex(rng, defect):
         bad[0] = [1.2, -0.2, 0.0, 0.0]
     else:
         bad[2] *= 2.0 if defect == "rows sum to 2" else 0.9
-    with pytest.raises(ValueError, match=r"^gamma\b.*simplex"):
+    with pytest.raises(ValueError, match=r"^saved \(Γ\).*simplex"):
         responsibilities_backward(x, means, var, lp, d_gamma, saved=bad)
 
 

@@ -73,3 +73,11 @@ def test_log_prior_backward_checks_its_cotangent():
     d[1, 0] = np.inf
     with pytest.raises(ValueError, match="^d_out"):
         log_priors_from_logits_backward(LOG_PRIORS, d)
+
+
+def test_variance_backward_checks_the_variance_floor_as_the_forward_does():
+    """eps_sigma ≤ 0 is refused by the backward too (a ValueError naming eps_sigma), though it does not enter ∂L/∂ω."""
+    with pytest.raises(ValueError, match="eps_sigma"):
+        variances_from_omega_backward(OMEGA, np.ones((2, 2)), eps_sigma=0.0)
+    np.testing.assert_array_equal(variances_from_omega_backward(OMEGA, np.ones((2, 2)), eps_sigma=1e-2).d_omega,
+                                  variances_from_omega_backward(OMEGA, np.ones((2, 2))).d_omega)

@@ -346,3 +346,20 @@ def test_scores_cotangent_leaves_finiteness_to_its_callers(rng, fn):
     d[3, 0] = np.nan
     out = f(gamma, d)
     assert np.all(np.isnan(out[3])) and np.all(np.isfinite(np.delete(out, 3, axis=0)))
+
+
+def test_responsibilities_backward_recomputes_gamma_as_told(rng):
+    """saved=None recomputes Γ: with check_finite=False a NaN input gives NaN gradients (no error, as with a
+    saved Γ), and saved= must come from the inputs' namespace (a TypeError naming saved otherwise)."""
+    x, means, var, lp = _inputs(rng)
+    d_gamma = rng.normal(size=(x.shape[0], means.shape[0]))
+    gamma = responsibilities(x, means, var, lp)
+    np.testing.assert_allclose(responsibilities_backward(x, means, var, lp, d_gamma).d_means,
+                               responsibilities_backward(x, means, var, lp, d_gamma, saved=gamma).d_means, rtol=1e-12)
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with np.errstate(invalid="ignore"):
+        got = responsibilities_backward(bad, means, var, lp, d_gamma, check_finite=False)
+    assert np.isnan(got.d_x[0]).all() and np.isfinite(got.d_x[1:]).all()
+    with pytest.raises(TypeError, match="saved"):
+        responsibilities_backward(x, means, var, lp, d_gamma, saved=array_api_strict.asarray(gamma))
