@@ -16,7 +16,7 @@ Modules, in the order of the paper:
 * :mod:`gma_ref.layer` — Eq. 4 and footnote 18: the multi-head layer.
 
 The package exports what a reader of the paper needs (``gma_ref.__all__``, pinned by
-``tests/test_public_api.py``): the parameterisation (Eqs. 14, 15), the responsibilities
+``tests/project/test_public_api.py``): the parameterisation (Eqs. 14, 15), the responsibilities
 (Eqs. 3, 16), the write and read (Eqs. 5–7), the induced weights (Eqs. 9–11), the three causal
 forms (Eq. 8b), the pipeline and the layer with their backward passes, and their named results.
 Everything else — the local backward of each step, the helpers of the diagnostics, the aliases —

@@ -15,7 +15,7 @@ import pytest
 
 from gma_ref.depth import collapse_profile, layer_norm, random_stack
 from gma_ref.geometry import collapse_residual
-from tests.test_examples import PNG_MAGIC, has_matplotlib, load_example
+from tests.project.test_examples import PNG_MAGIC, has_matplotlib, load_example
 
 
 def test_layer_norm_centres_and_scales_each_token(rng):

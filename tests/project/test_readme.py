@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+README = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 
 
 def test_readme_opens_with_the_install_verify_and_test_commands() -> None:

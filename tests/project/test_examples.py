@@ -16,7 +16,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

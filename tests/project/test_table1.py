@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_examples import PNG_MAGIC, has_matplotlib, load_example
+from tests.project.test_examples import PNG_MAGIC, has_matplotlib, load_example
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAVED = ROOT / "docs" / "_static" / "table1_memory.json"
 
 

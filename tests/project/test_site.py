@@ -27,7 +27,7 @@ import pytest
 
 from tests._cdp import Browser, find_chromium
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GUIDE_PAGES = 13
 API_MODULES = (
     "mixture", "posterior", "scores_fast", "bidirectional", "induced", "causal", "attention", "layer", "costs",

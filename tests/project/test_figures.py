@@ -14,9 +14,9 @@ from types import ModuleType
 
 import pytest
 
-from tests.test_examples import PNG_MAGIC, has_matplotlib
+from tests.project.test_examples import PNG_MAGIC, has_matplotlib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 FIGURE_REF = re.compile(r"_figures/([A-Za-z0-9_.-]+\.png)")
 

@@ -24,7 +24,7 @@ from gma_ref.mixture import log_priors_from_logits, variances_from_omega
 from gma_ref.posterior import responsibilities
 from tests._helpers import from_numpy, rel_err, to_numpy
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "gma_ref"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gma_ref"
 
 #: Functions whose NumPy use is host-side by design (module stem, function name) → reason.
 ALLOWED_FUNCTIONS = {
