@@ -51,19 +51,19 @@ EQUIVALENTS = ROOT / "tools" / "mutation-equivalents.txt"
 #: The tests of the scores and responsibilities: both the direct form (posterior) and the fast path
 #: (scores_fast) answer to them.
 _SCORES_TESTS: list[str] = [
-    "tests/test_posterior.py",
-    "tests/test_softmax_backward_shift.py",
-    "tests/test_score_overflow.py",
-    "tests/test_posterior_contracts.py",
-    "tests/test_scores_guard.py",
-    "tests/test_token_blocks.py",
-    "tests/test_scores_backward_contract.py",
+    "tests/posterior/test_equations.py",
+    "tests/posterior/test_softmax_backward_shift.py",
+    "tests/posterior/test_overflow.py",
+    "tests/posterior/test_contract.py",
+    "tests/scores_fast/test_guard.py",
+    "tests/scores_fast/test_token_blocks.py",
+    "tests/posterior/test_backward_checks.py",
     "tests/test_attention_residuals.py",
     "tests/test_bad_input.py",
     "tests/test_gradients.py",
     "tests/test_backward_vs_sympy.py",
     "tests/test_gradient_identities.py",
-    "tests/test_scores_accuracy.py",
+    "tests/posterior/test_accuracy.py",
     "tests/test_attention_overflow_guard.py",
     "tests/test_exact.py",
 ]
@@ -72,9 +72,9 @@ _SCORES_TESTS: list[str] = [
 #: at the first failure, so a killed mutant usually costs only the first file or two).
 MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/mixture.py": [
-        "tests/test_mixture.py",
-        "tests/test_parameter_contracts.py",
-        "tests/test_parameter_backward_checks.py",
+        "tests/mixture/test_equations.py",
+        "tests/mixture/test_contract.py",
+        "tests/mixture/test_backward_checks.py",
         "tests/test_bad_input.py",
         "tests/test_gradients.py",
     ],

@@ -23,7 +23,7 @@ MC = {"float64": 1.0, "float32": 1.0}
 
 @register("Thm 1", "§4.3", "gma_ref.posterior.scores_backward",
           "‖J_s(x)‖₂ ≤ √K R/ε_σ on drawn points with ‖x − μ_k‖ ≤ R (worst measured/bound ratio, must be ≤ 1)",
-          tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
+          tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/posterior/test_lipschitz.py",))
 def _thm1(ctx: Context) -> float:
     from .. import posterior as resp
 
@@ -229,7 +229,8 @@ def _responsibility_jacobian(ctx: Context, x: np.ndarray, means: np.ndarray, var
 
 @register("Thm 1", "§4.3", "gma_ref.posterior.responsibilities_backward",
           "‖J_γ(x)‖₂ ≤ R/(√2 ε_σ), independent of K (docs/guide/08-lipschitz.md): worst measured/bound ratio on drawn "
-          "points, must be ≤ 1", tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
+          "points, must be ≤ 1", tolerance={"float64": 1.0, "float32": 1.0},
+          tests=("tests/posterior/test_lipschitz.py",))
 def _thm1_gamma(ctx: Context) -> float:
     k, d_r = 6, 3
     means = ctx.normal(k, d_r)
@@ -246,7 +247,7 @@ def _thm1_gamma(ctx: Context) -> float:
 
 @register("Thm 1", "§4.3", "gma_ref.posterior.responsibilities_backward",
           "the bound R/(√2 ε_σ) is attained: K = 2, μ = x ± R e₁, σ² = ε_σ (1 − measured/bound)",
-          tolerance={"float64": 1e-9, "float32": 1e-4}, tests=("tests/test_lipschitz.py",))
+          tolerance={"float64": 1e-9, "float32": 1e-4}, tests=("tests/posterior/test_lipschitz.py",))
 def _thm1_tight(ctx: Context) -> float:
     r, eps_sigma = 1.5, 0.25
     x = np.zeros(2)

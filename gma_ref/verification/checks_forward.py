@@ -55,7 +55,7 @@ def _causal_loop(gq: np.ndarray, gk: np.ndarray, v: np.ndarray, eps: float) -> n
 
 @register("Eq. 2", "§3.2", "gma_ref.posterior.log_gaussian_density",
           "log N(x|μ_k,Σ_k) equals scipy.stats.multivariate_normal.logpdf", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq2(ctx: Context) -> float:
     means, variances, _ = _mixture(ctx, 4, 3)
     x = ctx.normal(7, 3)
@@ -66,7 +66,7 @@ def _eq2(ctx: Context) -> float:
 
 @register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
           "Γ equals π_k N_k / Σ_l π_l N_l computed with SciPy", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq3(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 5, 3)
     x = ctx.normal(2, 9, 3)
@@ -76,7 +76,7 @@ def _eq3(ctx: Context) -> float:
 
 @register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
           "rows of Γ are non-negative and sum to 1 (max |Σ_k γ_ik − 1|)", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq3_simplex(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 6, 4)
     x = ctx.normal(33, 4, scale=3.0)
@@ -86,7 +86,7 @@ def _eq3_simplex(ctx: Context) -> float:
 
 @register("Eq. 3b", "§4.1", "gma_ref.posterior.responsibilities",
           "stays on the simplex 1e6 std devs from every mean and for d_r = 1024 (densities underflow)",
-          tolerance=F32, tests=("tests/test_posterior.py",))
+          tolerance=F32, tests=("tests/posterior/test_equations.py",))
 def _eq3b_extreme(ctx: Context) -> float:
     errs = []
     for d_r, far in ((1024, 1.0), (3, 1e6)):
@@ -102,7 +102,7 @@ def _eq3b_extreme(ctx: Context) -> float:
 
 @register("Eq. 16", "§4.1", "gma_ref.posterior.scores",
           "s_ik = log π_k − (d_r/2)log 2π − ½log|Σ_k| − ½ Mahalanobis², by an explicit loop", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq16(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 3, 4)
     x = ctx.normal(6, 4)
@@ -119,7 +119,7 @@ def _eq16(ctx: Context) -> float:
 
 @register("Eq. 51", "App. D", "gma_ref.posterior.responsibilities",
           "γ = softmax(s) (Eq. 3b/51): exp(log Γ) = Γ and log Γ = s − logsumexp(s)", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq51(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 4, 2)
     x = ctx.normal(8, 2)
@@ -132,7 +132,7 @@ def _eq51(ctx: Context) -> float:
 
 @register("Eq. 50", "App. D", "gma_ref.posterior.responsibilities",
           "per-head mixtures (H,K,d_r) broadcast against (B,H,N,d_r) equal a per-head loop", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq50_heads(ctx: Context) -> float:
     parts = [_mixture(ctx, 3, 2) for _ in range(2)]
     means, variances, log_priors = (np.stack([p[i] for p in parts]) for i in range(3))
@@ -143,7 +143,8 @@ def _eq50_heads(ctx: Context) -> float:
 
 
 @register("Eq. 14", "§3.6", "gma_ref.mixture.variances_from_omega",
-          "σ² = log(1+e^ω) + ε_σ ≥ ε_σ, finite for |ω| ≤ 1e4", tolerance=F32, tests=("tests/test_mixture.py",))
+          "σ² = log(1+e^ω) + ε_σ ≥ ε_σ, finite for |ω| ≤ 1e4", tolerance=F32,
+          tests=("tests/mixture/test_equations.py",))
 def _eq14(ctx: Context) -> float:
     omega = ctx.rounded(np.concatenate([ctx.rng.normal(size=(3, 4)) * 5, [[-1e4, -50.0, 50.0, 1e4]]]))
     got = to_numpy(mixture.variances_from_omega(ctx.arr(omega), 1e-3))
@@ -155,7 +156,7 @@ def _eq14(ctx: Context) -> float:
 
 @register("Eq. 15", "§3.6", "gma_ref.mixture.priors_from_logits",
           "π = softmax(α) equals scipy.special.softmax; finite log π for |α| ≤ 1e4", tolerance=F32,
-          tests=("tests/test_mixture.py",))
+          tests=("tests/mixture/test_equations.py",))
 def _eq15(ctx: Context) -> float:
     alpha = ctx.rounded(np.array([1e4, -1e4, 3.0, 0.0, 1e4 - 1.0]))
     lp = to_numpy(mixture.log_priors_from_logits(ctx.arr(alpha)))

@@ -28,7 +28,7 @@ import pytest
 import gma_ref.scores_fast as fast
 from gma_ref.scores_fast import expand as _expand
 from gma_ref.scores_fast import expanded_scores as _expanded_scores
-from tests.test_scores_accuracy import FAST_REGIMES, _mp_reference, _regime
+from tests.posterior.test_accuracy import FAST_REGIMES, _mp_reference, _regime
 
 U = float(np.finfo(np.float64).eps)
 R = fast._CANCELLATION_BUDGET
