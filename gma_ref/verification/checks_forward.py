@@ -171,7 +171,7 @@ def _eq15(ctx: Context) -> float:
 
 @register("Eq. 5", "§3.3", "gma_ref.bidirectional.write_memory",
           "Ṽ = (Γ^K)ᵀ V and Z = (Γ^K)ᵀ 1 equal the sums of Eq. 6", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq5(ctx: Context) -> float:
     gk, v = ctx.simplex(9, 4), ctx.normal(9, 3)
     mem, mass = bidirectional.write_memory(ctx.arr(gk), ctx.arr(v))
@@ -181,7 +181,7 @@ def _eq5(ctx: Context) -> float:
 
 @register("Eq. 7", "§3.3", "gma_ref.bidirectional.gma_bidirectional",
           "O = Γ^Q Ṽ / (Γ^Q Z + ε) equals the double sums of Eq. 8", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq7(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(7, 3), ctx.simplex(7, 3), ctx.normal(7, 2)
     eps = 1e-3
@@ -195,7 +195,7 @@ def _eq7(ctx: Context) -> float:
 
 @register("Eq. 9", "§3.3", "gma_ref.induced.attention_weights",
           "A_ij = Σ_k γ^Q_ik γ^K_jk / (Σ_l Σ_k γ^Q_ik γ^K_lk + ε), by loops", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq9(ctx: Context) -> float:
     gq, gk = ctx.simplex(5, 3), ctx.simplex(6, 3)
     eps = 1e-2
@@ -206,7 +206,7 @@ def _eq9(ctx: Context) -> float:
 
 @register("Eq. 9b (§4.2)", "§4.2", "gma_ref.induced.attention_weights",
           "rows of A sum to u_i/(u_i+ε) with u = Γ^Q Z (and to 1 when ε = 0)", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq9b_rows(ctx: Context) -> float:
     gq, gk = ctx.simplex(8, 4), ctx.simplex(8, 4)
     errs = []
@@ -219,7 +219,7 @@ def _eq9b_rows(ctx: Context) -> float:
 
 @register("Eq. 10", "§3.3", "gma_ref.bidirectional.gma_bidirectional",
           "latent output equals A V with A materialized (ε included)", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq10(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(12, 5), ctx.simplex(12, 5), ctx.normal(12, 4)
     eps = 1e-2
@@ -229,7 +229,7 @@ def _eq10(ctx: Context) -> float:
 
 
 @register("Eq. 11", "§3.3", "gma_ref.induced.affinity",
-          "Ã_ij = ⟨γ^Q_i, γ^K_j⟩, by loops", tolerance=F32, tests=("tests/test_bidirectional.py",))
+          "Ã_ij = ⟨γ^Q_i, γ^K_j⟩, by loops", tolerance=F32, tests=("tests/bidirectional/test_equations.py",))
 def _eq11(ctx: Context) -> float:
     gq, gk = ctx.simplex(4, 3), ctx.simplex(5, 3)
     ref = np.array([[float(np.dot(gq[i], gk[j])) for j in range(5)] for i in range(4)])
@@ -238,7 +238,7 @@ def _eq11(ctx: Context) -> float:
 
 @register("Eq. 23", "§4.2", "gma_ref.induced.attention_weights",
           "rank(Ã) ≤ K and rank(A) ≤ K for N > K (excess rank, 0 when it holds)",
-          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/test_bidirectional.py",))
+          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/bidirectional/test_equations.py",))
 def _eq23(ctx: Context) -> float:
     gq, gk = ctx.simplex(20, 3), ctx.simplex(20, 3)
     tol = 1e-9 if ctx.dtype_name == "float64" else 1e-4
@@ -252,7 +252,7 @@ def _eq23(ctx: Context) -> float:
 
 @register("Eq. 6b", "§3.5", "gma_ref.causal.gma_causal_prefix",
           "prefix memories Ṽ^(i), Z^(i) by cumulative sums: output equals explicit prefix loops (Eq. 8b)",
-          tolerance=F32, tests=("tests/test_causal.py",))
+          tolerance=F32, tests=("tests/causal/test_equations.py",))
 def _eq6b(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
     return _rel(causal.gma_causal_prefix(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3), _causal_loop(gq, gk, v, 1e-3))
@@ -260,7 +260,7 @@ def _eq6b(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_streaming",
           "streaming (state K×d_v + K, step by step) equals the explicit prefix loops", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq8b_stream(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
     out = causal.gma_causal_streaming(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3)
@@ -269,7 +269,7 @@ def _eq8b_stream(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_chunked",
           "chunked (C = 4, N = 11: chunks do not divide N) equals the explicit prefix loops", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq8b_chunk(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(11, 3), ctx.simplex(11, 3), ctx.normal(11, 2)
     out = causal.gma_causal_chunked(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3, chunk_size=4)
@@ -278,7 +278,7 @@ def _eq8b_chunk(ctx: Context) -> float:
 
 @register("Eq. 9b (§3.5)", "§3.5", "gma_ref.induced.attention_weights",
           "causal weights: zero above the diagonal, rows sum to u_i/(u_i+ε) over the prefix", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq9b_causal(ctx: Context) -> float:
     gq, gk = ctx.simplex(7, 3), ctx.simplex(7, 3)
     eps = 0.1
@@ -289,7 +289,7 @@ def _eq9b_causal(ctx: Context) -> float:
 
 @register("Eq. 10b", "§3.5", "gma_ref.induced.gma_materialized",
           "masked A V (materialized) equals the chunked latent form", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq10b(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(10, 4), ctx.simplex(10, 4), ctx.normal(10, 3)
     mat = to_numpy(aff.gma_materialized(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3, causal=True))
@@ -298,7 +298,7 @@ def _eq10b(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_chunked",
           "causality: changing tokens j > i leaves outputs ≤ i bitwise unchanged (count of changed entries)",
-          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/test_causal.py",))
+          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/causal/test_equations.py",))
 def _causality(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(10, 3), ctx.simplex(10, 3), ctx.normal(10, 2)
     gq2, gk2, v2 = gq.copy(), gk.copy(), v.copy()
@@ -343,7 +343,7 @@ def _eq44(ctx: Context) -> float:
 
 @register("Eq. 46", "App. B", "gma_ref.bidirectional.write_memory",
           "(Γ^Q(Γ^K)ᵀ)V equals Γ^Q((Γ^K)ᵀV) (associativity, Eqs. 42, 45–47)", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq46(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 4)
     mem, _ = bidirectional.write_memory(ctx.arr(gk), ctx.arr(v))
@@ -352,7 +352,7 @@ def _eq46(ctx: Context) -> float:
 
 @register("App. C", "App. C.2–C.3", "gma_ref.induced.read_weights",
           "O_i = Σ_k α_ik M_k exactly with ε > 0, and Σ_k α_ik = 1", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _appc(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(8, 4), ctx.simplex(8, 4), ctx.normal(8, 3)
     eps = 0.3
@@ -365,7 +365,7 @@ def _appc(ctx: Context) -> float:
 
 @register("App. E.4", "App. E.4", "gma_ref.bidirectional.gma_cross",
           "cross-attention with N_q ≠ N_k equals the materialized N_q×N_k form; N_k = 0 gives 0", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _appe4(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(5, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
     a = gq @ gk.T
@@ -407,7 +407,7 @@ def _heads_oracle(host: dict[str, np.ndarray], x: np.ndarray, eps: float, eps_si
 
 @register("Eq. 4", "§3.3", "gma_ref.layer.gma_layer",
           "multi-head layer (projections, per-head mixtures, concat, W_O) equals an explicit NumPy loop",
-          tolerance=LOOSE, tests=("tests/test_layer.py",))
+          tolerance=LOOSE, tests=("tests/layer/test_equations.py",))
 def _eq4(ctx: Context) -> float:
     p = layer.init_layer_params(6, 2, 3, 2, 3, seed=int(ctx.rng.integers(1 << 30)), xp=ctx.xp, dtype=ctx.dtype)
     host = {f: to_numpy(a) for f, a in p.arrays().items()}
@@ -420,7 +420,7 @@ def _eq4(ctx: Context) -> float:
 @register("Gates", "ext.", "gma_ref.layer.gma_layer",
           "gated layer: each head times σ(X W_G,h + b_G,h) (elementwise) or σ(X u_h + c_h) (head-wise) before "
           "W_O, equals the loop of Eq. 4 with the gate applied by SciPy's expit", tolerance=LOOSE,
-          tests=("tests/test_layer_gates.py",))
+          tests=("tests/layer/test_gates.py",))
 def _gates_forward(ctx: Context) -> float:
     errs = []
     for gate in ("elementwise", "headwise"):

@@ -247,7 +247,7 @@ def _eq13(ctx: Context) -> float:
 
 @register("Gates", "ext.", "gma_ref.layer.gma_layer_backward",
           "gated layer (elementwise and head-wise): W_G, b_G (u, c), W_O, the other parameters and X vs finite "
-          "differences, causal", tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_layer_gates.py",))
+          "differences, causal", tolerance=GRAD_TOL, kind="gradient", tests=("tests/layer/test_gates.py",))
 def _gates_backward(ctx: Context) -> float:
     errs = []
     for gate in ("elementwise", "headwise"):

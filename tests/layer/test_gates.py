@@ -1,7 +1,7 @@
 """Output gates of the multi-head layer: forward against a loop, backward against FD and mpmath, contract.
 
 elementwise: O_h ⊙ σ(X W_G,h + b_G,h) per head before W_O; headwise: O_h · σ(X u_h + c_h), one
-gate per token and head. The oracle is the explicit per-head loop of tests/test_layer.py with the gate
+gate per token and head. The oracle is the explicit per-head loop of tests/layer/test_equations.py with the gate
 applied entry by entry (1 / (1 + exp(−a)), written here); the exact reference is tests/exact.py at
 100 digits. Gradient tests push a random cotangent through both sides and check the forward first.
 """
@@ -16,8 +16,8 @@ import pytest
 from gma_ref.layer import GATES, GMALayerParams, gma_layer, gma_layer_backward, init_layer_params
 from tests._helpers import from_numpy, rel_err, to_numpy
 from tests.exact import layer_exact, max_abs
+from tests.layer.test_equations import _oracle_head, _params_np
 from tests.test_gradients import FD_TOL, assert_grads, fd_vjp
-from tests.test_layer import _oracle_head, _params_np
 
 GATED = ("elementwise", "headwise")
 
