@@ -319,7 +319,7 @@ def _causality(ctx: Context) -> float:
 @register("Eq. 12", "§3.4", "gma_ref.costs.routing_cost",
           "write/read/Z/denominator terms equal the multiply-adds of the products the latent forward performs "
           "(relative difference)", tolerance={"float64": 0.0, "float32": 0.0},
-          tests=("tests/test_costs.py", "tests/test_costs_forward.py"))
+          tests=("tests/costs/test_equations.py", "tests/costs/test_against_forward.py"))
 def _eq12(ctx: Context) -> float:
     n, k, d_v = 50, 7, 5
     gk, v, gq = np.zeros((n, k)), np.zeros((n, d_v)), np.zeros((n, k))
@@ -335,7 +335,7 @@ def _eq12(ctx: Context) -> float:
 
 @register("Eq. 44", "App. B", "gma_ref.costs.chain_cost",
           "the 1000×10 example costs 2·10⁷ vs 2·10⁵ multiply-adds", tolerance={"float64": 0.0, "float32": 0.0},
-          tests=("tests/test_costs.py",))
+          tests=("tests/costs/test_equations.py",))
 def _eq44(ctx: Context) -> float:
     c = costs.chain_cost(1000, 10, 1000, 10)
     return float(abs(c.left_first - 2 * 10**7) + abs(c.right_first - 2 * 10**5))
@@ -377,7 +377,7 @@ def _appe4(ctx: Context) -> float:
 
 @register("App. E.1", "App. E.1–E.2", "gma_ref.baselines.softmax_attention",
           "Eq. 1 softmax attention (causal mask of E.1; cross-attention of E.2) equals SciPy softmax", tolerance=F32,
-          tests=("tests/test_baselines.py",))
+          tests=("tests/baselines/test_equations.py",))
 def _eq1(ctx: Context) -> float:
     q, k, v = ctx.normal(6, 4), ctx.normal(6, 4), ctx.normal(6, 3)
     s = q @ k.T / 2.0

@@ -103,7 +103,7 @@ def sympy_comparisons(ctx: Context) -> dict[str, float]:
 @register("Eq. 18", "App. D", "gma_ref.attention.gma_attention_backward",
           "hand-written backward equals the sympy-derived gradient (derivations.*.numeric_gradient) for Eq. 18, "
           "Eqs. 54, 60, 64 (shared by queries and keys), ∂L/∂x and the write/read, cross and causal VJPs",
-          tolerance=SYMPY_TOL, kind="gradient", tests=("tests/test_backward_vs_sympy.py",))
+          tolerance=SYMPY_TOL, kind="gradient", tests=("tests/verification/test_checks_sympy.py",))
 def _sympy(ctx: Context) -> float:
     return max(sympy_comparisons(ctx).values())
 

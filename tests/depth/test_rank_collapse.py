@@ -97,7 +97,7 @@ def test_geometry_figures_are_drawn_and_the_hull_panel_says_what_the_page_says(t
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gma_ref_docs_figures_geometry_test",
-                                                  Path(__file__).resolve().parents[1] / "docs" / "figures_geometry.py")
+                                                  Path(__file__).resolve().parents[2] / "docs" / "figures_geometry.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     data = module.hull_data()

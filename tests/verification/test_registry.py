@@ -14,7 +14,7 @@ from gma_ref.cli import main
 from gma_ref.verification import registry
 from gma_ref.verification import report as verify
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("namespace", ["numpy", "array_api_strict"])
