@@ -15,9 +15,9 @@ import pytest
 
 from gma_ref.layer import GATES, GMALayerParams, gma_layer, gma_layer_backward, init_layer_params
 from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.across_modules.test_gradients import FD_TOL, assert_grads, fd_vjp
 from tests.exact import layer_exact, max_abs
 from tests.layer.test_equations import _oracle_head, _params_np
-from tests.test_gradients import FD_TOL, assert_grads, fd_vjp
 
 GATED = ("elementwise", "headwise")
 

@@ -1,7 +1,7 @@
 """Every hand-written backward equals the gradient lambdified from its sympy derivation.
 
 Second, independent proof of the backward passes (the first is finite differences in
-tests/test_gradients.py). Runs under NumPy and array_api_strict.
+tests/across_modules/test_gradients.py). Runs under NumPy and array_api_strict.
 """
 
 from __future__ import annotations
