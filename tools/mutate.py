@@ -148,7 +148,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/geometry.py": ["tests/geometry/test_convex_hull.py"],
     "gma_ref/depth.py": ["tests/depth/test_rank_collapse.py"],
     "gma_ref/testing/compare.py": [
-        "tests/test_compare_metric.py",
+        "tests/testing/test_compare.py",
     ],
 }
 

@@ -134,6 +134,6 @@ def gate_comparisons(ctx: Context) -> dict[str, float]:
 @register("Gates", "ext.", "gma_ref.layer.gma_layer_backward",
           "the gated layer's ∂L/∂W_G, ∂L/∂b_G (u, c) and ∂L/∂W_O equal the sympy-derived gradient "
           "(derivations.gates.numeric_gradient) at the head output O", tolerance=SYMPY_TOL, kind="gradient",
-          tests=("tests/layer/test_gates.py", "tests/test_derivations.py"))
+          tests=("tests/layer/test_gates.py", "tests/derivations/test_every_derivation.py"))
 def _sympy_gates(ctx: Context) -> float:
     return max(gate_comparisons(ctx).values())

@@ -37,7 +37,7 @@ needs_triton = pytest.mark.skipif(
     reason=(f"needs {' and '.join(MISSING)}: pip install -e '.[triton]'" if MISSING
             else "triton was imported before TRITON_INTERPRET=1 was set"))
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 if not MISSING:
 

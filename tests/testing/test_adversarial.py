@@ -23,9 +23,9 @@ from gma_ref.testing import Declaration, check, default_cases, load_case_file
 from gma_ref.testing.cases import case_arrays
 from gma_ref.testing.repro import write_reproducer
 
-from . import adversarial_impls as adv
+from .. import adversarial_impls as adv
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _strict_json(text: str) -> dict:
@@ -222,7 +222,7 @@ def test_out_of_memory_is_named_and_not_shrunk_from_the_full_case(tmp_path):
 def test_shrinking_starts_from_the_smallest_case_and_stops_at_a_hang(tmp_path):
     """A failure that fails everywhere shrinks to the smallest case at once; a hang while shrinking costs one
     bounded step (not a whole --timeout per step) and stops shrinking for the run."""
-    from .planted_impls import StrictCausalMask
+    from ..planted_impls import StrictCausalMask
 
     r = check(StrictCausalMask(), variants=("causal",), repro=str(tmp_path / "a"))
     case = load_case_file(r.reproducers[0]).case

@@ -11,7 +11,7 @@ import pytest
 from gma_ref.testing import check
 from gma_ref.testing.scaling import MEMORY_EXPONENT_MAX, fit_exponent
 
-from .scaling_impls import LinearKernel, MaterializedKernel, PrefixSumKernel
+from ..scaling_impls import LinearKernel, MaterializedKernel, PrefixSumKernel
 
 N_MAX = 16384  # length sweep 1k … 16k; the width sweep at N = 4096
 

@@ -15,7 +15,7 @@ import pytest
 from gma_ref.testing import default_cases
 from gma_ref.testing.emulated import NumpyKernel
 
-from .planted_impls import StrictCausalMask
+from ..planted_impls import StrictCausalMask
 
 pytest_plugins = ["pytester"]
 
@@ -208,7 +208,7 @@ def test_entry_point_is_declared():
 
     import tomllib
 
-    meta = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    meta = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
     eps = meta["project"]["entry-points"]["pytest11"]
     assert eps == {"gma_ref.testing.pytest_plugin": "gma_ref.testing.pytest_plugin"}
 
@@ -229,7 +229,7 @@ def test_helper_maps_cases_to_the_declared_constraints():
     from gma_ref.testing import check
     from gma_ref.testing.pytest_plugin import check_case, gma_case_list
 
-    from .planted_impls import ConstrainedKernel, constrained_kernel
+    from ..planted_impls import ConstrainedKernel, constrained_kernel
 
     kern = constrained_kernel()
     lst = gma_case_list(kern, variants=("causal",), grad=True)

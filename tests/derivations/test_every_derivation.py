@@ -37,7 +37,7 @@ from derivations import (
 )
 from tests._helpers import rel_err
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", derivations.NAMES)

@@ -29,7 +29,7 @@ from gma_ref.testing.reference import reference
 from gma_ref.testing.runner import run_case
 from tests.planted_long import LONG_BUGS
 
-from .conftest import CUPY_SKIP_REASON
+from ..conftest import CUPY_SKIP_REASON
 
 INPUTS = ("q", "k", "v", "means", "omega", "prior_logits")
 

@@ -16,7 +16,7 @@ from gma_ref.testing.compare import LAYER_TOLERANCES
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.emulated_layer import NumpyLayer
 
-from .planted_impls import LAYER_BUGS, LAYER_CONTROLS, make_torch_layer_impl
+from ..planted_impls import LAYER_BUGS, LAYER_CONTROLS, make_torch_layer_impl
 
 # --------------------------------------------------------------------------- cases
 

@@ -17,7 +17,7 @@ from gma_ref.testing.cases import case_arrays
 from gma_ref.testing.compare import TOLERANCES, compare_tensor
 from gma_ref.testing.emulated import NumpyKernel
 
-from .planted_impls import make_torch_impl
+from ..planted_impls import make_torch_impl
 
 # --------------------------------------------------------------------------- cases
 
@@ -280,7 +280,7 @@ def test_nothing_checked_is_a_failure():
 
 def test_report_format_and_json():
     """The report names case, tensor, metric, worst element and index; --json is valid JSON."""
-    from .planted_impls import StrictCausalMask
+    from ..planted_impls import StrictCausalMask
 
     r = check(StrictCausalMask(), variants=("causal",), grad=True)
     text = r.format()
@@ -416,7 +416,7 @@ def test_jax_adapter():
 
 def test_cupy_reference_on_gpu():
     """With CuPy and a GPU, the reference runs on the GPU (CuPy) for a CuPy implementation."""
-    from .conftest import CUPY_SKIP_REASON
+    from ..conftest import CUPY_SKIP_REASON
 
     if CUPY_SKIP_REASON is not None:
         pytest.skip(f"CuPy tests skipped: {CUPY_SKIP_REASON}")
@@ -474,7 +474,7 @@ def test_admissible_size_and_constrain_case_keep_every_regime():
 
 def test_constrained_kernel_passes_through_its_declaration_alone():
     """A kernel with a fixed eps and shape multiples fails every case undeclared and passes once it declares them."""
-    from .planted_impls import ConstrainedKernel, constrained_kernel
+    from ..planted_impls import ConstrainedKernel, constrained_kernel
 
     undeclared = check(ConstrainedKernel("float32"), grad=True)
     assert not undeclared.passed and all(r.metric == "raised" for r in undeclared.failures)
@@ -649,7 +649,7 @@ def test_oracle_guide_exit_status_table_matches_the_cli():
     from gma_ref.check_cli import EXIT_INTERRUPTED, EXIT_LOAD, EXIT_USAGE
     from gma_ref.testing.runner import EXIT_INTERRUPTED as REPORT_INTERRUPTED
 
-    doc = (pathlib.Path(__file__).parents[1] / "docs" / "oracle.md").read_text()
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle.md").read_text()
     rows = dict(re.findall(r"^\| (\d+) \| ([^|]+) \|$", doc, flags=re.M))
     assert set(rows) == {"0", "1", "2", "3", "4", "130"}
     assert "usage" in rows[str(EXIT_USAGE)] and "load" in rows[str(EXIT_LOAD)]
@@ -664,7 +664,7 @@ def test_failing_case_is_shrunk_and_written_as_a_reproducer(tmp_path, capsys):
     """A failing case is shrunk while it fails; the .npz re-runs just that case (fails the bug, passes the fix)."""
     from gma_ref.testing.repro import load_case_file
 
-    from .planted_impls import StrictCausalMask
+    from ..planted_impls import StrictCausalMask
 
     report = check(StrictCausalMask(), grad=True, repro=str(tmp_path))
     assert report.reproducers and len(report.reproducers) <= 3
@@ -686,7 +686,7 @@ def test_reproducer_respects_the_declaration(tmp_path):
     """Shrinking keeps every size admissible under the declaration (multiples, fixed eps)."""
     from gma_ref.testing.repro import load_case_file
 
-    from .planted_impls import ConstrainedKernel, StrictCausalMask, constrained_kernel
+    from ..planted_impls import ConstrainedKernel, StrictCausalMask, constrained_kernel
 
     class ConstrainedStrictMask(ConstrainedKernel, StrictCausalMask):
         pass
@@ -704,7 +704,7 @@ def test_reproducer_respects_the_declaration(tmp_path):
 
 def test_layer_reproducer(tmp_path):
     """Layer cases shrink and round-trip too (y = None for self-attention)."""
-    from .planted_impls import LayerSelfInputGradQueryOnly
+    from ..planted_impls import LayerSelfInputGradQueryOnly
 
     report = check(LayerSelfInputGradQueryOnly(), grad=True, variants=("causal",), repro=str(tmp_path))
     assert report.reproducers
@@ -727,7 +727,7 @@ def test_float64_tiny_routed_mass_is_no_false_alarm_and_not_blind(seed):
 
     from gma_ref.testing.reference import reference
 
-    from .exact_gma import exact_gma
+    from ..exact_gma import exact_gma
 
     case = Case("causal", 1, 1, 1, 1, 12, 128, 4, dtype="float64", seed=seed)
     assert float(_routed_mass(case).max()) < 1e-160
@@ -781,7 +781,7 @@ def test_float32_subnormal_gradients_no_false_alarm():
 
     from gma_ref.testing.reference import reference
 
-    from .exact_gma import exact_gma
+    from ..exact_gma import exact_gma
 
     ref = reference(xp, {n: a[n] for n in ("q", "k", "v", "means", "omega", "prior_logits")}, causal=False,
                     eps=case.eps, eps_sigma=case.eps_sigma, d_out=a["d_out"])

@@ -13,7 +13,7 @@ from gma_ref.testing import CaseOutcome, NotCheckable, default_cases, evaluate_c
 from gma_ref.testing.compare import NU_MAX
 from gma_ref.testing.emulated import NumpyKernel
 
-from .planted_impls import StrictCausalMask
+from ..planted_impls import StrictCausalMask
 
 
 def _ill_conditioned(kernel: NumpyKernel) -> tuple[CaseOutcome, object]:

@@ -29,7 +29,7 @@ from gma_ref.testing.compare import (
     unit_scale,
 )
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "oracle.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "oracle.md"
 FINFO = {
     "float64": np.finfo(np.float64),
     "float32": np.finfo(np.float32),
