@@ -17,7 +17,7 @@ Adam are written below. No autodiff. Training is full-batch and seeded, so the r
 is deterministic. The readout starts at zero, so the initial loss is ln 2 ≈ 0.693.
 With the defaults (512 training sequences, 100 Adam steps, about 7 s on two CPU
 cores) the training loss falls to about 1e-3 and held-out accuracy is about 0.99;
-``tests/test_examples.py`` runs 40 steps and requires a final loss below 10% of the
+``tests/project/test_examples.py`` runs 40 steps and requires a final loss below 10% of the
 initial loss (``LOSS_FRACTION``) and held-out accuracy ≥ 0.9 (``ACCURACY_THRESHOLD``).
 Finally the §5.4 diagnostics
 (``gma_ref.diagnostics.diagnostics_report``) are printed for the trained model's
@@ -40,9 +40,9 @@ from gma_ref.diagnostics import diagnostics_report
 from gma_ref.layer import GMALayerParams, gma_layer, gma_layer_backward, init_layer_params
 from gma_ref.posterior import responsibilities
 
-#: Final training loss must fall below this fraction of the initial loss (tests/test_examples.py).
+#: Final training loss must fall below this fraction of the initial loss (tests/project/test_examples.py).
 LOSS_FRACTION = 0.1
-#: Held-out accuracy the defaults reach; checked by tests/test_examples.py.
+#: Held-out accuracy the defaults reach; checked by tests/project/test_examples.py.
 ACCURACY_THRESHOLD = 0.9
 
 

@@ -16,7 +16,7 @@ Modules, in the order of the paper:
 * :mod:`gma_ref.layer` — Eq. 4 and footnote 18: the multi-head layer.
 
 The package exports what a reader of the paper needs (``gma_ref.__all__``, pinned by
-``tests/test_public_api.py``): the parameterisation (Eqs. 14, 15), the responsibilities
+``tests/project/test_public_api.py``): the parameterisation (Eqs. 14, 15), the responsibilities
 (Eqs. 3, 16), the write and read (Eqs. 5–7), the induced weights (Eqs. 9–11), the three causal
 forms (Eq. 8b), the pipeline and the layer with their backward passes, and their named results.
 Everything else — the local backward of each step, the helpers of the diagnostics, the aliases —
@@ -24,7 +24,7 @@ is imported from its module (``gma_ref.posterior.scores_backward``); a name that
 exported here still resolves, with a ``DeprecationWarning`` naming its module, for one release.
 
 One convention for every backward pass (``docs/architecture.md``, "The backward convention";
-checked by ``tests/test_public_api.py``): ``f_backward`` takes f's required arguments in f's
+checked by ``tests/across_modules/test_backward_convention.py``): ``f_backward`` takes f's required arguments in f's
 order, then the cotangent of f's output (``d_out``; one ``d_<output>`` per output when f returns
 several), then keyword-only ``saved=`` where the forward's work can be reused and every other
 parameter of f with f's names and defaults. It validates them as f does and returns one named

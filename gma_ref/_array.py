@@ -235,7 +235,7 @@ def peak_bytes(xp: Any, shape: tuple[int, ...], dtype: Any, peak: tuple[float, f
     bytes of its inputs and output (``io_elements`` numbers), ``(a, c) = peak``, in ``dtype``.
 
     Each function that builds an N × N (or N × K × d_v) array states its ``(a, c)``, measured with
-    :mod:`tracemalloc` (tests/test_memory_peaks.py checks them).
+    :mod:`tracemalloc` (tests/across_modules/test_memory_peaks.py checks them).
     """
     item = xp.finfo(dtype).bits // 8
     return math.ceil(peak[0] * math.prod(shape) * item + peak[1] * io_elements * item)

@@ -177,7 +177,8 @@ def _scaled(state: CausalState | None, factor: float) -> CausalState | None:
 
 
 #: Peak memory of the prefix form as (a, c): a × the bytes of the (..., N, K, d_v) prefix memory plus
-#: c × the bytes of the inputs and output, measured with tracemalloc over NumPy (tests/test_memory_peaks.py).
+#: c × the bytes of the inputs and output, measured with tracemalloc over NumPy
+#: (tests/across_modules/test_memory_peaks.py).
 PREFIX_PEAK_FACTORS: dict[str, tuple[float, float]] = {
     "gma_causal_prefix": (3.5, 1.0),
     "gma_causal_prefix_backward": (7.5, 3.0),

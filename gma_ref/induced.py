@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Peak memory of each N_q × N_k function as (a, c): a × the bytes of one N_q × N_k array plus c × the
-#: bytes of its inputs and output, measured with tracemalloc over NumPy (tests/test_memory_peaks.py).
+#: bytes of its inputs and output, measured with tracemalloc over NumPy (tests/across_modules/test_memory_peaks.py).
 #: ``max_bytes`` is compared with that peak, not with the one array.
 PEAK_FACTORS: dict[str, tuple[float, float]] = {
     "affinity": (1.0, 0.0),

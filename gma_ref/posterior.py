@@ -192,7 +192,7 @@ def scores(
     :func:`gma_ref.scores_fast.guarded_scores` (matrix products, used by the pipeline) is held to
     within R = 8 times this bound; both are tested against 40-digit mpmath in every hard regime
     (far from every mean, variances at the floor, data shifted by 1e4 and 1e8, d_r = 1024, one-hot
-    Γ, tight clusters, float32; tests/test_scores_accuracy.py).
+    Γ, tight clusters, float32; tests/posterior/test_accuracy.py).
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
     _validate(xp, x, means, variances, log_priors, check_finite)

@@ -5,7 +5,7 @@ s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km with b_k = log π_k − ½ d_r
 This module computes the same scores (and their VJP) with two or three matrix products
 instead of N·K·d_r element-wise terms, which is what :mod:`gma_ref.attention` uses by
 default. It is tested against the direct form and 40-digit mpmath in every regime of
-``tests/test_scores_accuracy.py``. The derivation, step by step:
+``tests/posterior/test_accuracy.py``. The derivation, step by step:
 
 1. *Centre.* M_ik = Σ_m (x_im − μ_km)² w_km (w = 1/σ²) is unchanged when x and μ are shifted
    by the same vector. With c = the mean of the K means (per batch/head), x' = x − c and

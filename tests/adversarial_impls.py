@@ -5,7 +5,7 @@ with one misbehaviour: it exits, prints, keeps its output in one persistent
 buffer, mutates an input, returns a view, hangs, runs out of memory, raises an
 exception that cannot be printed, or returns the wrong type. They are imported
 by ``gma-ref check tests.adversarial_impls:Name`` in
-``tests/test_oracle_adversarial.py``.
+``tests/testing/test_adversarial.py``.
 """
 
 from __future__ import annotations

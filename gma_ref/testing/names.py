@@ -4,7 +4,7 @@ This is the bottom layer of :mod:`gma_ref.testing`; every other module of the or
 these names from here (and re-exports some for compatibility). It imports nothing.
 
 The layers, bottom to top (each module imports only from layers below it; the test
-``tests/test_testing_layers.py`` enforces the order)::
+``tests/testing/test_import_layers.py`` enforces the order)::
 
     names                          the vocabulary (this module)
     declaration, capture           what a kernel declares; capturing what it prints

@@ -33,7 +33,7 @@ Usage (the environment variable must be set before ``triton`` is first imported)
         report = check(my_triton_gma, dtype="bfloat16", grad=True)
 
 Every patch is on a class of ``triton.runtime.interpreter`` or ``triton.runtime.autotuner`` and
-is undone on leaving the block. Each workaround has a test (tests/test_triton_interpreter.py) that
+is undone on leaving the block. Each workaround has a test (tests/testing/test_triton_interpreter.py) that
 shows the misbehaviour without it and fails once Triton fixes it, so the workaround can be deleted.
 
 This module imports ``triton`` only inside its functions: importing it (or ``gma_ref``) never

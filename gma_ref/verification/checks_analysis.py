@@ -23,7 +23,7 @@ MC = {"float64": 1.0, "float32": 1.0}
 
 @register("Thm 1", "§4.3", "gma_ref.posterior.scores_backward",
           "‖J_s(x)‖₂ ≤ √K R/ε_σ on drawn points with ‖x − μ_k‖ ≤ R (worst measured/bound ratio, must be ≤ 1)",
-          tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
+          tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/posterior/test_lipschitz.py",))
 def _thm1(ctx: Context) -> float:
     from .. import posterior as resp
 
@@ -56,7 +56,7 @@ def _gamma4(ctx: Context) -> np.ndarray:
 
 @register("Eq. 24", "§5.4", "gma_ref.diagnostics.head_average",
           "γ̄ = mean over heads, and Eqs. 25–28 (usage, normalised entropies, R_max) vs NumPy/SciPy",
-          tolerance=F32, tests=("tests/test_diagnostics.py",))
+          tolerance=F32, tests=("tests/diagnostics/test_equations.py",))
 def _eq24_28(ctx: Context) -> float:
     g = _gamma4(ctx)
     bar = g.mean(axis=1).reshape(-1, 4)
@@ -75,7 +75,7 @@ def _eq24_28(ctx: Context) -> float:
 
 @register("Eq. 33", "§5.4", "gma_ref.diagnostics.mutual_information",
           "hard assignments, counts, purity, weighted purity, MI and NMI (Eqs. 29–34) vs Counter-based tallies",
-          tolerance=F32, tests=("tests/test_diagnostics.py",))
+          tolerance=F32, tests=("tests/diagnostics/test_equations.py",))
 def _eq29_34(ctx: Context) -> float:
     g = ctx.simplex(60, 4)
     cats = ctx.rng.integers(0, 3, size=60)
@@ -104,7 +104,7 @@ def _eq29_34(ctx: Context) -> float:
 @register("App. F.3", "App. F.3", "gma_ref.diagnostics.permutation_baseline",
           "permutation baseline keeps the marginals: each permuted MI equals an independent recount "
           "with the same seeded permutations", tolerance={"float64": 1e-12, "float32": 1e-12},
-          tests=("tests/test_diagnostics.py",))
+          tests=("tests/diagnostics/test_equations.py",))
 def _appf3(ctx: Context) -> float:
     z = ctx.rng.integers(0, 4, size=40)
     cats = ctx.rng.integers(0, 3, size=40)
@@ -129,7 +129,7 @@ def _appf3(ctx: Context) -> float:
 
 @register("Eq. 37", "§6", "gma_ref.extensions.dirichlet_prior_kl",
           "closed-form KL[Dir(a)‖Dir(α₀/K)] vs a Monte Carlo estimate (error in MC standard errors, ≤ 5)",
-          tolerance={"float64": 5.0, "float32": 5.0}, tests=("tests/test_extensions.py",))
+          tolerance={"float64": 5.0, "float32": 5.0}, tests=("tests/extensions/test_equations.py",))
 def _eq37(ctx: Context) -> float:
     a = 0.5 + 3 * ctx.rng.random(4)
     alpha0 = 2.0
@@ -142,7 +142,7 @@ def _eq37(ctx: Context) -> float:
 
 @register("Eq. 36", "§6", "gma_ref.extensions.posterior_mean_log_priors",
           "posterior-mean priors a_k/Σa fed to Eq. 3 give π-weighted responsibilities equal to a SciPy computation",
-          tolerance=F32, tests=("tests/test_extensions.py",))
+          tolerance=F32, tests=("tests/extensions/test_equations.py",))
 def _eq36(ctx: Context) -> float:
     from .. import posterior as resp
 
@@ -159,7 +159,7 @@ def _eq36(ctx: Context) -> float:
 
 @register("Eq. 38", "§6", "gma_ref.extensions.stick_breaking_priors",
           "stick-breaking π_k = v_k Π_{l<k}(1 − v_l): loop equality, Σπ + remainder = 1", tolerance=F32,
-          tests=("tests/test_extensions.py",))
+          tests=("tests/extensions/test_equations.py",))
 def _eq38(ctx: Context) -> float:
     v = ctx.rounded(ctx.rng.random(6))
     pi, rem = ext.stick_breaking_priors(ctx.arr(v))
@@ -169,7 +169,7 @@ def _eq38(ctx: Context) -> float:
 
 @register("Eq. 39", "§6", "gma_ref.extensions.moe_gates",
           "GMA-MoE gates equal ρ_h N(r|ν_h,Λ_h)/Σ_l ρ_l N(r|ν_l,Λ_l) with scipy.stats.multivariate_normal",
-          tolerance=F32, tests=("tests/test_extensions.py",))
+          tolerance=F32, tests=("tests/extensions/test_equations.py",))
 def _eq39(ctx: Context) -> float:
     r, nu = ctx.normal(5, 2), ctx.normal(3, 2)
     lam = ctx.rounded(0.5 + ctx.rng.random((3, 2)))
@@ -182,7 +182,7 @@ def _eq39(ctx: Context) -> float:
 
 @register("Eq. 41", "§6", "gma_ref.extensions.moe_sparse_mixture",
           "dense mixture Σ_h γ_ih E_h (Eq. 40) by loops; top-r with r = H equals dense; r = 1 picks the argmax",
-          tolerance=F32, tests=("tests/test_extensions.py",))
+          tolerance=F32, tests=("tests/extensions/test_equations.py",))
 def _eq40_41(ctx: Context) -> float:
     gates, experts = ctx.simplex(5, 3), ctx.normal(3, 5, 2)
     dense_ref = np.stack([sum(gates[i, h] * experts[h, i] for h in range(3)) for i in range(5)])
@@ -196,7 +196,7 @@ def _eq40_41(ctx: Context) -> float:
 
 @register("Eq. 37", "§6", "gma_ref.extensions.dirichlet_prior_kl_backward",
           "∂KL/∂a (Eq. 37), ∂π/∂v (Eq. 38), MoE gate gradients (Eq. 39) vs finite differences",
-          tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_extensions.py",))
+          tolerance=GRAD_TOL, kind="gradient", tests=("tests/extensions/test_equations.py",))
 def _ext_grads(ctx: Context) -> float:
     a = 0.5 + 2 * ctx.rng.random(4)
     cot0 = np.asarray(ctx.rng.normal())
@@ -229,7 +229,8 @@ def _responsibility_jacobian(ctx: Context, x: np.ndarray, means: np.ndarray, var
 
 @register("Thm 1", "§4.3", "gma_ref.posterior.responsibilities_backward",
           "‖J_γ(x)‖₂ ≤ R/(√2 ε_σ), independent of K (docs/guide/08-lipschitz.md): worst measured/bound ratio on drawn "
-          "points, must be ≤ 1", tolerance={"float64": 1.0, "float32": 1.0}, tests=("tests/test_lipschitz.py",))
+          "points, must be ≤ 1", tolerance={"float64": 1.0, "float32": 1.0},
+          tests=("tests/posterior/test_lipschitz.py",))
 def _thm1_gamma(ctx: Context) -> float:
     k, d_r = 6, 3
     means = ctx.normal(k, d_r)
@@ -246,7 +247,7 @@ def _thm1_gamma(ctx: Context) -> float:
 
 @register("Thm 1", "§4.3", "gma_ref.posterior.responsibilities_backward",
           "the bound R/(√2 ε_σ) is attained: K = 2, μ = x ± R e₁, σ² = ε_σ (1 − measured/bound)",
-          tolerance={"float64": 1e-9, "float32": 1e-4}, tests=("tests/test_lipschitz.py",))
+          tolerance={"float64": 1e-9, "float32": 1e-4}, tests=("tests/posterior/test_lipschitz.py",))
 def _thm1_tight(ctx: Context) -> float:
     r, eps_sigma = 1.5, 0.25
     x = np.zeros(2)

@@ -55,7 +55,7 @@ def _causal_loop(gq: np.ndarray, gk: np.ndarray, v: np.ndarray, eps: float) -> n
 
 @register("Eq. 2", "§3.2", "gma_ref.posterior.log_gaussian_density",
           "log N(x|μ_k,Σ_k) equals scipy.stats.multivariate_normal.logpdf", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq2(ctx: Context) -> float:
     means, variances, _ = _mixture(ctx, 4, 3)
     x = ctx.normal(7, 3)
@@ -66,7 +66,7 @@ def _eq2(ctx: Context) -> float:
 
 @register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
           "Γ equals π_k N_k / Σ_l π_l N_l computed with SciPy", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq3(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 5, 3)
     x = ctx.normal(2, 9, 3)
@@ -76,7 +76,7 @@ def _eq3(ctx: Context) -> float:
 
 @register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
           "rows of Γ are non-negative and sum to 1 (max |Σ_k γ_ik − 1|)", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq3_simplex(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 6, 4)
     x = ctx.normal(33, 4, scale=3.0)
@@ -86,7 +86,7 @@ def _eq3_simplex(ctx: Context) -> float:
 
 @register("Eq. 3b", "§4.1", "gma_ref.posterior.responsibilities",
           "stays on the simplex 1e6 std devs from every mean and for d_r = 1024 (densities underflow)",
-          tolerance=F32, tests=("tests/test_posterior.py",))
+          tolerance=F32, tests=("tests/posterior/test_equations.py",))
 def _eq3b_extreme(ctx: Context) -> float:
     errs = []
     for d_r, far in ((1024, 1.0), (3, 1e6)):
@@ -102,7 +102,7 @@ def _eq3b_extreme(ctx: Context) -> float:
 
 @register("Eq. 16", "§4.1", "gma_ref.posterior.scores",
           "s_ik = log π_k − (d_r/2)log 2π − ½log|Σ_k| − ½ Mahalanobis², by an explicit loop", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq16(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 3, 4)
     x = ctx.normal(6, 4)
@@ -119,7 +119,7 @@ def _eq16(ctx: Context) -> float:
 
 @register("Eq. 51", "App. D", "gma_ref.posterior.responsibilities",
           "γ = softmax(s) (Eq. 3b/51): exp(log Γ) = Γ and log Γ = s − logsumexp(s)", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq51(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 4, 2)
     x = ctx.normal(8, 2)
@@ -132,7 +132,7 @@ def _eq51(ctx: Context) -> float:
 
 @register("Eq. 50", "App. D", "gma_ref.posterior.responsibilities",
           "per-head mixtures (H,K,d_r) broadcast against (B,H,N,d_r) equal a per-head loop", tolerance=F32,
-          tests=("tests/test_posterior.py",))
+          tests=("tests/posterior/test_equations.py",))
 def _eq50_heads(ctx: Context) -> float:
     parts = [_mixture(ctx, 3, 2) for _ in range(2)]
     means, variances, log_priors = (np.stack([p[i] for p in parts]) for i in range(3))
@@ -143,7 +143,8 @@ def _eq50_heads(ctx: Context) -> float:
 
 
 @register("Eq. 14", "§3.6", "gma_ref.mixture.variances_from_omega",
-          "σ² = log(1+e^ω) + ε_σ ≥ ε_σ, finite for |ω| ≤ 1e4", tolerance=F32, tests=("tests/test_mixture.py",))
+          "σ² = log(1+e^ω) + ε_σ ≥ ε_σ, finite for |ω| ≤ 1e4", tolerance=F32,
+          tests=("tests/mixture/test_equations.py",))
 def _eq14(ctx: Context) -> float:
     omega = ctx.rounded(np.concatenate([ctx.rng.normal(size=(3, 4)) * 5, [[-1e4, -50.0, 50.0, 1e4]]]))
     got = to_numpy(mixture.variances_from_omega(ctx.arr(omega), 1e-3))
@@ -155,7 +156,7 @@ def _eq14(ctx: Context) -> float:
 
 @register("Eq. 15", "§3.6", "gma_ref.mixture.priors_from_logits",
           "π = softmax(α) equals scipy.special.softmax; finite log π for |α| ≤ 1e4", tolerance=F32,
-          tests=("tests/test_mixture.py",))
+          tests=("tests/mixture/test_equations.py",))
 def _eq15(ctx: Context) -> float:
     alpha = ctx.rounded(np.array([1e4, -1e4, 3.0, 0.0, 1e4 - 1.0]))
     lp = to_numpy(mixture.log_priors_from_logits(ctx.arr(alpha)))
@@ -170,7 +171,7 @@ def _eq15(ctx: Context) -> float:
 
 @register("Eq. 5", "§3.3", "gma_ref.bidirectional.write_memory",
           "Ṽ = (Γ^K)ᵀ V and Z = (Γ^K)ᵀ 1 equal the sums of Eq. 6", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq5(ctx: Context) -> float:
     gk, v = ctx.simplex(9, 4), ctx.normal(9, 3)
     mem, mass = bidirectional.write_memory(ctx.arr(gk), ctx.arr(v))
@@ -180,7 +181,7 @@ def _eq5(ctx: Context) -> float:
 
 @register("Eq. 7", "§3.3", "gma_ref.bidirectional.gma_bidirectional",
           "O = Γ^Q Ṽ / (Γ^Q Z + ε) equals the double sums of Eq. 8", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq7(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(7, 3), ctx.simplex(7, 3), ctx.normal(7, 2)
     eps = 1e-3
@@ -194,7 +195,7 @@ def _eq7(ctx: Context) -> float:
 
 @register("Eq. 9", "§3.3", "gma_ref.induced.attention_weights",
           "A_ij = Σ_k γ^Q_ik γ^K_jk / (Σ_l Σ_k γ^Q_ik γ^K_lk + ε), by loops", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq9(ctx: Context) -> float:
     gq, gk = ctx.simplex(5, 3), ctx.simplex(6, 3)
     eps = 1e-2
@@ -205,7 +206,7 @@ def _eq9(ctx: Context) -> float:
 
 @register("Eq. 9b (§4.2)", "§4.2", "gma_ref.induced.attention_weights",
           "rows of A sum to u_i/(u_i+ε) with u = Γ^Q Z (and to 1 when ε = 0)", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq9b_rows(ctx: Context) -> float:
     gq, gk = ctx.simplex(8, 4), ctx.simplex(8, 4)
     errs = []
@@ -218,7 +219,7 @@ def _eq9b_rows(ctx: Context) -> float:
 
 @register("Eq. 10", "§3.3", "gma_ref.bidirectional.gma_bidirectional",
           "latent output equals A V with A materialized (ε included)", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq10(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(12, 5), ctx.simplex(12, 5), ctx.normal(12, 4)
     eps = 1e-2
@@ -228,7 +229,7 @@ def _eq10(ctx: Context) -> float:
 
 
 @register("Eq. 11", "§3.3", "gma_ref.induced.affinity",
-          "Ã_ij = ⟨γ^Q_i, γ^K_j⟩, by loops", tolerance=F32, tests=("tests/test_bidirectional.py",))
+          "Ã_ij = ⟨γ^Q_i, γ^K_j⟩, by loops", tolerance=F32, tests=("tests/bidirectional/test_equations.py",))
 def _eq11(ctx: Context) -> float:
     gq, gk = ctx.simplex(4, 3), ctx.simplex(5, 3)
     ref = np.array([[float(np.dot(gq[i], gk[j])) for j in range(5)] for i in range(4)])
@@ -237,7 +238,7 @@ def _eq11(ctx: Context) -> float:
 
 @register("Eq. 23", "§4.2", "gma_ref.induced.attention_weights",
           "rank(Ã) ≤ K and rank(A) ≤ K for N > K (excess rank, 0 when it holds)",
-          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/test_bidirectional.py",))
+          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/bidirectional/test_equations.py",))
 def _eq23(ctx: Context) -> float:
     gq, gk = ctx.simplex(20, 3), ctx.simplex(20, 3)
     tol = 1e-9 if ctx.dtype_name == "float64" else 1e-4
@@ -251,7 +252,7 @@ def _eq23(ctx: Context) -> float:
 
 @register("Eq. 6b", "§3.5", "gma_ref.causal.gma_causal_prefix",
           "prefix memories Ṽ^(i), Z^(i) by cumulative sums: output equals explicit prefix loops (Eq. 8b)",
-          tolerance=F32, tests=("tests/test_causal.py",))
+          tolerance=F32, tests=("tests/causal/test_equations.py",))
 def _eq6b(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
     return _rel(causal.gma_causal_prefix(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3), _causal_loop(gq, gk, v, 1e-3))
@@ -259,7 +260,7 @@ def _eq6b(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_streaming",
           "streaming (state K×d_v + K, step by step) equals the explicit prefix loops", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq8b_stream(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
     out = causal.gma_causal_streaming(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3)
@@ -268,7 +269,7 @@ def _eq8b_stream(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_chunked",
           "chunked (C = 4, N = 11: chunks do not divide N) equals the explicit prefix loops", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq8b_chunk(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(11, 3), ctx.simplex(11, 3), ctx.normal(11, 2)
     out = causal.gma_causal_chunked(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3, chunk_size=4)
@@ -277,7 +278,7 @@ def _eq8b_chunk(ctx: Context) -> float:
 
 @register("Eq. 9b (§3.5)", "§3.5", "gma_ref.induced.attention_weights",
           "causal weights: zero above the diagonal, rows sum to u_i/(u_i+ε) over the prefix", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq9b_causal(ctx: Context) -> float:
     gq, gk = ctx.simplex(7, 3), ctx.simplex(7, 3)
     eps = 0.1
@@ -288,7 +289,7 @@ def _eq9b_causal(ctx: Context) -> float:
 
 @register("Eq. 10b", "§3.5", "gma_ref.induced.gma_materialized",
           "masked A V (materialized) equals the chunked latent form", tolerance=F32,
-          tests=("tests/test_causal.py",))
+          tests=("tests/causal/test_equations.py",))
 def _eq10b(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(10, 4), ctx.simplex(10, 4), ctx.normal(10, 3)
     mat = to_numpy(aff.gma_materialized(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3, causal=True))
@@ -297,7 +298,7 @@ def _eq10b(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_chunked",
           "causality: changing tokens j > i leaves outputs ≤ i bitwise unchanged (count of changed entries)",
-          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/test_causal.py",))
+          tolerance={"float64": 0.0, "float32": 0.0}, tests=("tests/causal/test_equations.py",))
 def _causality(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(10, 3), ctx.simplex(10, 3), ctx.normal(10, 2)
     gq2, gk2, v2 = gq.copy(), gk.copy(), v.copy()
@@ -318,7 +319,7 @@ def _causality(ctx: Context) -> float:
 @register("Eq. 12", "§3.4", "gma_ref.costs.routing_cost",
           "write/read/Z/denominator terms equal the multiply-adds of the products the latent forward performs "
           "(relative difference)", tolerance={"float64": 0.0, "float32": 0.0},
-          tests=("tests/test_costs.py", "tests/test_costs_forward.py"))
+          tests=("tests/costs/test_equations.py", "tests/costs/test_against_forward.py"))
 def _eq12(ctx: Context) -> float:
     n, k, d_v = 50, 7, 5
     gk, v, gq = np.zeros((n, k)), np.zeros((n, d_v)), np.zeros((n, k))
@@ -334,7 +335,7 @@ def _eq12(ctx: Context) -> float:
 
 @register("Eq. 44", "App. B", "gma_ref.costs.chain_cost",
           "the 1000×10 example costs 2·10⁷ vs 2·10⁵ multiply-adds", tolerance={"float64": 0.0, "float32": 0.0},
-          tests=("tests/test_costs.py",))
+          tests=("tests/costs/test_equations.py",))
 def _eq44(ctx: Context) -> float:
     c = costs.chain_cost(1000, 10, 1000, 10)
     return float(abs(c.left_first - 2 * 10**7) + abs(c.right_first - 2 * 10**5))
@@ -342,7 +343,7 @@ def _eq44(ctx: Context) -> float:
 
 @register("Eq. 46", "App. B", "gma_ref.bidirectional.write_memory",
           "(Γ^Q(Γ^K)ᵀ)V equals Γ^Q((Γ^K)ᵀV) (associativity, Eqs. 42, 45–47)", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _eq46(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 4)
     mem, _ = bidirectional.write_memory(ctx.arr(gk), ctx.arr(v))
@@ -351,7 +352,7 @@ def _eq46(ctx: Context) -> float:
 
 @register("App. C", "App. C.2–C.3", "gma_ref.induced.read_weights",
           "O_i = Σ_k α_ik M_k exactly with ε > 0, and Σ_k α_ik = 1", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _appc(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(8, 4), ctx.simplex(8, 4), ctx.normal(8, 3)
     eps = 0.3
@@ -364,7 +365,7 @@ def _appc(ctx: Context) -> float:
 
 @register("App. E.4", "App. E.4", "gma_ref.bidirectional.gma_cross",
           "cross-attention with N_q ≠ N_k equals the materialized N_q×N_k form; N_k = 0 gives 0", tolerance=F32,
-          tests=("tests/test_bidirectional.py",))
+          tests=("tests/bidirectional/test_equations.py",))
 def _appe4(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(5, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
     a = gq @ gk.T
@@ -376,7 +377,7 @@ def _appe4(ctx: Context) -> float:
 
 @register("App. E.1", "App. E.1–E.2", "gma_ref.baselines.softmax_attention",
           "Eq. 1 softmax attention (causal mask of E.1; cross-attention of E.2) equals SciPy softmax", tolerance=F32,
-          tests=("tests/test_baselines.py",))
+          tests=("tests/baselines/test_equations.py",))
 def _eq1(ctx: Context) -> float:
     q, k, v = ctx.normal(6, 4), ctx.normal(6, 4), ctx.normal(6, 3)
     s = q @ k.T / 2.0
@@ -406,7 +407,7 @@ def _heads_oracle(host: dict[str, np.ndarray], x: np.ndarray, eps: float, eps_si
 
 @register("Eq. 4", "§3.3", "gma_ref.layer.gma_layer",
           "multi-head layer (projections, per-head mixtures, concat, W_O) equals an explicit NumPy loop",
-          tolerance=LOOSE, tests=("tests/test_layer.py",))
+          tolerance=LOOSE, tests=("tests/layer/test_equations.py",))
 def _eq4(ctx: Context) -> float:
     p = layer.init_layer_params(6, 2, 3, 2, 3, seed=int(ctx.rng.integers(1 << 30)), xp=ctx.xp, dtype=ctx.dtype)
     host = {f: to_numpy(a) for f, a in p.arrays().items()}
@@ -419,7 +420,7 @@ def _eq4(ctx: Context) -> float:
 @register("Gates", "ext.", "gma_ref.layer.gma_layer",
           "gated layer: each head times σ(X W_G,h + b_G,h) (elementwise) or σ(X u_h + c_h) (head-wise) before "
           "W_O, equals the loop of Eq. 4 with the gate applied by SciPy's expit", tolerance=LOOSE,
-          tests=("tests/test_layer_gates.py",))
+          tests=("tests/layer/test_gates.py",))
 def _gates_forward(ctx: Context) -> float:
     errs = []
     for gate in ("elementwise", "headwise"):

@@ -57,7 +57,7 @@ def _np(fn: Callable[..., object]) -> Callable[..., np.ndarray]:
 
 @register("Eq. 58", "App. D.2", "gma_ref.mixture.variances_from_omega_backward",
           "∂L/∂ω = ∂L/∂σ² · sigmoid(ω) vs finite differences", tolerance=GRAD_TOL, kind="gradient",
-          tests=("tests/test_gradients.py",))
+          tests=("tests/across_modules/test_gradients.py",))
 def _eq58(ctx: Context) -> float:
     omega, cot = ctx.normal(3, 2, scale=3.0), ctx.normal(3, 2)
     got = mixture.variances_from_omega_backward(ctx.arr(omega), ctx.arr(cot)).d_omega
@@ -66,7 +66,7 @@ def _eq58(ctx: Context) -> float:
 
 @register("Eq. 61", "App. D.3", "gma_ref.mixture.log_priors_from_logits_backward",
           "∂L/∂α through log π = log softmax(α) (Eqs. 61–62) vs finite differences", tolerance=GRAD_TOL,
-          kind="gradient", tests=("tests/test_gradients.py",))
+          kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _eq61(ctx: Context) -> float:
     alpha, cot = ctx.normal(5), ctx.normal(5)
     lp = mixture.log_priors_from_logits(ctx.arr(alpha))
@@ -87,7 +87,7 @@ def _gamma_setup(ctx: Context, n: int = 6, k: int = 3, d_r: int = 2) -> list[np.
 
 @register("Eq. 18", "§4.1", "gma_ref.posterior.scores_cotangent",
           "δ = γ ⊙ (g − Σ_j γ_j g_j) equals finite differences of Γ(s) (Eq. 17 contracted)", tolerance=GRAD_TOL,
-          kind="gradient", tests=("tests/test_gradients.py",))
+          kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _eq18(ctx: Context) -> float:
     s, cot = ctx.normal(4, 5, scale=2.0), ctx.normal(4, 5)
 
@@ -101,7 +101,7 @@ def _eq18(ctx: Context) -> float:
 
 @register("Eq. 18", "§4.1", "gma_ref.posterior.scores_cotangent",
           "Σ_k δ_ik = 0 for every token (max |row sum| / max |δ|)", tolerance=EXACT, kind="gradient",
-          tests=("tests/test_gradients.py",))
+          tests=("tests/across_modules/test_gradients.py",))
 def _eq18_rows(ctx: Context) -> float:
     g, cot = ctx.simplex(7, 4), ctx.normal(7, 4)
     d = to_numpy(resp.scores_cotangent(ctx.arr(g), ctx.arr(cot)))
@@ -110,7 +110,7 @@ def _eq18_rows(ctx: Context) -> float:
 
 @register("Eq. 54", "App. D.1", "gma_ref.posterior.responsibilities_backward",
           "∂L/∂x, ∂L/∂μ (Eqs. 20–22, 52–54), ∂L/∂σ² (Eq. 57), ∂L/∂log π vs finite differences of Γ",
-          tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_gradients.py",))
+          tolerance=GRAD_TOL, kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _eq54(ctx: Context) -> float:
     args = _gamma_setup(ctx)
     cot = ctx.normal(6, 3)
@@ -136,7 +136,7 @@ def _core_check(ctx: Context, fwd: Callable[..., object], bwd: Callable[..., obj
 
 @register("Eq. 7", "§3.3", "gma_ref.bidirectional.gma_bidirectional_backward",
           "write/read VJP: ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V vs finite differences", tolerance=GRAD_TOL, kind="gradient",
-          tests=("tests/test_gradients.py",))
+          tests=("tests/across_modules/test_gradients.py",))
 def _eq7_grad(ctx: Context) -> float:
     return _core_check(ctx, lambda a, b, c: bidirectional.gma_bidirectional(a, b, c, 0.05),
                        lambda a, b, c, g: bidirectional.gma_bidirectional_backward(a, b, c, g, eps=0.05), 6, 6)
@@ -144,7 +144,7 @@ def _eq7_grad(ctx: Context) -> float:
 
 @register("App. E.4", "App. E.4", "gma_ref.bidirectional.gma_cross_backward",
           "cross-attention VJP (N_q = 4 ≠ N_k = 7) vs finite differences", tolerance=GRAD_TOL, kind="gradient",
-          tests=("tests/test_gradients.py",))
+          tests=("tests/across_modules/test_gradients.py",))
 def _cross_grad(ctx: Context) -> float:
     return _core_check(ctx, lambda a, b, c: bidirectional.gma_cross(a, b, c, 0.05),
                        lambda a, b, c, g: bidirectional.gma_cross_backward(a, b, c, g, eps=0.05), 4, 7)
@@ -152,7 +152,7 @@ def _cross_grad(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_prefix_backward",
           "prefix-sum causal VJP (suffix sums by flipping) vs finite differences", tolerance=GRAD_TOL,
-          kind="gradient", tests=("tests/test_gradients.py",))
+          kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _prefix_grad(ctx: Context) -> float:
     return _core_check(ctx, lambda a, b, c: causal.gma_causal_prefix(a, b, c, 0.05),
                        lambda a, b, c, g: causal.gma_causal_prefix_backward(a, b, c, g, eps=0.05), 7, 7)
@@ -160,7 +160,7 @@ def _prefix_grad(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_streaming_backward",
           "streaming causal VJP (two passes, constant state) vs finite differences", tolerance=GRAD_TOL,
-          kind="gradient", tests=("tests/test_gradients.py",))
+          kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _stream_grad(ctx: Context) -> float:
     return _core_check(ctx, lambda a, b, c: causal.gma_causal_streaming(a, b, c, 0.05),
                        lambda a, b, c, g: causal.gma_causal_streaming_backward(a, b, c, g, eps=0.05), 7, 7)
@@ -168,7 +168,7 @@ def _stream_grad(ctx: Context) -> float:
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_chunked_backward",
           "chunked causal VJP (C = 3, N = 8) vs finite differences", tolerance=GRAD_TOL, kind="gradient",
-          tests=("tests/test_gradients.py",))
+          tests=("tests/across_modules/test_gradients.py",))
 def _chunk_grad(ctx: Context) -> float:
     return _core_check(ctx, lambda a, b, c: causal.gma_causal_chunked(a, b, c, 0.05, 3),
                        lambda a, b, c, g: causal.gma_causal_chunked_backward(a, b, c, g, eps=0.05, chunk_size=3), 8, 8)
@@ -176,7 +176,7 @@ def _chunk_grad(ctx: Context) -> float:
 
 @register("Eq. 10b", "§3.5", "gma_ref.induced.gma_materialized_backward",
           "gradients through the materialized N×N form equal the latent/chunked ones (bidirectional and causal)",
-          tolerance=EXACT, kind="gradient", tests=("tests/test_gradients.py",))
+          tolerance=EXACT, kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _mat_vs_latent(ctx: Context) -> float:
     args = [ctx.arr(a) for a in _core_case(ctx, 9, 9)]
     cot = ctx.arr(ctx.normal(9, 2))
@@ -201,7 +201,7 @@ def _attention_case(ctx: Context, n_q: int, n_k: int) -> list[np.ndarray]:
 @register("Eq. 63", "App. D", "gma_ref.attention.gma_attention_backward",
           "all gradients (q, k, v, μ, ω, α; Eqs. 54, 60, 64 summed over query AND key tokens) vs finite "
           "differences, bidirectional, causal and cross", tolerance=GRAD_TOL, kind="gradient",
-          tests=("tests/test_gradients.py",))
+          tests=("tests/across_modules/test_gradients.py",))
 def _eq63(ctx: Context) -> float:
     errs = []
     for is_causal, n_q, n_k in ((False, 5, 5), (True, 6, 6), (False, 3, 6)):
@@ -215,7 +215,7 @@ def _eq63(ctx: Context) -> float:
 
 @register("Eq. 64", "App. D.3", "gma_ref.attention.gma_attention_backward",
           "Σ_m ∂L/∂α_m = 0 (relative to max |∂L/∂α|)", tolerance=EXACT, kind="gradient",
-          tests=("tests/test_gradients.py",))
+          tests=("tests/across_modules/test_gradients.py",))
 def _eq64(ctx: Context) -> float:
     args = _attention_case(ctx, 6, 6)
     grads = attention.gma_attention_backward(*[ctx.arr(a) for a in args], ctx.arr(ctx.normal(6, 2)), eps=0.05)
@@ -225,7 +225,7 @@ def _eq64(ctx: Context) -> float:
 
 @register("Eq. 13", "§3.6", "gma_ref.layer.gma_layer_backward",
           "multi-head layer: W_Q, W_K, W_V, W_O, μ, ω, α per head and X vs finite differences",
-          tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_gradients.py",))
+          tolerance=GRAD_TOL, kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _eq13(ctx: Context) -> float:
     p = layer.init_layer_params(3, 2, 2, 2, 2, seed=int(ctx.rng.integers(1 << 30)))
     host = [to_numpy(a) for a in p.arrays().values()]  # ungated: the seven fields of Eq. 13
@@ -248,7 +248,7 @@ def _eq13(ctx: Context) -> float:
 
 @register("Gates", "ext.", "gma_ref.layer.gma_layer_backward",
           "gated layer (elementwise and head-wise): W_G, b_G (u, c), W_O, the other parameters and X vs finite "
-          "differences, causal", tolerance=GRAD_TOL, kind="gradient", tests=("tests/test_layer_gates.py",))
+          "differences, causal", tolerance=GRAD_TOL, kind="gradient", tests=("tests/layer/test_gates.py",))
 def _gates_backward(ctx: Context) -> float:
     errs = []
     for gate in ("elementwise", "headwise"):

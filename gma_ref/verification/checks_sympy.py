@@ -104,7 +104,7 @@ def sympy_comparisons(ctx: Context) -> dict[str, float]:
 @register("Eq. 18", "App. D", "gma_ref.attention.gma_attention_backward",
           "hand-written backward equals the sympy-derived gradient (derivations.*.numeric_gradient) for Eq. 18, "
           "Eqs. 54, 60, 64 (shared by queries and keys), ∂L/∂x and the write/read, cross and causal VJPs",
-          tolerance=SYMPY_TOL, kind="gradient", tests=("tests/test_backward_vs_sympy.py",))
+          tolerance=SYMPY_TOL, kind="gradient", tests=("tests/verification/test_checks_sympy.py",))
 def _sympy(ctx: Context) -> float:
     return max(sympy_comparisons(ctx).values())
 
@@ -135,6 +135,6 @@ def gate_comparisons(ctx: Context) -> dict[str, float]:
 @register("Gates", "ext.", "gma_ref.layer.gma_layer_backward",
           "the gated layer's ∂L/∂W_G, ∂L/∂b_G (u, c) and ∂L/∂W_O equal the sympy-derived gradient "
           "(derivations.gates.numeric_gradient) at the head output O", tolerance=SYMPY_TOL, kind="gradient",
-          tests=("tests/test_layer_gates.py", "tests/test_derivations.py"))
+          tests=("tests/layer/test_gates.py", "tests/derivations/test_every_derivation.py"))
 def _sympy_gates(ctx: Context) -> float:
     return max(gate_comparisons(ctx).values())

@@ -1,0 +1,1 @@
+"""Tests of gma_ref.bench."""

@@ -1,0 +1,1 @@
+"""Tests of gma_ref.bidirectional: bidirectional and cross GMA, the read and write steps."""

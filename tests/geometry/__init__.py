@@ -1,0 +1,1 @@
+"""Tests of gma_ref.geometry: the convex-hull identity and the affine rank."""

@@ -1,0 +1,1 @@
+"""Tests of gma_ref.layer: the multi-head GMA layer and its gates."""

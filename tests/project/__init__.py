@@ -1,0 +1,1 @@
+"""Tests of the project as a whole: docs, README, site, examples, figures, errata, public API."""

@@ -1,0 +1,1 @@
+"""Tests of gma_ref.strategies: hypothesis strategies for GMA inputs."""

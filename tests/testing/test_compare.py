@@ -1,0 +1,310 @@
+"""The conformance metric computes exactly the figures docs/oracle.md defines.
+
+:func:`gma_ref.testing.compare.compare_tensor` is what decides whether a kernel passes, so each part of
+its definition is checked against a hand computation: the dtype constants (unit roundoff, half
+the smallest subnormal), ν = u_store + u_acc·κ + t_store·λ + u_store·κ_P, the norm error and the
+element error with their scales, the handling of non-finite values, the ≤ at the bound, and
+the documented tolerance tables.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gma_ref.testing.compare import (
+    LAYER_TOLERANCES,
+    NU_MAX,
+    TOLERANCES,
+    UNDERFLOW,
+    UNIT_ROUNDOFF,
+    Comparison,
+    Tolerance,
+    compare_tensor,
+    unit_scale,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "oracle.md"
+FINFO = {
+    "float64": np.finfo(np.float64),
+    "float32": np.finfo(np.float32),
+    "float16": np.finfo(np.float16),
+    "bfloat16": ml_dtypes.finfo(ml_dtypes.bfloat16),
+}
+U64, U32 = 2.0**-53, 2.0**-24
+
+
+@pytest.mark.parametrize("dtype", sorted(FINFO))
+def test_dtype_constants_are_half_epsilon_and_half_the_smallest_subnormal(dtype):
+    """u = ε_mach / 2 and t = (smallest subnormal) / 2, read from the dtypes themselves."""
+    info = FINFO[dtype]
+    assert UNIT_ROUNDOFF[dtype] == float(info.eps) / 2
+    assert UNDERFLOW[dtype] == float(info.smallest_subnormal) / 2
+
+
+def test_nu_max_is_the_documented_two_to_the_minus_seven():
+    """docs/oracle.md: a case with ν > NU_MAX = 2⁻⁷ is skipped as ill-conditioned."""
+    assert NU_MAX == 2.0**-7
+    assert "`NU_MAX` = 2⁻⁷" in DOCS.read_text()
+
+
+def _doc_table(header: str) -> dict[str, tuple[float, float]]:
+    """τ norm and τ elem per dtype from the table that follows ``header`` in docs/oracle.md."""
+    text = DOCS.read_text()
+    block = text[text.index(header):].split("\n\n")[1]
+    out = {}
+    for row in block.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells[0] in FINFO:
+            out[cells[0]] = (float(cells[3]), float(cells[4]))
+    return out
+
+
+def test_attention_tolerances_are_the_documented_table():
+    """The τ in use equal the "Tolerances in use" table of docs/oracle.md."""
+    table = _doc_table("Tolerances in use")
+    assert table == {d: (t.norm, t.elem) for d, t in TOLERANCES.items()}
+
+
+def test_layer_tolerances_are_the_documented_table_and_never_below_attention():
+    """LAYER_TOLERANCES equal docs/oracle.md's layer table and are ≥ the attention τ (documented)."""
+    text = DOCS.read_text()
+    at = text.index("`gma_ref.testing.compare.LAYER_TOLERANCES`")
+    rows = re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \| (\d+) \| (\d+) \|$", text[at:], flags=re.M)
+    documented = {d: (float(n), float(e)) for d, n, e in rows if d in FINFO}
+    for dtype, tol in LAYER_TOLERANCES.items():
+        if dtype in documented:
+            assert documented[dtype] == (tol.norm, tol.elem), dtype
+        assert tol.norm >= TOLERANCES[dtype].norm and tol.elem >= TOLERANCES[dtype].elem, dtype
+    assert set(LAYER_TOLERANCES) == set(TOLERANCES)
+    # the layer table lists at least the three IEEE dtypes
+    assert {"float64", "float32", "float16"} <= set(documented)
+
+
+def test_unit_scale_is_the_documented_sum():
+    """ν = u_store + u_acc·max(κ, 1) + t_store·λ + u_store·κ_P, with u_acc = float64's for float64
+    inputs and float32's otherwise."""
+    assert unit_scale("float64", 3.0) == U64 + U64 * 3.0
+    assert unit_scale("float32", 3.0) == U32 + U32 * 3.0
+    assert unit_scale("float16", 3.0) == 2.0**-11 + U32 * 3.0
+    assert unit_scale("bfloat16", 0.25) == 2.0**-8 + U32 * 1.0  # κ below 1 counts as 1
+    assert unit_scale("float16", 2.0, read_condition=8.0) == 2.0**-11 + U32 * 2.0 + 2.0**-25 * 8.0
+    assert unit_scale("float32", 1.0, proj_condition=4.0) == U32 + U32 + U32 * 4.0
+    # the defaults of λ and κ_P are 0
+    assert unit_scale("float32", 1.0) == unit_scale("float32", 1.0, 0.0, 0.0)
+
+
+def test_norm_and_element_errors_follow_their_definitions():
+    """e = ‖a − r‖ / max(‖r‖, √n f), e_∞ = max |a_i − r_i| / (|r_i| + max(RMS r, f)); worst element reported."""
+    r = np.array([[3.0, -4.0], [0.0, 12.0]])
+    a = r + np.array([[1e-9, 0.0], [2e-9, -1e-9]])
+    c = compare_tensor("t", a, r, dtype="float64", kappa=2.0)
+    diff = a - r
+    ref_norm = 13.0
+    assert c.norm_error == pytest.approx(math.sqrt((diff**2).sum()) / ref_norm, rel=1e-12, abs=0)
+    s = ref_norm / 2.0  # RMS of r
+    elem = np.abs(diff) / (np.abs(r) + s)
+    assert c.elem_error == pytest.approx(elem.max(), rel=1e-12, abs=0)
+    assert c.worst_index == (1, 0) and c.worst_expected == 0.0 and c.worst_actual == a[1, 0]
+    nu = U64 + U64 * 2.0
+    assert (c.norm_bound, c.elem_bound) == (64.0 * nu, 64.0 * nu)
+    assert c.tensor == "t" and c.nonfinite == 0 and not c.passed
+
+
+def test_floor_sets_the_scale_of_near_zero_references():
+    """With ‖r‖ < √n f the norm scale is √n f and the element scale is f (the cancellation-free floor)."""
+    r = np.array([1e-12, -1e-12, 0.0, 0.0])
+    a = r + 1e-10
+    c = compare_tensor("d", a, r, dtype="float32", floor=0.5)
+    assert c.norm_error == pytest.approx(math.sqrt(4 * 1e-20) / (2.0 * 0.5), rel=1e-9, abs=0)
+    assert c.elem_error == pytest.approx(1e-10 / (1e-12 + 0.5), rel=1e-9, abs=0)
+    assert c.passed
+    assert not compare_tensor("d", a, r, dtype="float32").passed  # without the floor: a relative error of 100
+
+
+def test_error_exactly_at_the_bound_passes_and_just_above_fails():
+    """The tests are ``error ≤ bound``: equality passes (ν a power of two makes the bound exact)."""
+    r = np.array([1.0, 0.0])
+    a = np.array([1.0 + 2.0**-30, 0.0])
+    c = compare_tensor("x", a, r, dtype="float64", kappa=1.0)  # ν = 2⁻⁵²
+    nu = 2.0**-52
+    exact = Tolerance(norm=c.norm_error / nu, elem=c.elem_error / nu)
+    assert compare_tensor("x", a, r, dtype="float64", tolerance=exact).passed
+    tighter_norm = Tolerance(norm=np.nextafter(c.norm_error, 0) / nu, elem=exact.elem)
+    tighter_elem = Tolerance(norm=exact.norm, elem=np.nextafter(c.elem_error, 0) / nu)
+    assert not compare_tensor("x", a, r, dtype="float64", tolerance=tighter_norm).passed
+    assert not compare_tensor("x", a, r, dtype="float64", tolerance=tighter_elem).passed
+
+
+def test_a_non_finite_value_against_a_finite_reference_fails_and_is_counted():
+    """NaN or Inf where the reference is finite fails outright, whatever the tolerance."""
+    r = np.array([1.0, 2.0, 3.0])
+    for bad in (np.nan, np.inf, -np.inf):
+        a = np.array([1.0, bad, bad])
+        c = compare_tensor("x", a, r, dtype="float64", tolerance=Tolerance(1e300, 1e300))
+        assert c.nonfinite == 2 and not c.passed
+        assert math.isinf(c.elem_error) and math.isinf(c.norm_error)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+def test_non_finite_reference_entries_are_left_out_of_the_figures():
+    """Where the reference itself is non-finite the entry does not count (no NaN figures).
+
+    (NumPy warns about the inf − inf it computes before masking the entry out.)
+    """
+    r = np.array([np.inf, 2.0, 3.0])
+    a = np.array([np.inf, 2.0, 3.0])
+    c = compare_tensor("x", a, r, dtype="float64")
+    assert c.passed and c.nonfinite == 0 and c.norm_error == 0.0 and c.elem_error == 0.0
+    a2 = np.array([5.0, 2.0, 3.0])  # any value where r is inf
+    assert compare_tensor("x", a2, r, dtype="float64").passed
+    # the scale of the norm error is the norm of the finite entries alone
+    r3 = np.array([np.inf, 3.0, 4.0])
+    c = compare_tensor("x", np.array([np.inf, 3.0, 4.0 + 1e-3]), r3, dtype="float64")
+    assert c.norm_error == pytest.approx(1e-3 / 5.0, rel=1e-9, abs=0)
+
+
+def test_overflowing_errors_fail_without_warnings():
+    """A candidate of 1e200 against an O(1) reference overflows the squared error: the comparison
+    fails with infinite figures and no RuntimeWarning (the test suite turns warnings into errors)."""
+    r = np.array([1.0, 2.0])
+    c = compare_tensor("x", np.array([1e200, 2.0]), r, dtype="float64")
+    assert not c.passed and c.nonfinite == 0
+    assert c.norm_error > 1e199 and c.elem_error > 1e199
+    big = np.array([1e150, -1e150])  # large but representable squares
+    assert not compare_tensor("x", -big, big, dtype="float64").passed
+
+
+def test_identical_zero_arrays_pass():
+    """All-zero reference and candidate: 0/tiny = 0, so the comparison passes (no 0/0)."""
+    z = np.zeros((2, 3))
+    c = compare_tensor("x", z, z, dtype="float32")
+    assert c.passed and c.norm_error == 0.0 and c.elem_error == 0.0
+
+
+def test_empty_tensors_pass_with_the_bounds_reported():
+    """An empty tensor has nothing to compare: passed, errors 0, bounds τ·ν, no worst element."""
+    e = np.zeros((0, 3))
+    c = compare_tensor("x", e, e, dtype="float32", kappa=4.0)
+    nu = U32 + U32 * 4.0
+    assert c == Comparison("x", 0.0, 16.0 * nu, 0.0, 64.0 * nu, None, None, None, 0, True)
+    assert c.as_dict()["worst_index"] is None
+
+
+def test_shape_mismatch_raises_naming_the_tensor():
+    """A candidate of another shape raises ValueError naming the tensor and both shapes."""
+    with pytest.raises(ValueError, match=r"d_v: shape \(2, 3\) does not match the reference \(3, 2\)"):
+        compare_tensor("d_v", np.zeros((2, 3)), np.zeros((3, 2)), dtype="float64")
+
+
+def test_as_dict_is_json_ready():
+    """as_dict gives plain values, the worst index as a list."""
+    c = compare_tensor("x", np.array([[1.0, 2.5]]), np.array([[1.0, 2.0]]), dtype="float64")
+    d = c.as_dict()
+    assert d["worst_index"] == [0, 1] and d["tensor"] == "x" and d["passed"] is False
+    assert set(d) == {"tensor", "norm_error", "norm_bound", "elem_error", "elem_bound", "worst_index",
+                      "worst_actual", "worst_expected", "nonfinite", "passed"}
+
+
+class _DeviceArray:
+    """Stands in for a CuPy array: its module starts with ``cupy`` and ``get()`` copies to the host."""
+
+    __module__ = "cupy._core.fake"
+
+    def __init__(self, data):
+        self._data = np.asarray(data, dtype=np.float64)
+        self.shape = self._data.shape
+
+    def get(self):
+        return self._data.copy()
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("implicit conversion to a NumPy array is not allowed")
+
+
+def test_device_arrays_are_brought_to_the_host_with_get():
+    """CuPy arrays are copied to the host by ``.get()`` (implicit conversion is refused by CuPy)."""
+    r = np.array([1.0, 2.0])
+    assert compare_tensor("x", _DeviceArray(r), _DeviceArray(r), dtype="float64").passed
+    assert not compare_tensor("x", _DeviceArray(r + 1.0), r, dtype="float64").passed
+
+
+def test_default_condition_figures_are_neutral():
+    """Without κ, λ, κ_P the bound is τ·(u_store + u_acc): κ defaults to 1, λ and κ_P to 0 (float16,
+    where the underflow term t = 2⁻²⁵ would show)."""
+    r = np.array([1.0, 2.0])
+    c = compare_tensor("x", r, r, dtype="float16")
+    nu = 2.0**-11 + U32
+    assert (c.norm_bound, c.elem_bound) == (8.0 * nu, 32.0 * nu)
+
+
+def test_figures_are_computed_in_float64_whatever_the_input_dtype():
+    """float32 arrays are widened before squaring: values of 1e30 (squares beyond float32) compare
+    cleanly, and a float32 relative error of 1e-7 is measured as such."""
+    r = np.array([1e30, -2e30], dtype=np.float32)
+    assert compare_tensor("x", r.copy(), r, dtype="float32").passed
+    a = np.array([1.0, 1.0 + 2.0**-23], dtype=np.float32)
+    c = compare_tensor("x", a, np.array([1.0, 1.0], dtype=np.float32), dtype="float32")
+    assert c.elem_error == pytest.approx(2.0**-23 / (1.0 + 1.0), rel=1e-12, abs=0)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_reference_with_an_infinite_norm_still_fails_a_wrong_candidate():
+    """‖r‖ = inf for r ~ 1.5e308 and a − r overflows, so the norm error is inf/inf = NaN: a NaN figure
+    never passes."""
+    r = np.array([1.5e308, 1.5e308])
+    c = compare_tensor("x", -r, r, dtype="float64", tolerance=Tolerance(1e300, 1e300))
+    assert math.isnan(c.norm_error) and not c.passed
+
+
+def test_accumulation_tiny_is_the_smallest_normal_of_the_compute_precision():
+    """TINY_ACC: float64's smallest normal for float64 inputs, float32's for every other dtype."""
+    from gma_ref.testing.compare import TINY_ACC
+
+    assert TINY_ACC["float64"] == float(np.finfo(np.float64).tiny)
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert TINY_ACC[dtype] == float(np.finfo(np.float32).tiny)
+
+
+def test_no_tensor_is_compared_below_the_smallest_normal_of_its_dtype():
+    """The scale is at least t_store / u_store (float16: 2⁻¹⁴, its smallest normal), even with floor=0."""
+    r = np.array([1e-7, 0.0], dtype=np.float64)
+    a = np.array([2e-7, 0.0])
+    c = compare_tensor("x", a, r, dtype="float16")
+    assert c.elem_error == pytest.approx(1e-7 / (1e-7 + 2.0**-14), rel=1e-12, abs=0)
+    assert c.norm_error == pytest.approx(1e-7 / (math.sqrt(2) * 2.0**-14), rel=1e-12, abs=0)
+    # float64's underflow term is 0, so its scale is the reference itself
+    c64 = compare_tensor("x", a, r, dtype="float64")
+    assert c64.norm_error == pytest.approx(1.0, rel=1e-12, abs=0)
+
+
+def test_norms_of_tiny_tensors_do_not_underflow():
+    """‖r‖ for entries of 1e-200 (squares underflow to 0) is computed scaled: a relative error of 1e-10
+    is measured as 1e-10, not as an error over a zero reference."""
+    r = np.array([1e-200, -3e-200, 2e-200])
+    a = r * (1.0 + 1e-10)
+    c = compare_tensor("x", a, r, dtype="float64")
+    assert c.norm_error == pytest.approx(1e-10, rel=1e-5, abs=0)
+
+
+def test_float32_inputs_are_measured_in_float64():
+    """A float32 candidate and reference are widened to float64 before any arithmetic: the figures
+    equal the float64 formulas to 1e-14 (float32 arithmetic would err by ~1e-8)."""
+    r = np.array([1.0, 3.0], dtype=np.float32)
+    a = np.array([1.0, 3.0 + 2.0**-22], dtype=np.float32)
+    c = compare_tensor("x", a, r, dtype="float32")
+    assert c.norm_error == pytest.approx(2.0**-22 / math.sqrt(10.0), rel=1e-14, abs=0)
+    assert c.elem_error == pytest.approx(2.0**-22 / (3.0 + math.sqrt(5.0)), rel=1e-14, abs=0)
+
+
+def test_an_error_beyond_the_float_range_of_the_scale_is_infinite_and_quiet():
+    """|a − r| / (|r| + s) overflows for r ~ 1e-300 and a ~ 1e10: the element error is +inf, the comparison
+    fails and no RuntimeWarning is raised."""
+    r = np.array([1e-300, 0.0])
+    c = compare_tensor("x", np.array([1e10, 0.0]), r, dtype="float64")
+    assert math.isinf(c.elem_error) and not c.passed and c.nonfinite == 0
