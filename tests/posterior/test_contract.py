@@ -363,3 +363,64 @@ def test_responsibilities_backward_recomputes_gamma_as_told(rng):
     assert np.isnan(got.d_x[0]).all() and np.isfinite(got.d_x[1:]).all()
     with pytest.raises(TypeError, match="saved"):
         responsibilities_backward(x, means, var, lp, d_gamma, saved=array_api_strict.asarray(gamma))
+
+
+def test_direct_scores_of_no_tokens_keep_dtype_and_device():
+    """N = 0: the direct scores are an empty (..., 0, K) array in the inputs' dtype (float32 stays float32)
+    and on their device (array_api_strict's device1)."""
+    dev = array_api_strict.Device("device1")
+    x = array_api_strict.asarray(np.zeros((2, 0, 3), dtype=np.float32), device=dev)
+    means = array_api_strict.asarray(np.zeros((4, 3), dtype=np.float32), device=dev)
+    var = array_api_strict.asarray(np.ones((4, 3), dtype=np.float32), device=dev)
+    lp = array_api_strict.asarray(np.full(4, -np.log(4.0), dtype=np.float32), device=dev)
+    s = scores(x, means, var, lp)
+    assert s.shape == (2, 0, 4) and s.dtype == array_api_strict.float32 and s.device == dev
+
+
+def test_direct_scores_raise_no_floating_point_warning():
+    """Routing vectors whose squared distance overflows float32 give -inf scores with check_finite=False and
+    no RuntimeWarning (an error under -W error), as the fast path does."""
+    import warnings
+
+    x = np.full((2, 3), 3e38, dtype=np.float32)
+    means, var = np.zeros((4, 3), dtype=np.float32), np.ones((4, 3), dtype=np.float32)
+    lp = np.full(4, -np.log(4.0), dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = scores(x, means, var, lp, check_finite=False)
+    assert np.all(np.isneginf(s))
+
+
+def test_direct_scores_with_more_terms_than_a_block_holds(rng):
+    """When one token's (batch × K × d_r) terms exceed a block (here 3 · 128 · 256 > 2¹⁶), the blocks hold one
+    token each and the scores equal the per-token formula (Eq. 16)."""
+    x, means = rng.normal(size=(3, 2, 256)), rng.normal(size=(128, 256))
+    var, lp = rng.uniform(0.5, 2.0, size=(128, 256)), np.log(np.full(128, 1 / 128))
+    got = scores(x, means, var, lp)
+    want = (lp - 0.5 * 256 * np.log(2 * np.pi) - 0.5 * np.sum(np.log(var), axis=-1)
+            - 0.5 * np.sum((x[..., None, :] - means) ** 2 / var, axis=-1))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_score_gradients_of_no_tokens_keep_dtype_and_device():
+    """N = 0: ∂L/∂x is an empty (..., 0, d_r) array in the inputs' dtype and on their device, and the
+    parameters' gradients are zero; a saved Γ of no tokens passes the simplex check."""
+    dev = array_api_strict.Device("device1")
+
+    def on(a):
+        return array_api_strict.asarray(np.asarray(a, dtype=np.float32), device=dev)
+
+    x, means, var = on(np.zeros((0, 3))), on(np.zeros((4, 3))), on(np.ones((4, 3)))
+    lp, d = on(np.full(4, -np.log(4.0))), on(np.zeros((0, 4)))
+    for g in (scores_backward(x, means, var, lp, d), responsibilities_backward(x, means, var, lp, d, saved=d)):
+        assert g.d_x.shape == (0, 3) and g.d_x.dtype == array_api_strict.float32 and g.d_x.device == dev
+        assert not bool(array_api_strict.any(g.d_means != 0))
+
+
+def test_a_single_saved_responsibility_is_checked_too():
+    """K = 1 and N = 1: the saved Γ must be [[1]]; [[0.5]] is refused as off the simplex."""
+    x, means, var, lp = np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), np.zeros(1)
+    d = np.ones((1, 1))
+    responsibilities_backward(x, means, var, lp, d, saved=np.ones((1, 1)))
+    with pytest.raises(ValueError, match="simplex"):
+        responsibilities_backward(x, means, var, lp, d, saved=np.full((1, 1), 0.5))
