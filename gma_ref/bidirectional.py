@@ -158,6 +158,11 @@ def _safe_denominator(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
     return xp.where(seen, denom, xp.ones_like(denom)), seen
 
 
+def _check_read_inputs_finite(xp: Any, gamma_q: Array, memory: Array, mass: Array) -> None:
+    for name, a in (("gamma_q", gamma_q), ("memory", memory), ("mass", mass)):
+        _check_finite(xp, name, a)
+
+
 def read_memory(
     gamma_q: Array, memory: Array, mass: Array, eps: float = DEFAULT_EPS, *, check_finite: bool = True
 ) -> Array:
@@ -178,8 +183,7 @@ def read_memory(
     xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass)
     eps = check_nonnegative_scalar("eps", eps)
     if check_finite:
-        for name, a in (("gamma_q", gamma_q), ("memory", memory), ("mass", mass)):
-            _check_finite(xp, name, a)
+        _check_read_inputs_finite(xp, gamma_q, memory, mass)
     u = query_mass(gamma_q, mass)
     if eps > 0:  # u_i + ε > 0 for every row: one scaling, no masking
         return xp.matmul(gamma_q, memory) * xp.expand_dims(1.0 / (u + eps), axis=-1)
@@ -233,8 +237,7 @@ def read_memory_backward(
     xp = namespace(gamma_q=gamma_q, memory=memory, mass=mass, d_out=d_out, saved=saved)
     eps = check_nonnegative_scalar("eps", eps)
     if check_finite:
-        for name, a in (("gamma_q", gamma_q), ("memory", memory), ("mass", mass)):
-            _check_finite(xp, name, a)
+        _check_read_inputs_finite(xp, gamma_q, memory, mass)
     shape = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(memory.shape[:-2]), tuple(mass.shape[:-1])) + (
         gamma_q.shape[-2],
         memory.shape[-1],

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import gma_ref
+from tests.across_modules.test_gradients import fd_vjp
 
 #: Functions that return several outputs, and the cotangents their backward takes (in that order).
 MULTI_OUTPUT = {
@@ -163,20 +164,11 @@ def test_causal_state_gradient_matches_finite_differences(rng):
     state = causal.CausalState(rng.normal(size=(3, 2)), rng.uniform(0.5, 2.0, size=3))
     grad = causal.gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-3, chunk_size=4, state=state)
 
-    def loss(memory: np.ndarray, mass: np.ndarray) -> float:
-        out = causal.gma_causal_chunked(gq, gk, v, 1e-3, 4, state=causal.CausalState(memory, mass))
-        return float(np.sum(out * d_out))
-
-    h = 1e-6
-    for field, arr in (("memory", state.memory), ("mass", state.mass)):
-        fd = np.zeros_like(arr)
-        for idx in np.ndindex(arr.shape):
-            e = np.zeros_like(arr)
-            e[idx] = h
-            plus = {"memory": state.memory, "mass": state.mass, field: arr + e}
-            minus = {"memory": state.memory, "mass": state.mass, field: arr - e}
-            fd[idx] = (loss(**plus) - loss(**minus)) / (2 * h)
-        np.testing.assert_allclose(getattr(grad.d_state, field), fd, rtol=1e-7, atol=1e-9)
+    fd = fd_vjp(lambda memory, mass: causal.gma_causal_chunked(gq, gk, v, 1e-3, 4,
+                                                               state=causal.CausalState(memory, mass)),
+                {"memory": state.memory, "mass": state.mass}, d_out)
+    np.testing.assert_allclose(grad.d_state.memory, fd["memory"], rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(grad.d_state.mass, fd["mass"], rtol=1e-7, atol=1e-9)
 
 
 def test_old_keywords_still_work_with_a_warning(rng):
