@@ -55,15 +55,16 @@ class CandidateFailure(Exception):
     ``metric`` is one of ``'raised'``, ``'returned'``, ``'memory'``, ``'exited'`` (:func:`failure_kind`).
     """
 
-    def __init__(self, metric: str, detail: str) -> None:
+    def __init__(self, metric: str, detail: str, full_detail: str | None = None) -> None:
         super().__init__(detail)
         self.metric, self.detail = metric, detail
+        self.full_detail = detail if full_detail is None else full_detail
 
 
 def failure_kind(exc: BaseException, full: bool = False) -> tuple[str, str]:
     """``(metric, detail)`` of what a call raised: ``returned``, ``memory``, ``exited`` or ``raised``."""
     if isinstance(exc, CandidateFailure):
-        return exc.metric, exc.detail
+        return exc.metric, exc.full_detail if full else exc.detail
     if isinstance(exc, ReturnedError):
         return "returned", safe_text(exc)
     if out_of_memory(exc):

@@ -242,6 +242,18 @@ class IsolatedCandidate:
         self.vjp_available = reply.get("vjp") is True
         return None if self.vjp_available or not self.config["grad"] else str(reply.get("why") or "no vjp")
 
+    def has_dtype(self, namespace: str, dtype: str) -> bool:
+        """Whether the candidate's framework has ``dtype`` in the worker (the oracle never imports the framework).
+
+        Raises ``ImportError`` with the worker's reason when the framework cannot be imported there.
+        """
+        self._ensure()
+        reply, _ = self._ask({"op": "dtype", "namespace": namespace, "dtype": dtype},
+                             time.monotonic() + self.import_timeout)
+        if isinstance(reply.get("why"), str):
+            raise ImportError(f"{namespace} in the worker: {printable(reply['why'])}")
+        return reply.get("found") is True
+
     def begin_case(self, timeout: float | None) -> None:
         """Start a case: its calls must all be answered within ``timeout`` seconds (``None``: no limit)."""
         self.deadline = None if timeout is None else time.monotonic() + timeout
@@ -258,8 +270,9 @@ class IsolatedCandidate:
         reply, hosts = self._ask({"op": "prepare", "arrays": arrays, "dtype": dtype, "device": device,
                                   "returns_state": returns_state}, self.deadline)
         if "error" in reply:
-            metric, detail = _pair(reply["error"])
-            raise CandidateFailure(metric, "rounding the inputs in the candidate's framework: " + detail)
+            metric, detail, full = _pair(reply["error"])
+            prefix = "rounding the inputs in the candidate's framework: "
+            raise CandidateFailure(metric, prefix + detail, prefix + full)
         got = reply.get("names")
         expected = [n for n in arrays if arrays[n] is not None]
         if got != expected or len(hosts) != len(expected) or not all(isinstance(h, HostArray) for h in hosts):
@@ -308,10 +321,11 @@ class IsolatedCandidate:
         return dict(zip(keys, hosts[:len(keys)], strict=True))
 
 
-def _pair(value: Any) -> tuple[str, str]:
-    if (isinstance(value, list) and len(value) == 2 and value[0] in ("raised", "returned", "memory", "exited")
-            and isinstance(value[1], str)):
-        return value[0], printable(value[1])
+def _pair(value: Any) -> tuple[str, str, str]:
+    """``(metric, detail, full detail)`` of a failure the worker reported (``WorkerLost`` if malformed)."""
+    if (isinstance(value, list) and len(value) == 3 and value[0] in ("raised", "returned", "memory", "exited")
+            and all(isinstance(v, str) for v in value[1:])):
+        return value[0], printable(value[1]), printable(value[2])
     raise WorkerLost("crashed", "the worker reported a failure in a malformed way")
 
 

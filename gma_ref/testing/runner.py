@@ -285,7 +285,9 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
     from .adapters import candidate_dtype
 
     try:
-        if active and candidate_dtype(decl.namespace, dtype) is None:
+        has_dtype = impl.has_dtype if isinstance(impl, IsolatedCandidate) else (
+            lambda ns, dt: candidate_dtype(ns, dt) is not None)
+        if active and not has_dtype(decl.namespace, dtype):
             report.skipped.append(Skip(f"dtype {dtype}", f"{decl.namespace} has no {dtype} here (install ml_dtypes)",
                                        requested=dtype_req))
             active = ()

@@ -16,6 +16,7 @@ The requests (pickled dicts from the oracle, :mod:`~gma_ref.testing.wire`):
                ``returns_state``: round them; reply the rounded inputs.
 ``call``       ``layout``, ``opts``: call the implementation; reply its output and state, or the failure.
 ``vjp``        ``opts``: call the VJP; reply every gradient it returned.
+``dtype``      ``namespace``, ``dtype``: whether that framework has that dtype here.
 
 Every call reply lists the inputs whose bytes changed since ``prepare`` (``mutated``), with their
 new values, for the oracle's mutation check.
@@ -31,9 +32,9 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from .adapters import jax_vjp, noncontiguous, to_candidate, torch_autograd
+from .adapters import candidate_dtype, jax_vjp, noncontiguous, to_candidate, torch_autograd
 from .buffers import HostArray, HostProblem, extract
-from .calls import ReturnedError, attempt, call_impl, failure_kind, split_result
+from .calls import ReturnedError, call_impl, failure_kind, split_result
 from .declaration import Declaration, declaration_of
 from .wire import read_request, send_reply
 
@@ -128,6 +129,11 @@ class Worker:
                        "(pass vjp= or set impl.gma_vjp)")
         self.reply({"op": "configured", "vjp": self.vjp is not None, "why": why})
 
+    def has_dtype(self, req: dict[str, Any]) -> None:
+        found, exc = attempt(lambda: candidate_dtype(req["namespace"], req["dtype"]) is not None)
+        self.reply({"op": "dtype", "found": found is True,
+                    "why": None if exc is None else f"{type(exc).__name__}: {_safe(exc)}"})
+
     def prepare(self, req: dict[str, Any]) -> None:
         names = [n for n, a in req["arrays"].items() if a is not None]
         self.names = tuple(n for n in req["arrays"] if n != "d_out")
@@ -141,7 +147,7 @@ class Worker:
 
         cand, exc = attempt(round_all)
         if exc is not None:
-            self.reply({"op": "prepared", "error": list(failure_kind(exc))})
+            self.reply({"op": "prepared", "error": _failure(exc)})
             return
         self.cand = {n: cand.get(n) for n in req["arrays"]}
         hosts = [extract(cand[n]) for n in names]
@@ -165,7 +171,7 @@ class Worker:
                                                 self.returns_state))
         mutated, changed = self._mutated()
         if exc is not None:
-            self.reply({"op": "called", "error": list(failure_kind(exc)), "mutated": mutated}, changed)
+            self.reply({"op": "called", "error": _failure(exc), "mutated": mutated}, changed)
             return
         out, state = got
         keys = ["out", *state]
@@ -182,11 +188,29 @@ class Worker:
         grads, exc = attempt(call)
         mutated, changed = self._mutated()
         if exc is not None:
-            self.reply({"op": "vjp", "error": list(failure_kind(exc)), "mutated": mutated}, changed)
+            self.reply({"op": "vjp", "error": _failure(exc), "mutated": mutated}, changed)
             return
         keys = list(grads)
         hosts = [None if grads[k] is None else extract(grads[k]) for k in keys]
         self.reply({"op": "vjp", "keys": keys, "mutated": mutated}, hosts + changed)
+
+
+def attempt(fn: Any) -> tuple[Any, BaseException | None]:
+    """``(fn(), None)`` or ``(None, exc)`` for anything ``fn`` raises, ``KeyboardInterrupt`` included.
+
+    In the worker nothing the candidate raises stops the check: Ctrl-C reaches the oracle (the
+    worker runs in a session of its own), so a ``KeyboardInterrupt`` here is the candidate's own.
+    """
+    try:
+        return fn(), None
+    except BaseException as exc:  # noqa: BLE001 - see the docstring
+        return None, exc
+
+
+def _failure(exc: BaseException) -> list[str]:
+    """``[metric, detail, detail with the whole traceback]`` of what a call raised."""
+    metric, detail = failure_kind(exc)
+    return [metric, detail, failure_kind(exc, True)[1]]
 
 
 def _safe(obj: Any) -> str:
@@ -214,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     worker = Worker(reply_fd)
     handlers = {"start": worker.start, "configure": worker.configure, "prepare": worker.prepare,
-                "call": worker.call, "vjp": worker.run_vjp}
+                "call": worker.call, "vjp": worker.run_vjp, "dtype": worker.has_dtype}
     while True:
         req = read_request(req_fd)
         if req is None:
