@@ -257,7 +257,8 @@ class _GmaSession:
             else:  # one worker process for every item (a fresh one after a crash)
                 impl = self.worker = IsolatedCandidate(self.target)
         except LoadError as exc:
-            raise pytest.UsageError(f"--gma-impl {self.target}: {exc}") from exc
+            why = str(exc).removeprefix(f"cannot load {self.target}: ")
+            raise pytest.UsageError(f"--gma-impl {self.target}: cannot load it: {why}") from exc
         except Exception as exc:
             raise pytest.UsageError(f"--gma-impl {self.target}: cannot load it: {type(exc).__name__}: {exc}") from exc
         try:
