@@ -27,7 +27,13 @@ of the implementation (it raised, exited, ran out of memory, returned the wrong
 thing), or nothing could be checked; 2 everything checked passed but something
 explicitly requested was skipped (not declared); 3 the implementation could not
 be loaded (or the case file not read); 4 a usage error (bad option or value, an
-unwritable --repro DIR); 130 interrupted (Ctrl-C), after the partial report.
+unwritable --repro DIR); 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM), each after the
+partial report.
+
+The implementation runs in a worker process (``--in-process`` to debug it in this one): what
+it does there — exit, crash, hang, print, patch the oracle's modules — cannot change the
+verdict. A case whose worker dies is ``crashed`` (with the signal or status), one that overruns
+``--timeout`` is ``timeout``; a fresh worker runs the next case.
 Every status prints a report (with --json, one JSON object on stdout, and nothing
 else there: what the implementation prints is captured into the report).
 
@@ -37,9 +43,8 @@ Standalone: ``python -m gma_ref.check_cli package.module:function ...``.
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import os
+import signal
 import sys
 from typing import Any
 
@@ -111,6 +116,11 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="do not shrink failing cases or write reproducers")
     p.add_argument("--case-file", metavar="FILE", help="run exactly the case of a reproducer (.npz)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line on stderr")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the implementation in this process (for debugging: it can then affect the verdict); "
+                        "default: in a worker process that cannot")
+    p.add_argument("--import-timeout", type=_positive_float, default=None, metavar="S",
+                   help="seconds the worker may take to import the implementation (default 120)")
     c = p.add_argument_group("declared constraints", "override the implementation's Declaration: the harness "
                              "generates cases that satisfy them (docs/oracle.md)")
     c.add_argument("--eps", type=_positive_float, metavar="E", help="the kernel's fixed read stabiliser epsilon")
@@ -178,20 +188,13 @@ def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def load_implementation(target: str) -> Any:
-    """Import ``package.module:attr`` (the current directory is importable); instantiate a class."""
-    if ":" not in target:
-        raise ValueError(f"target must look like package.module:function, got {target!r}")
-    mod_name, attr = target.split(":", 1)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    obj: Any = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if inspect.isclass(obj):
-        obj = obj()
-    if not callable(obj):
-        raise TypeError(f"{target} is not callable")
-    return obj
+    """Import ``package.module:attr`` in this process (the current directory is importable); instantiate a class.
+
+    :func:`gma_ref.testing.worker.load_implementation`, which the worker process uses too.
+    """
+    from .testing.worker import load_implementation as load
+
+    return load(target)
 
 
 class _Usage(ValueError):
@@ -247,17 +250,35 @@ def _declaration(args: argparse.Namespace, impl: Any) -> Any:
 
 def _run(args: argparse.Namespace) -> tuple[int, str | None]:
     """Check as ``args`` say; returns the exit status and what goes to stdout."""
-    from .testing import check
-    from .testing.runner import Interrupted
-
     try:
         repro, note = _repro_dir(args)
     except _Usage as exc:
         return EXIT_USAGE, _failure(args, EXIT_USAGE, str(exc))
+    from .testing.isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, LoadError
+
+    isolated = not getattr(args, "in_process", False) and not getattr(args, "scaling", False)
     try:
-        impl = load_implementation(args.target)
+        if isolated:
+            impl = IsolatedCandidate(args.target, import_timeout=getattr(args, "import_timeout", None)
+                                     or IMPORT_TIMEOUT_S)
+        else:
+            impl = load_implementation(args.target)
+    except LoadError as exc:
+        return EXIT_LOAD, _failure(args, EXIT_LOAD, str(exc))
     except Exception as exc:
         return EXIT_LOAD, _failure(args, EXIT_LOAD, f"cannot load {args.target}", exc)
+    try:
+        return _run_loaded(args, impl, repro, note)
+    finally:
+        if isolated:
+            impl.close()
+
+
+def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: str | None) -> tuple[int, str | None]:
+    """Check the loaded implementation (or its worker) as ``args`` say; the exit status and what goes to stdout."""
+    from .testing import check
+    from .testing.runner import Interrupted
+
     if getattr(args, "case_file", None):
         from .testing.repro import load_case_file
 
@@ -293,11 +314,38 @@ def run_check(args: argparse.Namespace) -> int:
     While it runs, anything written to stdout (by the implementation, or by a call of
     it abandoned after a timeout) goes to stderr, so stdout carries the report alone.
     """
-    with _ReportStream(keep=getattr(args, "exit_process", False)) as stream:
-        status, text = _run(args)
+    with _ReportStream(keep=getattr(args, "exit_process", False)) as stream, _TerminateAsInterrupt():
+        try:
+            status, text = _run(args)
+        except KeyboardInterrupt as exc:  # before the first case or after the last: nothing to report
+            status = getattr(exc, "status", EXIT_INTERRUPTED)
+            text = _failure(args, status, f"interrupted ({getattr(exc, 'reason', 'KeyboardInterrupt')}) "
+                            "outside the cases: nothing was checked")
         if text is not None:
             stream.emit(text)
     return status
+
+
+class _TerminateAsInterrupt:
+    """While the check runs, SIGTERM stops it like Ctrl-C: a partial report and exit status 143."""
+
+    def __enter__(self) -> _TerminateAsInterrupt:
+        self.old = None
+        try:
+            self.old = signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:  # not the main thread: leave SIGTERM as it is
+            self.old = None
+        return self
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        from .testing.report import Terminated
+
+        raise Terminated()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
 
 
 class _ReportStream:

@@ -73,6 +73,10 @@ _SCORES_TESTS: list[str] = [
 #: Test files run against each module's mutants, fastest and most targeted first (``-x`` stops
 #: at the first failure, so a killed mutant usually costs only the first file or two).
 MODULE_TESTS: dict[str, list[str]] = {
+    # The worker process imports gma_ref from disk, so the mutants of buffers.py reach the oracle's side
+    # (decode, to_float64) and these in-process tests of extract; worker.py is exercised by test_isolation.py only.
+    "gma_ref/testing/buffers.py": ["tests/testing/test_buffers.py", "tests/testing/test_wire.py"],
+    "gma_ref/testing/wire.py": ["tests/testing/test_wire.py"],
     "gma_ref/mixture.py": [
         "tests/mixture/test_equations.py",
         "tests/mixture/test_contract.py",

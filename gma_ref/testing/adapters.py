@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._array import Array
+from .buffers import HostArray, to_float64
 from .declaration import Declaration, declaration_of
 from .names import INPUT_NAMES, MODES, NAMESPACES, layer_input_names
 
@@ -70,7 +71,9 @@ def dtype_name(a: Array) -> str:
 
 
 def device_name(a: Array) -> str:
-    """``'cpu'`` or ``'cuda'`` (JAX ``gpu`` is reported as ``'cuda'``)."""
+    """``'cpu'`` or ``'cuda'`` (JAX ``gpu`` is reported as ``'cuda'``; a :class:`HostArray` says its own)."""
+    if isinstance(a, HostArray):
+        return a.device
     mod = type(a).__module__
     if mod.startswith("torch"):
         return a.device.type
@@ -148,6 +151,8 @@ def to_reference(a: Array, xp: Any) -> Array:
     """
     import numpy as np
 
+    if isinstance(a, HostArray):  # a worker's array: its bytes, read here
+        return xp.asarray(to_float64(a))
     mod = type(a).__module__
     on_gpu = xp.__name__.endswith("cupy")
     if mod.startswith("torch"):
@@ -176,8 +181,11 @@ def to_reference(a: Array, xp: Any) -> Array:
 def noncontiguous(a: Array, namespace: str) -> Array:
     """The same values as ``a`` in a non-contiguous, transposed layout (last two axes swapped in memory).
 
-    JAX arrays have no strides and are returned unchanged.
+    JAX arrays have no strides and are returned unchanged. For the :class:`HostArray` handle of a
+    worker's input, the handle that asks the worker for that layout.
     """
+    if isinstance(a, HostArray):
+        return a.as_layout("noncontiguous")
     if a.ndim < 2:
         return a
     if namespace == "torch":

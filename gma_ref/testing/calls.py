@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .buffers import HostProblem
 from .capture import safe_text
 from .names import INPUT_NAMES
 
@@ -26,6 +27,9 @@ __all__ = [
     "out_of_memory",
     "CallTimeout",
     "with_timeout",
+    "CaseAborted",
+    "CandidateFailure",
+    "failure_kind",
 ]
 
 
@@ -38,16 +42,48 @@ class ReturnedError(TypeError):
     """The implementation returned something other than what the calling convention asks for."""
 
 
+class CaseAborted(Exception):
+    """The case cannot go on (its worker process died or overran the time limit): never a candidate's failure.
+
+    :func:`attempt` lets it through, so it ends the case rather than becoming one labelled check.
+    """
+
+
+class CandidateFailure(Exception):
+    """A call of the candidate failed in its worker process: ``metric`` and ``detail`` as the worker saw them.
+
+    ``metric`` is one of ``'raised'``, ``'returned'``, ``'memory'``, ``'exited'`` (:func:`failure_kind`).
+    """
+
+    def __init__(self, metric: str, detail: str, full_detail: str | None = None) -> None:
+        super().__init__(detail)
+        self.metric, self.detail = metric, detail
+        self.full_detail = detail if full_detail is None else full_detail
+
+
+def failure_kind(exc: BaseException, full: bool = False) -> tuple[str, str]:
+    """``(metric, detail)`` of what a call raised: ``returned``, ``memory``, ``exited`` or ``raised``."""
+    if isinstance(exc, CandidateFailure):
+        return exc.metric, exc.full_detail if full else exc.detail
+    if isinstance(exc, ReturnedError):
+        return "returned", safe_text(exc)
+    if out_of_memory(exc):
+        return "memory", "out of memory: " + exception_line(exc, full)
+    if isinstance(exc, SystemExit):
+        return "exited", f"raised SystemExit({safe_text(exc.code)}), as sys.exit() does: {exception_line(exc, full)}"
+    return "raised", exception_line(exc, full)
+
+
 def attempt(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
     """``(fn(), None)``, or ``(None, exc)`` for anything ``fn`` raises except ``KeyboardInterrupt``.
 
     ``SystemExit`` and every other ``BaseException`` a candidate raises (or provokes by
     what it returns) is the candidate's failure, never the end of the run; only
-    ``KeyboardInterrupt`` goes through.
+    ``KeyboardInterrupt`` and :class:`CaseAborted` go through.
     """
     try:
         return fn(), None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, CaseAborted):
         raise
     except BaseException as exc:  # noqa: BLE001 - see the docstring
         return None, exc
@@ -58,6 +94,8 @@ def array_problem(x: Any) -> str | None:
     try:
         if x is None:
             return "None"
+        if isinstance(x, HostProblem):
+            return x.text
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is None or dtype is None or not hasattr(x, "ndim"):
             return f"a {type(x).__name__} (no shape/dtype)"

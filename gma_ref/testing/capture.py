@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["MAX_TEXT", "captured_output", "truncated", "safe_text"]
+__all__ = ["MAX_TEXT", "captured_output", "truncated", "safe_text", "printable"]
 
 #: Longest message, detail or captured output kept in the report and the JSON (the reproducer keeps all).
 MAX_TEXT: int = 2000
@@ -30,6 +30,28 @@ def truncated(text: str, limit: int = MAX_TEXT) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f" ... [{len(text) - limit} more characters]"
+
+
+#: Control characters that stay as they are in :func:`printable` text.
+_KEEP = frozenset("\n\t")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab escaped (``\\r``, ``\\x1b``, ...).
+
+    What a candidate prints or puts in an exception message is shown through this, so a carriage
+    return or an ANSI escape sequence cannot overwrite or hide a line of the report on a terminal.
+    """
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _KEEP or not (code < 0x20 or 0x7F <= code < 0xA0 or code in (0x2028, 0x2029)):
+            out.append(ch)
+        elif ch == "\r":
+            out.append("\\r")
+        else:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return "".join(out)
 
 
 def safe_text(obj: object) -> str:

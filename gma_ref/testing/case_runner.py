@@ -29,8 +29,8 @@ from .adapters import (
     to_reference,
     torch_autograd,
 )
-from .calls import ReturnedError, array_problem, attempt, call_impl, exception_line, out_of_memory, split_result
-from .capture import safe_text
+from .buffers import HostArray
+from .calls import ReturnedError, array_problem, attempt, call_impl, exception_line, failure_kind, split_result
 from .cases import Case, case_arrays, layer_case_arrays
 from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, Tolerance, compare_tensor, t_store, unit_scale
 from .declaration import Declaration
@@ -46,15 +46,7 @@ __all__ = ["CaseOutcome", "NotCheckable", "NonFiniteInputError", "evaluate_case"
 def call_failure(cid: str, check_name: str, tensor: str, exc: BaseException, full: bool, prefix: str = ""
                   ) -> CheckResult:
     """The labelled failure for what a call raised: ``returned``, ``memory``, ``exited`` or ``raised``."""
-    if isinstance(exc, ReturnedError):
-        metric, detail = "returned", safe_text(exc)
-    elif out_of_memory(exc):
-        metric, detail = "memory", "out of memory: " + exception_line(exc, full)
-    elif isinstance(exc, SystemExit):
-        metric = "exited"
-        detail = f"raised SystemExit({safe_text(exc.code)}), as sys.exit() does: {exception_line(exc, full)}"
-    else:
-        metric, detail = "raised", exception_line(exc, full)
+    metric, detail = failure_kind(exc, full)
     return CheckResult(cid, check_name, tensor, metric, None, None, False, detail=prefix + detail)
 
 
@@ -108,6 +100,7 @@ class _Run:
     tolerance: Tolerance | None
     returns_state: bool
     full_traceback: bool
+    namespace: str = "numpy"
     results: list[CheckResult] = field(default_factory=list)
     before: dict[str, Any] = field(default_factory=dict)
 
@@ -123,6 +116,11 @@ class _Run:
         dtype = self.case.dtype
         res, exc = attempt(lambda: _accuracy(self.case.case_id, check_name, name, actual, self.ref, self.xp, dtype,
                                               dtype, self.device, self.tolerance))
+        if exc is None and isinstance(actual, HostArray):  # a worker's array says which framework made it
+            ok = actual.framework == self.namespace
+            res.insert(1, CheckResult(self.case.case_id, "contract", name, "framework", None, None, ok,
+                                      detail="" if ok else f"got a {actual.framework} array, expected the "
+                                      f"declared namespace's ({self.namespace})"))
         if exc is not None:
             self.failure(check_name, name, exc, f"reading the returned {name}: ")
             return
@@ -153,8 +151,8 @@ def _check_finite_inputs(xp: Any, inputs: dict[str, Any], case: Case) -> None:
                              "(NaN or Inf, or a value beyond the dtype's range); the harness checks finite inputs only")
 
 
-def _prepare(case: Case, declaration: Declaration, vjp: Any, device: str, xp: Any, tolerance: Tolerance | None,
-             full_traceback: bool, arrays: dict[str, Any] | None) -> _Run:
+def _prepare(impl: Any, case: Case, declaration: Declaration, vjp: Any, device: str, xp: Any,
+             tolerance: Tolerance | None, full_traceback: bool, arrays: dict[str, Any] | None) -> _Run:
     """Round the inputs of ``case`` for the candidate, evaluate the reference on them, snapshot them."""
     layer = case.is_layer
     names = layer_input_names(case.gate) if layer else INPUT_NAMES
@@ -168,9 +166,13 @@ def _prepare(case: Case, declaration: Declaration, vjp: Any, device: str, xp: An
     every = (*names, "d_out")
     import numpy as np
 
-    with np.errstate(over="ignore", invalid="ignore"):  # a value beyond the dtype's range: refused just below
-        cand = {n: None if arrays[n] is None else to_candidate(arrays[n], declaration.namespace, case.dtype, device)
-                for n in every}
+    prepare = getattr(impl, "gma_prepare", None)
+    if prepare is not None:  # a candidate in a worker process rounds them there: handles of the rounded inputs
+        cand = prepare({n: arrays[n] for n in every}, case.dtype, device, declaration.returns_state and not layer)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):  # a value beyond the dtype's range: refused just below
+            cand = {n: None if arrays[n] is None else to_candidate(arrays[n], declaration.namespace, case.dtype,
+                                                                   device) for n in every}
     ref_in = {n: None if cand[n] is None else to_reference(cand[n], xp) for n in every}
     _check_finite_inputs(xp, ref_in, case)
     opts: dict[str, Any] = {"causal": case.causal, "eps": case.eps, "eps_sigma": case.eps_sigma}
@@ -184,7 +186,7 @@ def _prepare(case: Case, declaration: Declaration, vjp: Any, device: str, xp: An
                  **({"grains": True, "grain_in": float(declaration.flush_subnormals)} if ref_fn is reference else {}))
     ref.flush_subnormals = declaration.flush_subnormals
     run = _Run(case, names, cand, opts, ref, xp, device, tolerance, declaration.returns_state and not layer,
-               full_traceback)
+               full_traceback, declaration.namespace)
     run.before = {n: snapshot(a) for n, a in cand.items() if a is not None}
     return run
 
@@ -261,7 +263,7 @@ def evaluate_case(
     Raises ``ValueError`` (:class:`NonFiniteInputError`) when an input, rounded to the case's dtype, is not finite.
     """
     xp = reference_namespace(device) if xp is None else xp
-    run = _prepare(case, declaration, vjp, device, xp, tolerance, full_traceback, arrays)
+    run = _prepare(impl, case, declaration, vjp, device, xp, tolerance, full_traceback, arrays)
     nu = unit_scale(case.dtype, run.ref.kappa, run.ref.read_condition, run.ref.proj_condition,
                     declaration.flush_subnormals)
     if nu > NU_MAX:

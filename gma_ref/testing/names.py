@@ -7,10 +7,11 @@ The layers, bottom to top (each module imports only from layers below it; the te
 ``tests/testing/test_import_layers.py`` enforces the order)::
 
     names                          the vocabulary (this module)
-    declaration, capture           what a kernel declares; capturing what it prints
+    declaration, capture, buffers  what a kernel declares; capturing what it prints; arrays as plain bytes
     adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
-    cases                          short and layer cases
-    conditioning                   the condition factors κ and λ
+    cases, wire                    short and layer cases; the messages between the oracle and its worker
+    conditioning, isolation,       the condition factors κ and λ; the oracle's handle on the worker
+    worker                         process; the worker process itself (the candidate's side)
     reference                      the float64 reference of a short or layer case
     compare                        the metric and the tolerances
     long                           long cases and their O(N)-memory reference

@@ -217,6 +217,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gma-cases", type=int, default=0, metavar="N", help="add N seeded random cases")
     g.addoption("--gma-seed", type=int, default=0, metavar="S", help="seed of the case generator")
     g.addoption("--gma-timeout", type=float, default=None, metavar="S", help="seconds one case may take")
+    g.addoption("--gma-in-process", action="store_true", default=False,
+                help="run the implementation in pytest's own process (debugging; it can then affect the verdict); "
+                     "default: in a worker process")
     g.addoption("--gma-xfail", metavar="FILE", default=None,
                 help="case ids (one a line) that are known to fail: marked xfail(strict=True)")
     g.addoption("--gma-repro", metavar="DIR", default=None,
@@ -235,13 +238,27 @@ class _GmaSession:
 
     def __init__(self, config: pytest.Config, target: str) -> None:
         self.config, self.target = config, target
+        self.worker: Any = None
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """Kill the worker process at the end of the run."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
     def _cases(self) -> tuple[Callable[..., Any], list[GmaCase]]:
-        from ..check_cli import load_implementation  # the CLI's loader (the CLI sits above this package)
+        from .isolation import IsolatedCandidate, LoadError
+        from .worker import load_implementation
 
         opt = self.config.getoption
         try:
-            impl = load_implementation(self.target)
+            if opt("gma_in_process"):
+                impl = load_implementation(self.target)
+            else:  # one worker process for every item (a fresh one after a crash)
+                impl = self.worker = IsolatedCandidate(self.target)
+        except LoadError as exc:
+            why = str(exc).removeprefix(f"cannot load {self.target}: ")
+            raise pytest.UsageError(f"--gma-impl {self.target}: cannot load it: {why}") from exc
         except Exception as exc:
             raise pytest.UsageError(f"--gma-impl {self.target}: cannot load it: {type(exc).__name__}: {exc}") from exc
         try:
@@ -274,7 +291,9 @@ class _GmaSession:
                 + ", ".join(unmatched[:5]) + (" ..." if len(unmatched) > 5 else "")), stacklevel=1)
 
     def pytest_report_header(self, config: pytest.Config) -> str:
-        return f"gma-ref: conformance cases of {self.target} (items gma-ref::<case id>)"
+        where = ("in this process: it can affect the verdict" if config.getoption("gma_in_process")
+                 else "run in a worker process")
+        return f"gma-ref: conformance cases of {self.target} (items gma-ref::<case id>; {where})"
 
 
 class _GmaCollector(pytest.Collector):

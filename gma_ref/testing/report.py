@@ -12,14 +12,17 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .capture import MAX_TEXT, truncated
+from .capture import MAX_TEXT, printable, truncated
 from .declaration import Declaration
 
-__all__ = ["EXIT_INTERRUPTED", "CheckResult", "json_safe", "Skip", "Report", "Interrupted"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "CheckResult", "json_safe", "Skip", "Report", "Interrupted",
+           "Terminated"]
 
 
 #: :attr:`Report.exit_code` of a run stopped by ``KeyboardInterrupt`` (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
+#: :attr:`Report.exit_code` of a run stopped by SIGTERM (128 + 15), after the partial report.
+EXIT_TERMINATED = 143
 
 
 @dataclass
@@ -131,6 +134,10 @@ class Report:
     candidate_output: dict[str, str] = field(default_factory=dict)
     #: The run was stopped by ``KeyboardInterrupt``; the results are those of the cases finished before.
     interrupted: bool = False
+    #: The exit status of an interrupted run: :data:`EXIT_INTERRUPTED`, or :data:`EXIT_TERMINATED` after SIGTERM.
+    interrupt_status: int = EXIT_INTERRUPTED
+    #: The candidate ran in a worker process (``False``: in this process, where it can affect the verdict).
+    isolated: bool = False
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -147,7 +154,7 @@ class Report:
         """0: all passed; 1: a mismatch (or nothing checked); 2: passed, but something requested was skipped;
         :data:`EXIT_INTERRUPTED` (130): stopped by ``KeyboardInterrupt``."""
         if self.interrupted:
-            return EXIT_INTERRUPTED
+            return self.interrupt_status
         if not self.passed:
             return 1
         return 2 if any(s.requested for s in self.skipped) else 0
@@ -162,7 +169,9 @@ class Report:
     def format(self, verbose: bool = False) -> str:
         """Readable report: every failing case in full, passing cases as one line each (all lines if ``verbose``)."""
         lines = [f"gma-ref check {self.implementation}  " + ("mode=layer " if self.mode == "layer" else "")
-                 + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"]
+                 + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"
+                 + ("  isolated: the candidate ran in a worker process" if self.isolated
+                    else "  in-process: the candidate can affect this verdict")]
         by_case: dict[str, list[CheckResult]] = {}
         for r in self.results:
             by_case.setdefault(r.case_id, []).append(r)
@@ -187,7 +196,7 @@ class Report:
         verdict = "INTERRUPTED" if self.interrupted else ("PASS" if self.passed else "FAIL")
         lines.append(f"{verdict}: {len(by_case) - n_fail}/{len(by_case)} cases passed, {len(self.failures)} failed "
                      f"checks, {len(self.skipped)} skipped, {self.elapsed_s:.1f} s")
-        return "\n".join(lines)
+        return printable("\n".join(lines))  # nothing a candidate printed or raised can move the cursor
 
     def to_json(self) -> str:
         """Machine-readable report: strict JSON (non-finite numbers as the strings ``'nan'``, ``'inf'``)."""
@@ -200,18 +209,25 @@ class Report:
             "results": [r.as_dict() for r in self.results],
             "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
             "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
-            "interrupted": self.interrupted,
+            "interrupted": self.interrupted, "isolated": self.isolated,
         }), indent=1, allow_nan=False)
 
     def add_output(self, case_id: str, text: str) -> None:
         """Keep what the implementation printed during ``case_id`` (truncated), if anything."""
         if text.strip():
-            self.candidate_output[case_id] = truncated(text, MAX_TEXT)
+            self.candidate_output[case_id] = truncated(printable(text), MAX_TEXT)
 
     def raise_if_failed(self) -> None:
         """``AssertionError`` with the failing lines when anything failed."""
         if not self.passed:
             raise AssertionError(self.format())
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised by the command line's SIGTERM handler: the run stops with a partial report and :data:`EXIT_TERMINATED`."""
+
+    status = EXIT_TERMINATED
+    reason = "SIGTERM"
 
 
 class Interrupted(KeyboardInterrupt):

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .calls import CallTimeout, with_timeout
+from .calls import CallTimeout, CaseAborted, with_timeout
 from .capture import captured_output
 from .case_runner import evaluate_case
 from .cases import Case, admissible_size, case_arrays, constrain_case, layer_case_arrays, tie_head_width
@@ -232,10 +232,23 @@ def shrink_and_write(impl: Callable[..., Any], case: Case, decl: Declaration, di
         if stats["hung"] or limit <= 0:
             return False
         stats["steps"] += 1
+        def run() -> Any:
+            return evaluate_case(impl, c, decl, vjp=vjp, device=device, xp=xp, contract=True, tolerance=tolerance)
+
+        begin = getattr(impl, "begin_case", None)  # a worker process: its own time limit, no thread
         try:
-            with captured_output():
-                res = with_timeout(lambda: evaluate_case(impl, c, decl, vjp=vjp, device=device, xp=xp, contract=True,
-                                                         tolerance=tolerance), limit).results
+            if begin is not None:
+                begin(limit)
+                try:
+                    res = run().results
+                finally:
+                    impl.take_output()  # what a shrinking step printed belongs to no case of the report
+            else:
+                with captured_output():
+                    res = with_timeout(run, limit).results
+        except CaseAborted as exc:
+            stats["hung"] = getattr(exc, "kind", "") == "timeout"
+            return False
         except CallTimeout:
             stats["hung"] = True
             return False

@@ -45,6 +45,7 @@ from .cases import (
     with_gate,
 )
 from .compare import Tolerance
+from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, WorkerLost
 from .long import LONG_SIZES, long_cases
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
 
@@ -75,12 +76,19 @@ def check(
     full_traceback: bool = False,
     repro: str | None = None,
     case_file: str | None = None,
+    in_process: bool | None = None,
+    import_timeout: float | None = None,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
     Parameters
     ----------
-    impl : callable
+    impl : str or callable
+        ``'package.module:function'`` (the current directory is importable; a class is
+        instantiated): the implementation runs in a worker process
+        (:class:`~gma_ref.testing.isolation.IsolatedCandidate`) and cannot affect the verdict.
+        A callable runs in this process, and the report says so ("in-process: the candidate can
+        affect this verdict"). Either way it is
         ``impl(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma[, chunk_size])``
         on arrays of its own kind, returning the output ``(B, H, N_q, d_v)`` (or
         ``(out, CausalState(memory, mass))`` or ``(out, memory, mass)`` when it declares ``returns_state``).
@@ -116,9 +124,10 @@ def check(
         with the width K = d_v, each size in a child process, fitted and judged on memory
         (:mod:`~gma_ref.testing.scaling`, docs/oracle.md "Scaling check").
     timeout : float, optional
-        Seconds one case (all its calls) may take. A case that takes longer fails
-        ("timeout") and the remaining cases are not run (listed as skipped); the
-        stuck call is abandoned in a daemon thread. Default: no limit.
+        Seconds one case (all its calls) may take. A case that takes longer fails ("timeout").
+        Isolated: the worker is killed and a fresh one runs the next case. In-process: the
+        remaining cases are not run (listed as skipped), and the stuck call is abandoned in a
+        daemon thread. Default: no limit.
     progress : callable, optional
         ``progress(done, total, case_id, elapsed_s)`` after every case.
     full_traceback : bool
@@ -132,11 +141,20 @@ def check(
     case_file : str, optional
         Run exactly the case of a reproducer file (``.npz`` from ``repro``):
         its inputs, options and, unless given here, its dtype, variant and grad.
+    in_process : bool, optional
+        With a ``'module:function'`` target, ``True`` imports and runs it in this process
+        (for debugging). A scaling check always does (it runs each size in a child process).
+    import_timeout : float, optional
+        Seconds the worker may take to import the target (default
+        :data:`~gma_ref.testing.isolation.IMPORT_TIMEOUT_S`).
 
     Raises
     ------
     TypeError
-        ``impl`` is not callable, or ``declaration`` is not a :class:`Declaration`.
+        ``impl`` is neither a target string nor callable, or ``declaration`` is not a :class:`Declaration`.
+    ImportError
+        The target cannot be imported (:class:`~gma_ref.testing.isolation.LoadError` when isolated:
+        it raised, the worker died, or the import overran ``import_timeout``).
     ValueError
         An unknown variant, dtype, device or mode name, or ``n_cases`` < 0, or
         ``timeout`` <= 0, or a ``repro`` directory that cannot be written, or a case file
@@ -150,6 +168,12 @@ def check(
     in the report, never an exception of ``check``. What the implementation prints
     during a case is captured and listed in :attr:`Report.candidate_output`.
     """
+    if isinstance(impl, str):
+        options = {k: v for k, v in locals().items() if k not in ("impl", "declaration")}
+        return _check_target(impl, declaration, options)
+    if in_process is False and not isinstance(impl, IsolatedCandidate):
+        raise ValueError("in_process=False needs a 'package.module:function' target (a callable runs in this "
+                         f"process), got {type(impl).__name__}")
     t0 = time.perf_counter()
     _validate_request(impl, declaration, variants, dtype, device, mode, n_cases, timeout)
     if scale not in ("short", "long", "scaling"):
@@ -166,6 +190,7 @@ def check(
         grad = file_case.grad if grad is None else grad
         cases = [file_case.case]
     report, decl, active, xp, the_vjp = _plan(impl, declaration, vjp, variants, dtype, device, grad, mode, name)
+    report.isolated = isinstance(impl, IsolatedCandidate)
     if scale == "scaling":
         return _scaling(impl, decl, report, variants, the_vjp, the_vjp is not None, n_max or decl.n_max, timeout, t0)
     case_list = _case_list(report, decl, active, cases, n_cases, seed, scale, n_max, file_case is not None)
@@ -176,9 +201,11 @@ def check(
     shrinker = _Shrinker(impl, decl, repro, report, opts, timeout) if repro is not None and file_case is None else None
     try:
         _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         report.interrupted = True
-        report.notes.append(f"interrupted (KeyboardInterrupt) after {len(report.case_ids)} of {len(case_list)} "
+        report.interrupt_status = getattr(exc, "status", EXIT_INTERRUPTED)
+        why = getattr(exc, "reason", "KeyboardInterrupt")
+        report.notes.append(f"interrupted ({why}) after {len(report.case_ids)} of {len(case_list)} "
                             "cases: the results are those of the cases finished before")
         report.elapsed_s = time.perf_counter() - t0
         raise Interrupted(report) from None
@@ -186,6 +213,24 @@ def check(
         shrinker.summarise()
     report.elapsed_s = time.perf_counter() - t0
     return report
+
+
+def _check_target(target: str, declaration: Declaration | None, options: dict[str, Any]) -> Report:
+    """:func:`check` of a ``'package.module:function'`` target: in a worker process unless asked otherwise."""
+    in_process = options.pop("in_process")
+    import_timeout = options.pop("import_timeout")
+    options["name"] = options["name"] or target
+    if in_process or options["scale"] == "scaling":
+        from .worker import load_implementation
+
+        return check(load_implementation(target), declaration, in_process=True, **options)
+    if options["vjp"] is not None:
+        raise ValueError("vjp= cannot be combined with an isolated target: attach it to the implementation as "
+                         "gma_vjp (or pass in_process=True)")
+    if import_timeout is not None and not (isinstance(import_timeout, (int, float)) and import_timeout > 0):
+        raise ValueError(f"import_timeout must be None or a number of seconds > 0, got {import_timeout!r}")
+    with IsolatedCandidate(target, import_timeout=import_timeout or IMPORT_TIMEOUT_S) as cand:
+        return check(cand, declaration, **options)
 
 
 def check_writable_dir(path: str, what: str) -> None:
@@ -240,7 +285,9 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
     from .adapters import candidate_dtype
 
     try:
-        if active and candidate_dtype(decl.namespace, dtype) is None:
+        has_dtype = impl.has_dtype if isinstance(impl, IsolatedCandidate) else (
+            lambda ns, dt: candidate_dtype(ns, dt) is not None)
+        if active and not has_dtype(decl.namespace, dtype):
             report.skipped.append(Skip(f"dtype {dtype}", f"{decl.namespace} has no {dtype} here (install ml_dtypes)",
                                        requested=dtype_req))
             active = ()
@@ -262,6 +309,11 @@ def _declared_reason(decl: Declaration, name: str) -> str:
 def _plan_vjp(report: Report, impl: Callable[..., Any], decl: Declaration, vjp: Any, grad: bool, grad_req: bool
               ) -> Any:
     """The VJP to check with (``None``: no gradient checks), noting why in the skip list."""
+    if isinstance(impl, IsolatedCandidate):  # the worker resolves the VJP: impl.gma_vjp, else the framework's
+        why = impl.configure(decl, bool(grad and decl.grad))
+        if grad and decl.grad and why is not None:
+            report.skipped.append(Skip("gradients", why, requested=True))
+            return None
     if grad:
         if not decl.grad:
             report.skipped.append(Skip("gradients", "not declared (grad=False)" + _declared_reason(decl, "grad"),
@@ -375,6 +427,8 @@ def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declara
     An exception that escapes the case's evaluation (the harness failing on what the candidate
     returned) is a labelled ``harness`` failure; a case file's non-finite input is re-raised.
     """
+    if isinstance(impl, IsolatedCandidate):
+        return _run_isolated(report, impl, case, decl, opts, timeout)
     res: CaseOutcome | None
     with captured_output() as printed:
         try:
@@ -391,6 +445,33 @@ def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declara
                                                           "the harness failed on what the implementation did: ")],
                               None)
     report.add_output(case.case_id, printed[0] if printed else "")
+    return res
+
+
+def _run_isolated(report: Report, cand: IsolatedCandidate, case: Case, decl: Declaration, opts: dict[str, Any],
+                  timeout: float | None) -> CaseOutcome:
+    """One case in the worker: a worker that dies or overruns ``timeout`` labels the case; the next gets a fresh one."""
+    cand.begin_case(timeout)
+    try:
+        res = evaluate_case(cand, case, decl, **opts)
+    except WorkerLost as exc:
+        if exc.kind == "timeout":
+            detail = f"no result after {timeout:g} s: the worker was killed; a fresh worker runs the next case"
+        else:
+            detail = f"{exc.detail}; a fresh worker runs the next case"
+        res = CaseOutcome(case.case_id, [CheckResult(case.case_id, "call", "case", exc.kind, None,
+                                                     timeout if exc.kind == "timeout" else None, False,
+                                                     detail=detail)], None)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the harness failing on what the worker sent
+        if isinstance(exc, NonFiniteInputError) and opts.get("arrays") is not None:
+            raise
+        res = CaseOutcome(case.case_id, [call_failure(case.case_id, "harness", "case", exc,
+                                                      opts.get("full_traceback", False),
+                                                      "the harness failed on what the implementation did: ")], None)
+    finally:
+        report.add_output(case.case_id, cand.take_output())
     return res
 
 
@@ -464,7 +545,8 @@ def _validate_request(impl: Any, declaration: Any, variants: Any, dtype: Any, de
     from .cases import DTYPES
 
     if not callable(impl):
-        raise TypeError(f"impl must be a callable GMA implementation, got {type(impl).__name__} {impl!r:.60}")
+        raise TypeError("impl must be a 'package.module:function' target or a callable GMA implementation, "
+                        f"got {type(impl).__name__} {impl!r:.60}")
     if declaration is not None and not isinstance(declaration, Declaration):
         raise TypeError(f"declaration must be a gma_ref.testing.Declaration, got {type(declaration).__name__}")
     if isinstance(variants, str):

@@ -109,10 +109,19 @@ def test_keyboard_interrupt_stops_the_run_with_a_partial_report():
     partial = info.value.report
     assert partial.interrupted and partial.exit_code == 130 and len(partial.case_ids) == 3
     assert "INTERRUPTED" in partial.format()
-    status, report, _ = _cli_json("Interrupts", "--no-repro")
+    status, report, _ = _cli_json("Interrupts", "--no-repro", "--in-process")
     assert status == 130 and report["interrupted"] is True and len(report["cases"]) == 3
-    proc = _cli("tests.adversarial_impls:Interrupts", "--variant", "bidirectional", "--no-repro", "--quiet")
+    proc = _cli("tests.adversarial_impls:Interrupts", "--variant", "bidirectional", "--no-repro", "--quiet",
+                "--in-process")
     assert proc.returncode == 130 and "INTERRUPTED: 3/3 cases passed" in proc.stdout
+
+
+def test_a_keyboard_interrupt_raised_by_an_isolated_candidate_is_its_own_failure():
+    """In a worker process, a KeyboardInterrupt the candidate raises is a labelled failure, not the end of the run
+    (Ctrl-C goes to the oracle, never to the worker)."""
+    status, report, _ = _cli_json("Interrupts", "--no-repro")
+    assert status == 1 and report["interrupted"] is False and len(report["cases"]) > 3  # it went on past it
+    assert {r["metric"] for r in report["results"] if not r["passed"]} == {"raised"}
 
 
 def test_a_crash_inside_the_harness_is_a_labelled_failure(monkeypatch):

@@ -20,10 +20,10 @@ PACKAGE = pathlib.Path(gma_ref.testing.__file__).parent
 #: :data:`WITHIN` allows it (the known-good kernels build on the emulated kernel).
 LAYERS: dict[str, int] = {
     "names": 0,
-    "declaration": 1, "capture": 1,
+    "declaration": 1, "capture": 1, "buffers": 1,
     "adapters": 2, "calls": 2,
-    "cases": 3,
-    "conditioning": 4,
+    "cases": 3, "wire": 3,
+    "conditioning": 4, "isolation": 4, "worker": 4,
     "reference": 5,
     "compare": 6,
     "long": 7,
