@@ -129,10 +129,11 @@ def test_torch_subclasses_are_read_from_their_storage() -> None:
     ({"kind": "pickle"}, b"", "unknown array kind"),
     ({"kind": "problem"}, b"", "without text"),
     ({"kind": "array", "dtype": "object", "shape": [1], "device": "cpu", "framework": "numpy"}, b"", "dtype"),
-    ({"kind": "array", "dtype": "float32", "shape": [-1], "device": "cpu", "framework": "numpy"}, b"", "shape"),
-    ({"kind": "array", "dtype": "float32", "shape": [True], "device": "cpu", "framework": "numpy"}, b"", "shape"),
-    ({"kind": "array", "dtype": "float32", "shape": "2", "device": "cpu", "framework": "numpy"}, b"", "shape"),
-    ({"kind": "array", "dtype": "float32", "shape": [1] * 33, "device": "cpu", "framework": "numpy"}, b"", "shape"),
+    ({"kind": "array", "dtype": "float32", "shape": [-1], "device": "cpu", "framework": "numpy"}, b"", "bad shape"),
+    ({"kind": "array", "dtype": "float32", "shape": [True], "device": "cpu", "framework": "numpy"}, b"", "bad shape"),
+    ({"kind": "array", "dtype": "float32", "shape": "2", "device": "cpu", "framework": "numpy"}, b"", "bad shape"),
+    ({"kind": "array", "dtype": "float32", "shape": [1] * 33, "device": "cpu", "framework": "numpy"}, b"", "bad shape"),
+    ({"kind": "array", "dtype": "float32", "shape": [1.0], "device": "cpu", "framework": "numpy"}, b"", "bad shape"),
     ({"kind": "array", "dtype": "float32", "shape": [2], "device": "c p u", "framework": "numpy"}, b"", "device"),
     ({"kind": "array", "dtype": "float32", "shape": [2], "device": 1, "framework": "numpy"}, b"", "device"),
     ({"kind": "array", "dtype": "float32", "shape": [2], "device": "cpu", "framework": "torch2"}, b"", "framework"),
@@ -152,3 +153,85 @@ def test_a_decoded_array_owns_its_data() -> None:
                bytes(payload))
     assert h.data.flags.writeable and h.data.tolist() == [0.0, 1.0, 2.0]
     assert h.as_layout("noncontiguous").layout == "noncontiguous" and h.ndim == 1
+
+
+def test_the_largest_rank_and_the_longest_texts_are_kept() -> None:
+    """A 32-axis array decodes; a problem's text keeps 2000 characters, an unreadable object's reason 300."""
+    h = decode({"kind": "array", "dtype": "float32", "shape": [1] * 32, "device": "cpu", "framework": "numpy"},
+               b"\0" * 4)
+    assert h.ndim == 32
+    assert decode({"kind": "problem", "text": "x" * 2001}, b"") == HostProblem("x" * 2000)
+
+    class Loud:
+        def __dlpack__(self, *a, **k):
+            raise RuntimeError("y" * 301)
+
+    assert extract(Loud()).text.count("y") == 300
+
+
+def test_reading_never_raises_but_lets_ctrl_c_through() -> None:
+    """An object whose reading raises an unprintable exception is described; KeyboardInterrupt propagates."""
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise ValueError
+
+    class Bad:
+        def __dlpack__(self, *a, **k):
+            raise Unprintable
+
+    class Stop:
+        def __dlpack__(self, *a, **k):
+            raise KeyboardInterrupt
+
+    assert "<unprintable>" in extract(Bad()).text
+    with pytest.raises(KeyboardInterrupt):
+        extract(Stop())
+
+
+def test_to_float64_widens_every_real_dtype() -> None:
+    """Integers, booleans and float32 become float64 values equal to the originals."""
+    for a in (np.arange(4, dtype=np.int16), np.array([True, False]), np.array([0.1], np.float32)):
+        got = to_float64(HostArray(a, a.dtype.name))
+        assert got.dtype == np.float64 and np.array_equal(got, a.astype(np.float64))
+
+
+def test_ml_dtypes_bfloat16_crosses_as_its_bit_patterns() -> None:
+    """A NumPy bfloat16 array (ml_dtypes) is sent as 16-bit patterns named bfloat16, and widens exactly."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.array([1.0, -0.5, 3.0], dtype=ml_dtypes.bfloat16)
+    h = extract(a)
+    assert h.dtype == "bfloat16" and h.data.dtype == np.uint16
+    assert to_float64(_roundtrip(h)).tolist() == [1.0, -0.5, 3.0]
+
+
+def test_cupy_and_jax_arrays_are_copied_to_the_host(monkeypatch) -> None:
+    """A CuPy array is read by ndarray.get (device 'cuda'); a JAX array by numpy.asarray, on its platform."""
+    import sys
+    import types
+
+    class CupyArray:
+        def __init__(self, a):
+            self.a = a
+
+        def get(self):
+            return self.a
+
+    class JaxArray:
+        def __init__(self, a, platform):
+            self.a, self.platform = a, platform
+
+        def devices(self):
+            return [types.SimpleNamespace(platform=self.platform)]
+
+        def __array__(self, dtype=None, copy=None):
+            return self.a
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=CupyArray))
+    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(Array=JaxArray))
+    a = np.arange(3.0, dtype=np.float32)
+    h = extract(CupyArray(a))
+    assert (h.framework, h.device, h.dtype) == ("cupy", "cuda", "float32") and np.array_equal(h.data, a)
+    for platform, device in (("gpu", "cuda"), ("cuda", "cuda"), ("cpu", "cpu")):
+        h = extract(JaxArray(a, platform))
+        assert (h.framework, h.device) == ("jax", device) and np.array_equal(h.data, a)
