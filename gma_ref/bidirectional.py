@@ -471,7 +471,9 @@ def gma_cross(
     N_q and N_k are independent; N_k = 0 gives an all-zero output (empty memory).
     Same computation, dtypes and raises as :func:`gma_bidirectional`.
     """
+    # [eq:cross]
     return gma_bidirectional(gamma_q, gamma_k, v, eps, check_finite=check_finite)
+    # [/eq:cross]
 
 
 def gma_cross_backward(

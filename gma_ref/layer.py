@@ -217,8 +217,10 @@ def _gate_matrices(xp: Any, params: GMALayerParams) -> tuple[Array, Array]:
 
 def _gates(xp: Any, params: GMALayerParams, x: Array) -> Array:
     """σ(X W_G,h + b_G,h) ``(..., H, N, d_g)``; it broadcasts against the heads ``(..., H, N, d_v)``."""
+    # [eq:gate]
     w, b = _gate_matrices(xp, params)
     return sigmoid(_project(xp, x, w) + b)
+    # [/eq:gate]
 
 
 def _check_input(xp: Any, name: str, a: Array, d_model: int, check_finite: bool) -> None:
