@@ -22,14 +22,20 @@ import importlib.util
 import io
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import gma_source
-from docutils import nodes
-from sphinx import addnodes
-from sphinx.util.docutils import SphinxDirective
+try:
+    from docutils import nodes
+    from sphinx import addnodes
+    from sphinx.util.docutils import SphinxDirective
+except ImportError:  # the gallery helpers are imported by tests where Sphinx is not installed
+    SphinxDirective = object  # type: ignore[assignment,misc]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gma_source  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent.parent
 FIGURES = DOCS / "_figures"
@@ -200,7 +206,8 @@ class RunExample(SphinxDirective):
 
 
 def setup(app: Any) -> dict[str, Any]:
-    app.connect("builder-inited", _draw_figures)
+    # Before Sphinx-Gallery (priority 500): the gallery takes thumbnails of its unexecuted examples from _figures.
+    app.connect("builder-inited", _draw_figures, priority=400)
     app.add_directive("gma-code", EquationCode)
     app.add_directive("gma-run", RunExample)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
