@@ -110,6 +110,7 @@ html_theme = "pydata_sphinx_theme"
 html_title = "gma-ref"
 html_static_path = ["_static", *html_static_path_mathjax]
 html_css_files = ["gma-ref.css"]
+html_js_files = ["gma-ref-fit.js"]
 html_theme_options = {
     "navigation_depth": 2,
     "header_links_before_dropdown": 5,

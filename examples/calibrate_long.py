@@ -18,6 +18,8 @@ long-sequence bug runs the long check and the short default check of each dtype 
 ``hidden_in``), beside the correct kernel, and the largest error / threshold of each is printed.
 """
 
+# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+
 from __future__ import annotations
 
 import argparse

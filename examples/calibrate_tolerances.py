@@ -22,6 +22,8 @@ power of two at which every family kernel stays below half the threshold over th
 default and ``--cases`` generated cases of float64, float32 and bfloat16.
 """
 
+# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+
 from __future__ import annotations
 
 import argparse

@@ -33,6 +33,8 @@ Without fla (or, for ``--device cuda``, without CUDA/Triton/CuPy) it prints why 
 Exit status 1 if any check failed.
 """
 
+# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+
 from __future__ import annotations
 
 import argparse

@@ -32,6 +32,8 @@ as −(do/den)·(o/den) (:func:`reordered_backward`), and then all 11 pass.
 Without triton, fla or torch it prints why and exits 0. Exit status 1 if any check failed.
 """
 
+# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+
 from __future__ import annotations
 
 import os

@@ -18,6 +18,8 @@ the float64 reference with CuPy on the GPU, and compares on the GPU: nothing goe
 host except the error figures. Replace ``cuda_gma`` by your kernel to check it.
 """
 
+# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+
 from __future__ import annotations
 
 import argparse

@@ -20,6 +20,8 @@ depth L. With matplotlib the curves (median and range over the configurations) a
 ``DIR`` (default: a new temporary directory).
 """
 
+# sphinx_gallery_thumbnail_path = '_figures/rank_collapse.png'
+
 from __future__ import annotations
 
 import argparse

@@ -189,6 +189,7 @@ def softmax_attention_weights(
             f"causal attention needs as many queries as keys, got q shape {tuple(q.shape)} "
             f"and k shape {tuple(k.shape)}"
         )
+    # [eq:1]
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_positive_scalar("scale", scale)
     scores = xp.matmul(q, xp.matrix_transpose(k)) * s
     if causal:
@@ -199,6 +200,7 @@ def softmax_attention_weights(
     shifted = scores - xp.max(scores, axis=-1, keepdims=True)
     e = xp.exp(shifted)
     return e / xp.sum(e, axis=-1, keepdims=True)
+    # [/eq:1]
 
 
 def softmax_attention(
@@ -361,11 +363,13 @@ def normalised_linear_attention(
     """
     xp = namespace(phi_q=phi_q, phi_k=phi_k, v=v)
     phi_q, phi_k, v, eps = _check_features(xp, phi_q, phi_k, v, eps, check_finite, causal=False)
+    # [eq:linear]
     state = xp.matmul(xp.matrix_transpose(phi_k), v)             # (..., K, d_v)
     norm = xp.sum(phi_k, axis=-2)                                  # (..., K)
     numerator = xp.matmul(phi_q, state)                            # (..., N_q, d_v)
     denominator = xp.sum(phi_q * xp.expand_dims(norm, axis=-2), axis=-1)  # (..., N_q)
     return numerator / (xp.expand_dims(denominator, axis=-1) + eps)
+    # [/eq:linear]
 
 
 def normalised_causal_linear_attention(

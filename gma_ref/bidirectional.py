@@ -109,8 +109,10 @@ def write_memory(gamma_k: Array, v: Array) -> tuple[Array, Array]:
     Both in the promoted floating dtype; for N_k = 0 both are zero.
     """
     xp = namespace(gamma_k=gamma_k, v=v)
+    # [eq:5+6]
     memory = xp.matmul(xp.matrix_transpose(gamma_k), v)
     mass = xp.sum(gamma_k, axis=-2)
+    # [/eq:5+6]
     return memory, mass
 
 
@@ -148,7 +150,9 @@ def query_mass(gamma_q: Array, mass: Array) -> Array:
     """
     xp = namespace(gamma_q=gamma_q, mass=mass)
     # A matrix–vector product: no N × K temporary (the read step is memory-bound for large N).
+    # [eq:u]
     return xp.matmul(gamma_q, xp.expand_dims(mass, axis=-1))[..., 0]
+    # [/eq:u]
 
 
 def _safe_denominator(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
@@ -184,12 +188,14 @@ def read_memory(
     eps = check_nonnegative_scalar("eps", eps)
     if check_finite:
         _check_read_inputs_finite(xp, gamma_q, memory, mass)
+    # [eq:7+8]
     u = query_mass(gamma_q, mass)
     if eps > 0:  # u_i + ε > 0 for every row: one scaling, no masking
         return xp.matmul(gamma_q, memory) * xp.expand_dims(1.0 / (u + eps), axis=-1)
     denom, seen = _safe_denominator(xp, u, eps)
     out = xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1)
     return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out))
+    # [/eq:7+8]
 
 
 class ReadGrad(NamedTuple):
@@ -339,10 +345,12 @@ def gma_bidirectional(
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+    # [eq:latent]
     scale = value_scale(xp, v, v.shape[-2])  # |V| near the float maximum: Ṽ would overflow
     memory, mass = write_memory(gamma_k, v if scale == 1.0 else v / scale)
     out = read_memory(gamma_q, memory, mass, eps, check_finite=False)
     return out if scale == 1.0 else out * scale
+    # [/eq:latent]
 
 
 class GMAGrad(NamedTuple):
@@ -463,7 +471,9 @@ def gma_cross(
     N_q and N_k are independent; N_k = 0 gives an all-zero output (empty memory).
     Same computation, dtypes and raises as :func:`gma_bidirectional`.
     """
+    # [eq:cross]
     return gma_bidirectional(gamma_q, gamma_k, v, eps, check_finite=check_finite)
+    # [/eq:cross]
 
 
 def gma_cross_backward(

@@ -157,12 +157,14 @@ def gma_causal_prefix(
                                       return_state=True, check_finite=False, max_bytes=None)
         out = out * scale
         return (out, _scaled(last, scale)) if return_state else out
+    # [eq:6b+8b]
     written = xp.expand_dims(gamma_k, axis=-1) * xp.expand_dims(v, axis=-2)  # γ^K_jk V_j: (..., N, K, d_v)
     memory_prefix = xp.cumulative_sum(written, axis=-3) + xp.expand_dims(state.memory, axis=-3)  # Ṽ^(i)
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
     num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
     u = xp.sum(gamma_q * mass_prefix, axis=-1)
     out = _divide(xp, num, u, eps)
+    # [/eq:6b+8b]
     if not return_state:
         return out
     if gamma_k.shape[-2] == 0:
@@ -480,12 +482,14 @@ def causal_step(
 
 def _step(xp: Any, state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: Array,
           eps: float) -> tuple[Array, CausalState]:
+    # [eq:step]
     memory = state.memory + xp.expand_dims(gamma_k_t, axis=-1) * xp.expand_dims(v_t, axis=-2)
     mass = state.mass + gamma_k_t
     num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
     u = xp.sum(gamma_q_t * mass, axis=-1)
     out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)
     return out[..., 0, :], CausalState(memory, mass)
+    # [/eq:step]
 
 
 def _check_state_type(state: Any) -> None:
@@ -684,6 +688,7 @@ def gma_causal_chunked(
         return (out * scale, _scaled(last, scale)) if return_state else out * scale
     n = gamma_q.shape[-2]
     outs = []
+    # [eq:chunked]
     for start in range(0, n, chunk_size):
         stop = min(n, start + chunk_size)
         gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
@@ -693,6 +698,7 @@ def gma_causal_chunked(
         outs.append(_divide(xp, num, u, eps))
         memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
         mass = mass + xp.sum(gk, axis=-2)
+    # [/eq:chunked]
     if outs:
         out = xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
     else:

@@ -120,6 +120,7 @@ def routing_cost(n: int, k: int, d_r: int, d_v: int) -> RoutingCost:
         an argument < 1.
     """
     n, k, d_r, d_v = _positive_ints(n=n, k=k, d_r=d_r, d_v=d_v)
+    # [eq:12]
     return RoutingCost(
         responsibilities=2 * n * k * d_r + 2 * n * k,
         write=n * k * d_v,
@@ -128,6 +129,7 @@ def routing_cost(n: int, k: int, d_r: int, d_v: int) -> RoutingCost:
         denominator=n * k,
         normalisation=n * d_v,
     )
+    # [/eq:12]
 
 
 def routing_cost_total(n: int, k: int, d_r: int, d_v: int) -> int:
@@ -137,7 +139,9 @@ def routing_cost_total(n: int, k: int, d_r: int, d_v: int) -> int:
     be checked against each other. Raises as :func:`routing_cost`.
     """
     n, k, d_r, d_v = _positive_ints(n=n, k=k, d_r=d_r, d_v=d_v)
+    # [eq:12total]
     return 2 * n * k * d_r + 2 * n * k * d_v + 4 * n * k + n * d_v
+    # [/eq:12total]
 
 
 @dataclass(frozen=True)
@@ -295,8 +299,10 @@ def chain_cost(m: int, n: int, p: int, q: int) -> ChainCost:
     Raises TypeError (non-integer) / ValueError (< 1).
     """
     m, n, p, q = _positive_ints(m=m, n=n, p=p, q=q)
+    # [eq:42+43+44]
     return ChainCost(left_first=m * n * p + m * p * q, right_first=n * p * q + m * n * q,
                      left_intermediate=m * p, right_intermediate=n * q)
+    # [/eq:42+43+44]
 
 
 @dataclass(frozen=True)
@@ -325,6 +331,7 @@ def gma_association_cost(n: int, k: int, d_v: int) -> GmaAssociationCost:
     ``C = V_X`` (N×d_v). Raises TypeError (non-integer) / ValueError (< 1).
     """
     n, k, d_v = _positive_ints(n=n, k=k, d_v=d_v)
+    # [eq:45+46+47+48+49]
     chain = chain_cost(n, k, n, d_v)
     return GmaAssociationCost(
         explicit=chain.left_first,
@@ -333,6 +340,7 @@ def gma_association_cost(n: int, k: int, d_v: int) -> GmaAssociationCost:
         associative_intermediate=chain.right_intermediate,
         normaliser=2 * n * k,
     )
+    # [/eq:45+46+47+48+49]
 
 
 # --------------------------------------------------------------------------- multiply-add counter

@@ -158,7 +158,9 @@ def head_average(gamma_q: Array, *, check_finite: bool = True, check_simplex: bo
     _check_gamma(xp, gamma_q, check_finite, check_simplex)
     if gamma_q.ndim != 4:
         raise ValueError(f"gamma_q must have shape (S, H, L, K), got shape {tuple(gamma_q.shape)}")
+    # [eq:24]
     return xp.mean(gamma_q, axis=1)
+    # [/eq:24]
 
 
 def token_responsibilities(
@@ -175,15 +177,19 @@ def token_responsibilities(
     _check_gamma(xp, gamma_q, check_finite, check_simplex)
     if gamma_q.ndim == 2:
         return gamma_q
+    # [eq:24token]
     s, _, l_len, k = gamma_q.shape
     return xp.reshape(xp.mean(gamma_q, axis=1), (s * l_len, k))
+    # [/eq:24token]
 
 
 def _entropy_nats(xp: Any, p: Array, axis: int = -1) -> Array:
     """−Σ p log p along ``axis`` with 0 · log 0 = 0 (no NaN, no warning)."""
+    # [eq:entropy]
     positive = p > 0
     safe = xp.where(positive, p, xp.ones_like(p))
     return -xp.sum(xp.where(positive, p * xp.log(safe), xp.zeros_like(p)), axis=axis)
+    # [/eq:entropy]
 
 
 def marginal_usage(gamma_q: Array, *, check_finite: bool = True, check_simplex: bool = True) -> Array:
@@ -195,7 +201,9 @@ def marginal_usage(gamma_q: Array, *, check_finite: bool = True, check_simplex: 
     """
     xp = namespace(gamma_q=gamma_q)
     g = token_responsibilities(gamma_q, check_finite=check_finite, check_simplex=check_simplex)
+    # [eq:25]
     return xp.mean(g, axis=0)
+    # [/eq:25]
 
 
 def usage_entropy(gamma_q: Array, *, check_finite: bool = True, check_simplex: bool = True) -> Array:
@@ -208,11 +216,13 @@ def usage_entropy(gamma_q: Array, *, check_finite: bool = True, check_simplex: b
     """
     xp = namespace(gamma_q=gamma_q)
     p = marginal_usage(gamma_q, check_finite=check_finite, check_simplex=check_simplex)
+    # [eq:26]
     k = p.shape[0]
     h = _entropy_nats(xp, p)
     if k == 1:
         return xp.zeros_like(h)
     return h / math.log(k)
+    # [/eq:26]
 
 
 def token_entropy(gamma_q: Array, *, check_finite: bool = True, check_simplex: bool = True) -> Array:
@@ -224,11 +234,13 @@ def token_entropy(gamma_q: Array, *, check_finite: bool = True, check_simplex: b
     """
     xp = namespace(gamma_q=gamma_q)
     g = token_responsibilities(gamma_q, check_finite=check_finite, check_simplex=check_simplex)
+    # [eq:27]
     k = g.shape[-1]
     h = xp.mean(_entropy_nats(xp, g, axis=-1))
     if k == 1:
         return xp.zeros_like(h)
     return h / math.log(k)
+    # [/eq:27]
 
 
 def mean_max_responsibility(
@@ -241,7 +253,9 @@ def mean_max_responsibility(
     """
     xp = namespace(gamma_q=gamma_q)
     g = token_responsibilities(gamma_q, check_finite=check_finite, check_simplex=check_simplex)
+    # [eq:28]
     return xp.mean(xp.max(g, axis=-1))
+    # [/eq:28]
 
 
 def hard_assignments(gamma_q: Array, *, check_finite: bool = True, check_simplex: bool = True) -> Array:
@@ -254,7 +268,9 @@ def hard_assignments(gamma_q: Array, *, check_finite: bool = True, check_simplex
     """
     xp = namespace(gamma_q=gamma_q)
     g = token_responsibilities(gamma_q, check_finite=check_finite, check_simplex=check_simplex)
+    # [eq:29]
     return xp.argmax(g, axis=-1)
+    # [/eq:29]
 
 
 # --------------------------------------------------------------------------- hard diagnostics
@@ -325,7 +341,9 @@ def contingency_counts(
             f"assignments and categories must have the same length T, got {assignments.shape[0]} "
             f"and {categories.shape[0]}"
         )
+    # [eq:30]
     return xp.matmul(xp.matrix_transpose(_one_hot(xp, assignments, k)), _one_hot(xp, categories, c))
+    # [/eq:30]
 
 
 def _check_counts(xp: Any, counts: Array) -> None:
@@ -358,10 +376,12 @@ def component_purity(counts: Array) -> Array:
     """
     xp = namespace(counts=counts)
     n = _as_float_counts(xp, counts)
+    # [eq:31]
     n_k = xp.sum(n, axis=1)
     used = n_k > 0
     ratio = xp.max(n, axis=1) / xp.where(used, n_k, xp.ones_like(n_k))
     return xp.where(used, ratio, xp.full_like(ratio, math.nan))
+    # [/eq:31]
 
 
 def weighted_purity(counts: Array) -> Array:
@@ -373,11 +393,13 @@ def weighted_purity(counts: Array) -> Array:
     """
     xp = namespace(counts=counts)
     n = _as_float_counts(xp, counts)
+    # [eq:32]
     n_k = xp.sum(n, axis=1)
     used = n_k > 0
     zeros = xp.zeros_like(n_k)
     purity = xp.where(used, component_purity(n), zeros)  # NaN rows (n_k = 0) are left out
     return xp.sum(xp.where(used, n_k * purity, zeros)) / xp.sum(n_k)
+    # [/eq:32]
 
 
 def mutual_information(counts: Array) -> Array:
@@ -389,6 +411,7 @@ def mutual_information(counts: Array) -> Array:
     """
     xp = namespace(counts=counts)
     n = _as_float_counts(xp, counts)
+    # [eq:33]
     t = xp.sum(n)
     n_k = xp.sum(n, axis=1, keepdims=True)
     n_c = xp.sum(n, axis=0, keepdims=True)
@@ -398,6 +421,7 @@ def mutual_information(counts: Array) -> Array:
     denom = xp.where(positive, n_k * n_c, ones)  # no 0/0 in empty cells
     ratio = xp.where(positive, n * t / denom, ones)
     return xp.sum(xp.where(positive, n * xp.log(ratio), xp.zeros_like(n))) / t
+    # [/eq:33]
 
 
 def normalized_mutual_information(counts: Array) -> Array:
@@ -411,6 +435,7 @@ def normalized_mutual_information(counts: Array) -> Array:
     """
     xp = namespace(counts=counts)
     n = _as_float_counts(xp, counts)
+    # [eq:34]
     t = xp.sum(n)
     h_z = _entropy_nats(xp, xp.sum(n, axis=1) / t)
     h_c = _entropy_nats(xp, xp.sum(n, axis=0) / t)
@@ -418,6 +443,7 @@ def normalized_mutual_information(counts: Array) -> Array:
     mi = mutual_information(n)
     has = denom > 0
     return xp.where(has, mi / xp.where(has, denom, xp.ones_like(denom)), xp.zeros_like(mi))
+    # [/eq:34]
 
 
 # --------------------------------------------------------------------------- permutation baseline

@@ -157,6 +157,7 @@ def dirichlet_prior_kl(a: Array, alpha0: float, *, check_finite: bool = True) ->
     xp = namespace(a=a)
     _check_concentrations(xp, a, check_finite)
     alpha0 = check_positive_scalar("alpha0", alpha0)
+    # [eq:35+37]
     h = _to_host(a).astype(np.float64)
     k = h.shape[-1]
     b = alpha0 / k
@@ -169,6 +170,7 @@ def dirichlet_prior_kl(a: Array, alpha0: float, *, check_finite: bool = True) ->
         + np.sum((h - b) * (special.digamma(h) - special.digamma(a0)[..., None]), axis=-1)
     )
     return _from_host(xp, a, np.asarray(kl))
+    # [/eq:35+37]
 
 
 def dirichlet_prior_kl_backward(a: Array, alpha0: float, d_out: Array, *, check_finite: bool = True) -> DirichletKLGrad:
@@ -205,7 +207,9 @@ def posterior_mean_priors(a: Array, *, check_finite: bool = True) -> Array:
     """
     xp = namespace(a=a)
     _check_concentrations(xp, a, check_finite)
+    # [eq:36]
     return a / xp.sum(a, axis=-1, keepdims=True)
+    # [/eq:36]
 
 
 def posterior_mean_priors_backward(a: Array, d_out: Array, *, check_finite: bool = True) -> ConcentrationGrad:
@@ -231,7 +235,9 @@ def posterior_mean_log_priors(a: Array, *, check_finite: bool = True) -> Array:
     """
     xp = namespace(a=a)
     _check_concentrations(xp, a, check_finite)
+    # [eq:36log]
     return xp.log(a) - xp.log(xp.sum(a, axis=-1, keepdims=True))
+    # [/eq:36log]
 
 
 def posterior_mean_log_priors_backward(a: Array, d_out: Array, *, check_finite: bool = True) -> ConcentrationGrad:
@@ -248,6 +254,20 @@ def posterior_mean_log_priors_backward(a: Array, d_out: Array, *, check_finite: 
 
 
 # --------------------------------------------------------------------------- stick breaking
+
+
+def _check_sticks(xp: Any, v: Array, check_finite: bool) -> None:
+    """Validate the stick fractions v ``(..., K_max)``: real floating, K_max ≥ 1, in [0, 1], finite."""
+    check_floating(xp, "v", v)
+    check_rank("v", v, 1, "(..., K_max)")
+    if v.shape[-1] < 1:
+        raise ValueError(f"v must have K_max >= 1 sticks, got shape {tuple(v.shape)}")
+    if check_finite:
+        _check_finite(xp, "v", v)
+    if n_elements(v) and not bool(xp.all((v >= 0) & (v <= 1))):
+        raise ValueError(
+            f"v must lie in [0, 1], got min {float(xp.min(v))} and max {float(xp.max(v))}"
+        )
 
 
 def stick_breaking_priors(v: Array, *, check_finite: bool = True) -> tuple[Array, Array]:
@@ -282,22 +302,15 @@ def stick_breaking_priors(v: Array, *, check_finite: bool = True) -> tuple[Array
         ``v`` 0-d, K_max < 1, entries outside [0, 1] or NaN/Inf.
     """
     xp = namespace(v=v)
-    check_floating(xp, "v", v)
-    check_rank("v", v, 1, "(..., K_max)")
-    if v.shape[-1] < 1:
-        raise ValueError(f"v must have K_max >= 1 sticks, got shape {tuple(v.shape)}")
-    if check_finite:
-        _check_finite(xp, "v", v)
-    if n_elements(v) and not bool(xp.all((v >= 0) & (v <= 1))):
-        raise ValueError(
-            f"v must lie in [0, 1], got min {float(xp.min(v))} and max {float(xp.max(v))}"
-        )
+    _check_sticks(xp, v, check_finite)
+    # [eq:38]
     stick = xp.ones_like(v[..., 0])
     cols = []
     for k in range(v.shape[-1]):
         cols.append(v[..., k] * stick)
         stick = stick * (1 - v[..., k])
     return xp.stack(cols, axis=-1), stick
+    # [/eq:38]
 
 
 def stick_breaking_priors_backward(
@@ -403,6 +416,7 @@ def _moe_scores(
     xp: Any, r: Array, expert_means: Array, expert_variances: Array, expert_prior_logits: Array
 ) -> tuple[Array, Array]:
     """Scores log ρ_h + log N(r_i│ν_h, diag λ_h), shape (..., N, H), and the scaled offsets."""
+    # [eq:39scores]
     d = expert_means.shape[-1]
     diff = r[..., :, None, :] - expert_means  # (..., N, H, d_g)
     scaled = diff / expert_variances  # Λ⁻¹ (r − ν)
@@ -411,6 +425,7 @@ def _moe_scores(
     log_rho = _log_softmax(xp, expert_prior_logits)
     scores = log_rho - 0.5 * d * math.log(2 * math.pi) - 0.5 * log_det - 0.5 * maha
     return scores, scaled
+    # [/eq:39scores]
 
 
 def moe_gates(
@@ -458,8 +473,10 @@ def moe_gates(
         expert_prior_logits=expert_prior_logits,
     )
     _check_moe_inputs(xp, r, expert_means, expert_variances, expert_prior_logits, check_finite)
+    # [eq:39]
     scores, _ = _moe_scores(xp, r, expert_means, expert_variances, expert_prior_logits)
     return xp.exp(_log_softmax(xp, scores))
+    # [/eq:39]
 
 
 def moe_gates_backward(
@@ -569,8 +586,10 @@ def moe_dense_mixture(gates: Array, expert_outputs: Array, *, check_finite: bool
     """
     xp = namespace(gates=gates, expert_outputs=expert_outputs)
     _check_mixture_inputs(xp, gates, expert_outputs, check_finite)
+    # [eq:40]
     weights = xp.moveaxis(gates, -1, -2)[..., None]  # (..., H, N, 1)
     return xp.sum(weights * expert_outputs, axis=-3)
+    # [/eq:40]
 
 
 def moe_dense_mixture_backward(
@@ -609,9 +628,11 @@ def top_r_mask(gates: Array, r: int) -> Array:
     r = check_positive_int("r", r)
     if r > h:
         raise ValueError(f"r must satisfy 1 <= r <= H = {h}, got r = {r}")
+    # [eq:41mask]
     order = xp.argsort(-gates, axis=-1, stable=True)  # experts by decreasing gate
     rank = xp.argsort(order, axis=-1, stable=True)  # position of each expert in that order
     return rank < r
+    # [/eq:41mask]
 
 
 def moe_sparse_gates(gates: Array, r: int, *, check_finite: bool = True) -> Array:
@@ -630,11 +651,13 @@ def moe_sparse_gates(gates: Array, r: int, *, check_finite: bool = True) -> Arra
         _check_finite(xp, "gates", gates)
     if not bool(xp.all(gates >= 0)):
         raise ValueError(f"gates must be non-negative, got min {float(xp.min(gates))}")
+    # [eq:41]
     kept = xp.where(mask, gates, xp.zeros_like(gates))
     total = xp.sum(kept, axis=-1, keepdims=True)
     if not bool(xp.all(total > 0)):
         raise ValueError("gates must have a positive sum over the selected top-r experts in every row")
     return kept / total
+    # [/eq:41]
 
 
 def moe_sparse_mixture(
@@ -655,11 +678,13 @@ def moe_sparse_mixture(
     """
     xp = namespace(gates=gates, expert_outputs=expert_outputs)
     _check_mixture_inputs(xp, gates, expert_outputs, check_finite)
+    # [eq:41mix]
     sparse = moe_sparse_gates(gates, r, check_finite=False)
     mask = xp.moveaxis(top_r_mask(gates, r), -1, -2)[..., None]  # (..., H, N, 1)
     weights = xp.moveaxis(sparse, -1, -2)[..., None]
     kept = xp.where(mask, expert_outputs, xp.zeros_like(expert_outputs))  # unselected never used
     return xp.sum(weights * kept, axis=-3)
+    # [/eq:41mix]
 
 
 def moe_sparse_mixture_backward(

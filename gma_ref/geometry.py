@@ -60,16 +60,20 @@ class HullWeights(NamedTuple):
 
 def _slot_means(xp: Any, memory: Array, mass: Array) -> Array:
     """m_k = Ṽ_k / Z_k for memory ``(..., K, d_v)`` and mass ``(..., K)``; 0 where Z_k = 0."""
+    # [eq:m]
     filled = xp.expand_dims(mass > 0, axis=-1)
     safe = xp.expand_dims(xp.where(mass > 0, mass, xp.ones_like(mass)), axis=-1)
     return xp.where(filled, memory / safe, xp.zeros_like(memory))
+    # [/eq:m]
 
 
 def _weights(xp: Any, gamma_q: Array, mass: Array, u: Array, eps: float) -> Array:
     """w_ik = γ^Q_ik Z_k / (u_i + ε), ``mass`` broadcasting against ``gamma_q``; 0 where u_i + ε = 0."""
+    # [eq:w]
     raw = gamma_q * mass
     denom = xp.expand_dims(u + eps, axis=-1)
     return xp.where(denom > 0, raw / xp.where(denom > 0, denom, xp.ones_like(denom)), xp.zeros_like(raw))
+    # [/eq:w]
 
 
 def barycentric_weights(gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *,
@@ -100,11 +104,13 @@ def barycentric_weights(gamma_q: Array, gamma_k: Array, v: Array, eps: float = D
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+    # [eq:barycentre]
     memory, mass = write_memory(gamma_k, v)
     u = query_mass(gamma_q, mass)
     slot_mass = mass + eps if shifted else mass
     return HullWeights(_weights(xp, gamma_q, xp.expand_dims(slot_mass, axis=-2), u, eps),
                        _slot_means(xp, memory, slot_mass), u)
+    # [/eq:barycentre]
 
 
 def causal_barycentric_weights(gamma_q: Array, gamma_k: Array, v: Array, eps: float = DEFAULT_EPS, *,
@@ -162,12 +168,14 @@ def affine_rank(points: Array, *, rtol: float | None = None) -> AffineRank:
     n, d = points.shape
     if n_elements(points) == 0:
         return AffineRank(0, xp.zeros((0,), dtype=points.dtype), 0.0)
+    # [eq:rank]
     centred = points - xp.mean(points, axis=0, keepdims=True)
     values = xp.linalg.svdvals(centred)
     top = float(xp.max(xp.linalg.svdvals(points)))
     rtol = max(n, d) * float(xp.finfo(points.dtype).eps) if rtol is None else float(rtol)
     tol = rtol * top
     return AffineRank(int(xp.sum(xp.astype(values > tol, xp.int64))), values, tol)
+    # [/eq:rank]
 
 
 def collapse_residual(x: Array) -> Array:

@@ -93,7 +93,9 @@ def affinity(gamma_q: Array, gamma_k: Array, *, max_bytes: int | None = DEFAULT_
             f"gamma_q and gamma_k must share K, got shapes {tuple(gamma_q.shape)} and {tuple(gamma_k.shape)}"
         )
     _check_weights_budget(xp, "affinity", gamma_q, gamma_k, None, max_bytes, False)
+    # [eq:11+23]
     return xp.matmul(gamma_q, xp.matrix_transpose(gamma_k))
+    # [/eq:11+23]
 
 
 def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, *, causal: bool = False,
@@ -118,6 +120,7 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
     if causal and n_q != n_k:
         raise ValueError(f"causal weights need N_q == N_k, got N_q = {n_q}, N_k = {n_k}")
     _check_weights_budget(xp, "attention_weights", gamma_q, gamma_k, None, max_bytes, causal)
+    # [eq:9+9b]
     a_tilde = affinity(gamma_q, gamma_k, max_bytes=None)
     if causal:
         i = xp.reshape(xp.arange(n_q), (n_q, 1))
@@ -126,6 +129,7 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
     denom = xp.sum(a_tilde, axis=-1, keepdims=True) + eps
     safe = xp.where(denom > 0, denom, xp.ones_like(denom))
     return xp.where(denom > 0, a_tilde / safe, xp.zeros_like(a_tilde))
+    # [/eq:9+9b]
 
 
 def _check_materialized(
@@ -174,8 +178,10 @@ def gma_materialized(
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_materialized(xp, gamma_q, gamma_k, v, eps, causal, check_finite, max_bytes, "gma_materialized")
     scale = value_scale(xp, v, v.shape[-2])
+    # [eq:10+10b]
     weights = attention_weights(gamma_q, gamma_k, eps, causal=causal, max_bytes=None)
     out = xp.matmul(weights, v if scale == 1.0 else v / scale)
+    # [/eq:10+10b]
     return out if scale == 1.0 else out * scale
 
 
@@ -187,10 +193,12 @@ def memory_slots(memory: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
     """
     xp = namespace(memory=memory, mass=mass)
     eps = check_nonnegative_scalar("eps", eps)
+    # [eq:slots]
     denom = xp.expand_dims(mass + eps, axis=-1)
     safe = xp.where(denom > 0, denom, xp.ones_like(denom))
     slots = memory / safe
     return xp.where(denom > 0, slots, xp.zeros_like(slots))
+    # [/eq:slots]
 
 
 def read_weights(gamma_q: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
@@ -206,10 +214,12 @@ def read_weights(gamma_q: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array
     """
     xp = namespace(gamma_q=gamma_q, mass=mass)
     eps = check_nonnegative_scalar("eps", eps)
+    # [eq:alpha]
     numer = gamma_q * xp.expand_dims(mass + eps, axis=-2)
     denom = xp.sum(gamma_q * xp.expand_dims(mass, axis=-2), axis=-1, keepdims=True) + eps
     safe = xp.where(denom > 0, denom, xp.ones_like(denom))
     return xp.where(denom > 0, numer / safe, xp.zeros_like(numer))
+    # [/eq:alpha]
 
 
 def gma_materialized_backward(

@@ -52,6 +52,7 @@ class GMALayerParams:
     ``gate_b`` ``(H, d_v)``; head-wise ``gate_w`` ``(H, d_model)`` (the u_h) and ``gate_b`` ``(H,)``.
     """
 
+    # [eq:13]
     w_q: Array
     w_k: Array
     w_v: Array
@@ -59,6 +60,7 @@ class GMALayerParams:
     means: Array
     omega: Array
     prior_logits: Array
+    # [/eq:13]
     gate_w: Array | None = None
     gate_b: Array | None = None
 
@@ -201,7 +203,9 @@ def _check_gate_matches(params: GMALayerParams, gate: Any) -> None:
 
 def _project(xp: Any, x: Array, w: Array) -> Array:
     """(..., N, d_model) @ (H, d_model, d) → (..., H, N, d)."""
+    # [eq:4proj]
     return xp.matmul(xp.expand_dims(x, axis=-3), w)
+    # [/eq:4proj]
 
 
 def _gate_matrices(xp: Any, params: GMALayerParams) -> tuple[Array, Array]:
@@ -213,8 +217,10 @@ def _gate_matrices(xp: Any, params: GMALayerParams) -> tuple[Array, Array]:
 
 def _gates(xp: Any, params: GMALayerParams, x: Array) -> Array:
     """σ(X W_G,h + b_G,h) ``(..., H, N, d_g)``; it broadcasts against the heads ``(..., H, N, d_v)``."""
+    # [eq:gate]
     w, b = _gate_matrices(xp, params)
     return sigmoid(_project(xp, x, w) + b)
+    # [/eq:gate]
 
 
 def _check_input(xp: Any, name: str, a: Array, d_model: int, check_finite: bool) -> None:
@@ -278,8 +284,10 @@ def gma_layer(
         and as ``gma_attention``.
     """
     xp = _checked_inputs(params, x, y, gate, check_finite)
+    # [eq:4]
     ctx = x if y is None else y
     q, k, v = _project(xp, x, params.w_q), _project(xp, ctx, params.w_k), _project(xp, ctx, params.w_v)
+    # [/eq:4]
     heads = gma_attention(q, k, v, params.means, params.omega, params.prior_logits, causal=causal, form=form,
                           eps=eps, eps_sigma=eps_sigma, chunk_size=chunk_size, check_finite=check_finite)
     if gate is not None:

@@ -13,7 +13,7 @@ softplus as ``logaddexp(0, ω)`` and log π as ``α − max α − log Σ exp(α
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ._array import (
     Array,
@@ -53,7 +53,19 @@ def sigmoid(w: Array) -> Array:
     Shape and dtype of ``w`` are preserved.
     """
     xp = namespace(w=w)
+    # [eq:sigmoid]
     return xp.exp(-xp.logaddexp(xp.zeros_like(w), -w))
+    # [/eq:sigmoid]
+
+
+def _check_omega(xp: Any, omega: Array, eps_sigma: float, check_finite: bool) -> float:
+    """Validate ω ``(..., K, d_r)`` (real floating, finite with ``check_finite``) and return ε_σ > 0."""
+    check_floating(xp, "omega", omega)
+    check_rank("omega", omega, 2, "(..., K, d_r)")
+    eps_sigma = check_positive_scalar("eps_sigma", eps_sigma)
+    if check_finite:
+        _check_finite(xp, "omega", omega)
+    return eps_sigma
 
 
 def variances_from_omega(
@@ -82,13 +94,11 @@ def variances_from_omega(
         ``omega`` has fewer than 2 axes, holds NaN/Inf, or ``eps_sigma`` ≤ 0.
     """
     xp = namespace(omega=omega)
-    check_floating(xp, "omega", omega)
-    check_rank("omega", omega, 2, "(..., K, d_r)")
-    eps_sigma = check_positive_scalar("eps_sigma", eps_sigma)
-    if check_finite:
-        _check_finite(xp, "omega", omega)
+    eps_sigma = _check_omega(xp, omega, eps_sigma, check_finite)
     # softplus(ω) = log(1 + e^ω) = logaddexp(0, ω): no overflow for ω = 1e4.
+    # [eq:14]
     return xp.logaddexp(xp.zeros_like(omega), omega) + eps_sigma
+    # [/eq:14]
 
 
 class VariancesGrad(NamedTuple):
@@ -110,13 +120,11 @@ def variances_from_omega_backward(
     (``TypeError``), not of ``omega``'s shape or (``check_finite``) with NaN/Inf.
     """
     xp = namespace(omega=omega, d_out=d_out)
-    check_floating(xp, "omega", omega)
-    check_rank("omega", omega, 2, "(..., K, d_r)")
-    check_positive_scalar("eps_sigma", eps_sigma)
-    if check_finite:
-        _check_finite(xp, "omega", omega)
+    _check_omega(xp, omega, eps_sigma, check_finite)
     check_cotangent(xp, "d_out", d_out, tuple(omega.shape), "omega", check_finite)
+    # [eq:58+60]
     return VariancesGrad(d_out * sigmoid(omega))
+    # [/eq:58+60]
 
 
 def omega_from_variances(variances: Array, eps_sigma: float = DEFAULT_EPS_SIGMA) -> Array:
@@ -158,8 +166,10 @@ def log_priors_from_logits(prior_logits: Array, *, check_finite: bool = True) ->
     """
     xp = namespace(prior_logits=prior_logits)
     check_component_vector(xp, "prior_logits", prior_logits, check_finite)
+    # [eq:15]
     shifted = prior_logits - xp.max(prior_logits, axis=-1, keepdims=True)
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
+    # [/eq:15]
 
 
 class PriorLogitsGrad(NamedTuple):
@@ -184,7 +194,9 @@ def log_priors_from_logits_backward(
     xp = namespace(prior_logits=prior_logits, d_out=d_out)
     priors = xp.exp(log_priors_from_logits(prior_logits, check_finite=check_finite))
     check_cotangent(xp, "d_out", d_out, tuple(prior_logits.shape), "prior_logits", check_finite)
+    # [eq:61+62+63+64]
     return PriorLogitsGrad(d_out - priors * xp.sum(d_out, axis=-1, keepdims=True))
+    # [/eq:61+62+63+64]
 
 
 def priors_from_logits(prior_logits: Array, *, check_finite: bool = True) -> Array:

@@ -108,8 +108,10 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
 
 def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
     """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K): the score without its distance term."""
+    # [eq:2+16]
     out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
     return out if log_priors is None else log_priors + out
+    # [/eq:2+16]
 
 
 def _token_blocks(batch: tuple[int, ...], n: int, k: int, d_r: int) -> list[tuple[int, int]]:
@@ -122,6 +124,7 @@ def _token_blocks(batch: tuple[int, ...], n: int, k: int, d_r: int) -> list[tupl
 def _direct_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None) -> Array:
     """Eq. 50 as written, s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km, a block of tokens at a time."""
     n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
+    # [eq:50]
     b = xp.expand_dims(_constant(xp, variances, log_priors), axis=-2)  # (..., 1, K)
     mu, var = xp.expand_dims(means, axis=-3), xp.expand_dims(variances, axis=-3)  # (..., 1, K, d_r)
     batch = broadcast_shapes(x.shape[:-2], mu.shape[:-3], b.shape[:-2])
@@ -131,6 +134,7 @@ def _direct_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors
         for start, stop in _token_blocks(batch, n, k, d_r):
             diff = xp.expand_dims(x[..., start:stop, :], axis=-2) - mu  # (..., n, K, d_r): x_im − μ_km
             blocks.append(b - 0.5 * xp.sum(diff * diff / var, axis=-1))
+    # [/eq:50]
     if not blocks:  # N = 0
         dtype = xp.result_type(x.dtype, b.dtype)
         return xp.zeros(batch + (0, k), dtype=dtype, device=device_of(x))
@@ -272,10 +276,12 @@ def softmax_scores(s: Array) -> tuple[Array, Array]:
     The step :func:`responsibilities` and the fast path (:mod:`gma_ref.scores_fast`) share.
     """
     xp = namespace(s=s)
+    # [eq:3+3b+51]
     shifted = s - xp.max(s, axis=-1, keepdims=True) if s.shape[-2] else s
     log_norm = xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
     log_gamma = shifted - log_norm
     return xp.exp(log_gamma), log_gamma
+    # [/eq:3+3b+51]
 
 
 # --------------------------------------------------------------------------- backward
@@ -312,9 +318,11 @@ def scores_cotangent(gamma: Array, d_gamma: Array) -> Array:
     """
     xp = namespace(gamma=gamma, d_gamma=d_gamma)
     check_cotangent(xp, "d_gamma", d_gamma, tuple(gamma.shape), "gamma", False)
+    # [eq:17+18]
     d_gamma = _shift_to_dominant(xp, gamma, d_gamma)
     centre = xp.sum(gamma * d_gamma, axis=-1, keepdims=True)
     return gamma * (d_gamma - centre)
+    # [/eq:17+18]
 
 
 def scores_cotangent_from_log(gamma: Array, d_log_gamma: Array) -> Array:
@@ -393,6 +401,7 @@ def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores
     d_x_blocks = []
     with warnings.catch_warnings():  # an overflow is reported by _check_gradients_finite, not as a warning
         warnings.simplefilter("ignore", RuntimeWarning)
+        # [eq:19+20+53+54+57]
         for start, stop in _token_blocks(batch, n, k, d_r):
             r = (xp.expand_dims(x[..., start:stop, :], axis=-2) - mu) / var  # (..., n, K, d_r)
             dr = xp.expand_dims(d_scores[..., start:stop, :], axis=-1) * r  # δ_ik r_ikm
@@ -401,6 +410,7 @@ def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores
             sum_r2 = sum_r2 + xp.sum(dr * r, axis=-3)
         delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
         d_variances = 0.5 * (sum_r2 - xp.expand_dims(delta_sum, axis=-1) / variances)  # Eq. 57
+        # [/eq:19+20+53+54+57]
     if not d_x_blocks:  # N = 0
         d_x = xp.zeros(batch + (0, d_r), dtype=dtype, device=dev)
     else:

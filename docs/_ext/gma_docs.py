@@ -8,15 +8,34 @@
   directory (and ``scaling.py`` small sizes, ``table1_memory.py`` ``--quick``), and
   :func:`example_png_scraper` puts the PNG files an example writes there into its gallery page,
   beside any matplotlib figure left open.
+* The ``gma-code`` directive (:class:`EquationCode`) shows, under an equation of the guide, the
+  lines of gma-ref that compute it (between ``# [eq:<label>]`` markers, read by
+  :mod:`gma_source` at build time) with a link to the function's API entry.
+* The ``gma-run`` directive (:class:`RunExample`) executes a guide page's example at build time
+  and shows its code, its printed output and any matplotlib figure it leaves open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+try:
+    from docutils import nodes
+    from sphinx import addnodes
+    from sphinx.util.docutils import SphinxDirective
+except ImportError:  # the gallery helpers are imported by tests where Sphinx is not installed
+    SphinxDirective = object  # type: ignore[assignment,misc]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gma_source  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent.parent
 FIGURES = DOCS / "_figures"
@@ -99,6 +118,96 @@ def _draw_figures(app: Any) -> None:
         entry(FIGURES)
 
 
+class EquationCode(SphinxDirective):
+    """```{gma-code} gma_ref.module.function label```: the function's lines between its
+    ``# [eq:label]`` and ``# [/eq:label]`` markers, under a line that links the function's API entry.
+
+    ``:link:`` names the public function to link when the marked function is private (it then reads
+    "in ``_name``, called by ``public``").
+    """
+
+    required_arguments = 2
+    option_spec = {"link": lambda s: s.strip()}
+
+    def run(self) -> list[nodes.Node]:
+        dotted, label = self.arguments
+        try:
+            found = gma_source.equation_lines(dotted, label)
+        except (ImportError, AttributeError, LookupError, OSError, TypeError) as exc:
+            raise self.error(f"gma-code {dotted} {label}: {exc}") from exc
+        name = dotted.rsplit(".", 1)[-1]
+        link = self.options.get("link", dotted)
+        if link.rsplit(".", 1)[-1].startswith("_"):
+            raise self.error(f"gma-code {dotted}: a private function needs :link: (the public one that calls it)")
+        ref = addnodes.pending_xref("", nodes.literal(link, link, classes=["xref", "py", "py-func"]),
+                                    refdomain="py", reftype="obj", reftarget=link, refexplicit=True, refwarn=True,
+                                    refdoc=self.env.docname)
+        try:
+            where = found.path.resolve().relative_to(DOCS.parent)
+        except ValueError:
+            where = found.path
+        caption = nodes.paragraph(classes=["gma-code-caption"])
+        if link != dotted:
+            caption += nodes.Text("Computed in ")
+            caption += nodes.literal(name, name)
+            caption += nodes.Text(", called by ")
+        else:
+            caption += nodes.Text("Computed by ")
+        caption += ref
+        caption += nodes.Text(f" ({where.as_posix()}, lines {found.first}–{found.last}):")
+        block = nodes.literal_block(found.text, found.text, language="python", classes=["gma-code"])
+        block["linenos"] = False
+        self.env.note_dependency(str(found.path))
+        container = nodes.container(classes=["gma-code-block"])
+        container += caption
+        container += block
+        return [container]
+
+
+class RunExample(SphinxDirective):
+    """```{gma-run}```: execute the code (at build time, in a fresh namespace) and show it, then what
+    it printed, then the matplotlib figures it left open (saved under ``docs/_figures/run/``)."""
+
+    has_content = True
+
+    def run(self) -> list[nodes.Node]:
+        code = "\n".join(self.content)
+        uses_plt = "matplotlib" in code
+        if uses_plt:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            plt.close("all")
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, f"<example of {self.env.docname}>", "exec"), {"__name__": "__gma_run__"})
+        except Exception as exc:  # the build reports the page and the error
+            raise self.error(f"the example of {self.env.docname} failed: {type(exc).__name__}: {exc}") from exc
+        result: list[nodes.Node] = [nodes.literal_block(code, code, language="python", classes=["gma-run-code"])]
+        printed = out.getvalue().rstrip("\n")
+        if printed:
+            result.append(nodes.literal_block(printed, printed, language="text", classes=["gma-run-output"]))
+        if uses_plt:
+            run_dir = FIGURES / "run"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            slug = re.sub(r"[^A-Za-z0-9]+", "-", self.env.docname).strip("-")
+            for i, num in enumerate(plt.get_fignums()):
+                png = run_dir / f"{slug}-{i}.png"
+                plt.figure(num).savefig(png, dpi=100, bbox_inches="tight")
+                result.append(nodes.image(uri=f"/_figures/run/{png.name}", alt=f"figure {i + 1} of the example",
+                                          classes=["gma-run-figure"]))
+            plt.close("all")
+        container = nodes.container(classes=["gma-run"])
+        container.extend(result)
+        return [container]
+
+
 def setup(app: Any) -> dict[str, Any]:
-    app.connect("builder-inited", _draw_figures)
+    # Before Sphinx-Gallery (priority 500): the gallery takes thumbnails of its unexecuted examples from _figures.
+    app.connect("builder-inited", _draw_figures, priority=400)
+    app.add_directive("gma-code", EquationCode)
+    app.add_directive("gma-run", RunExample)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -35,17 +35,27 @@ def has_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+@pytest.mark.skipif(not has_matplotlib(), reason="the quickstart draws Γ with matplotlib (pip install matplotlib)")
 def test_quickstart_row_sums_equal_u_over_u_plus_eps():
-    """Rows of the induced A sum to u/(u+ε) (< 1), latent outputs equal A V, rank(A) ≤ K."""
-    result = load_example("quickstart").main(n=10, n_context=5, k=3, seed=1)
-    assert result["gamma_row_sum_error"] < 1e-12
-    assert result["row_sum_error"] < 1e-12
-    np.testing.assert_allclose(result["row_sums"], result["u_over_u_plus_eps"], rtol=0, atol=1e-12)
-    assert np.all(result["row_sums"] < 1.0)
-    assert result["max_diff_bidirectional"] < 1e-12
-    assert result["max_diff_causal"] < 1e-12
-    assert result["rank"] <= 3
-    assert result["shapes"] == {"bidirectional": (10, 5), "causal": (10, 5), "cross": (10, 5)}
+    """The quickstart's cells, run top to bottom: rows of A sum to u/(u+ε) (< 1), latent outputs equal A V,
+    rank(A) ≤ K, and it leaves one figure of Γ open for the gallery."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    result = load_example("quickstart")
+    assert result.gamma_row_sum_error < 1e-12
+    assert result.row_sum_error < 1e-12
+    np.testing.assert_allclose(result.row_sums, result.u_over_u_plus_eps, rtol=0, atol=1e-12)
+    assert np.all(result.row_sums < 1.0)
+    assert result.max_diff_bidirectional < 1e-12
+    assert result.max_diff_causal < 1e-12
+    assert result.rank <= result.K
+    assert result.shapes == {"bidirectional": (12, 5), "causal": (12, 5), "cross": (12, 5)}
+    assert len(plt.get_fignums()) == 1
+    plt.close("all")
 
 
 def test_streaming_decode_equals_full_causal_pass():
@@ -157,3 +167,25 @@ def test_the_gallery_opens_with_the_quickstart_and_ends_with_the_tools():
     for name in tools:
         assert (EXAMPLES / name).read_text(encoding="utf-8").startswith('"""Tool: '), name
     assert {"streaming_decode", "train_tiny", "table1_memory", "scaling", "pictures"} <= set(docs.EXAMPLE_ARGS)
+
+
+def test_every_gallery_card_shows_a_picture_of_its_example():
+    """No placeholder thumbnail: an example the docs build runs draws a figure (a matplotlib figure or the
+    PNG files of its --out directory); one it does not run names a figure of the docs figures scripts
+    (``sphinx_gallery_thumbnail_path = '_figures/<name>.png'``)."""
+    docs = _gma_docs()
+    import re
+
+    conf = (EXAMPLES.parent / "docs" / "conf.py").read_text(encoding="utf-8")
+    executed = set(re.search(r'"filename_pattern": r"\((.*?)\)', conf)[1].split("|"))
+    drawn = "".join(p.read_text(encoding="utf-8") for p in (EXAMPLES.parent / "docs").glob("figures*.py"))
+    missing = []
+    for path in sorted(EXAMPLES.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        thumb = re.search(r"^# sphinx_gallery_thumbnail_path = '_figures/([\w.]+\.png)'", text, re.MULTILINE)
+        if path.stem in executed:
+            if path.stem not in docs.EXAMPLE_ARGS and "matplotlib" not in text:
+                missing.append(f"{path.name}: run by the build but draws nothing")
+        elif thumb is None or Path(thumb[1]).stem not in drawn:
+            missing.append(f"{path.name}: not run by the build and names no drawn figure as its thumbnail")
+    assert not missing, missing

@@ -140,6 +140,59 @@ def test_every_page_renders_its_math_and_loads_its_images(site: Path, browser: B
     assert typeset >= 200, f"only {typeset} formulas typeset across the site"
 
 
+# Runs in the page at 1400 px: every display equation, signature and code block that is wider
+# than its box (clipped, or scrolled) or runs past the window, after gma-ref-fit.js has scaled the equations.
+CLIP_REPORT = r"""
+(async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+  await new Promise(done => setTimeout(done, 300));
+  const width = document.documentElement.clientWidth;
+  const clipped = [];
+  document.querySelectorAll("mjx-container[display='true'], dt.sig, pre").forEach(el => {
+    if (el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > width + 1) {
+      clipped.push(el.tagName.toLowerCase() + ": " + el.textContent.slice(0, 60));
+    }
+  });
+  return JSON.stringify(clipped);
+})()
+"""
+
+
+@pytest.mark.slow
+def test_no_equation_signature_or_code_is_clipped_at_1400_px(site: Path, browser: Browser) -> None:
+    """At 1400 px the guide, errata and oracle pages show every display equation, signature and code block whole."""
+    pages = [*sorted((site / "guide").glob("*.html")), site / "errata.html", site / "oracle.html"]
+    problems = []
+    for page in pages:
+        browser.load(page.as_uri())
+        clipped = json.loads(browser.evaluate(CLIP_REPORT))
+        if clipped:
+            problems.append(f"{page.relative_to(site)}: {clipped[:3]}")
+    assert not problems, "clipped at 1400 px:\n" + "\n".join(problems)
+
+
+def test_a_clipped_equation_is_caught(tmp_path: Path, browser: Browser) -> None:
+    """The clip check can fail: a code line wider than its box is reported."""
+    page = tmp_path / "wide.html"
+    page.write_text('<html><body><pre style="width: 200px; overflow-x: auto">' + "x" * 400 + "</pre></body></html>",
+                    encoding="utf-8")
+    browser.load(page.as_uri())
+    assert json.loads(browser.evaluate(CLIP_REPORT)) == ["pre: " + "x" * 60]
+
+
+@pytest.mark.slow
+def test_guide_pages_show_code_under_equations_and_an_executed_example(site: Path) -> None:
+    """Guide pages 02–13 each hold gma-code blocks and an executed example with its output."""
+    missing = []
+    for page in sorted((site / "guide").glob("[0-9][0-9]-*.html"))[1:]:
+        html = page.read_text(encoding="utf-8")
+        if "gma-code-block" not in html:
+            missing.append(f"{page.name}: no code under its equations")
+        if "gma-run" not in html or ("gma-run-output" not in html and "gma-run-figure" not in html):
+            missing.append(f"{page.name}: no executed example with output")
+    assert not missing, missing
+
+
 def test_a_page_with_raw_tex_or_a_broken_image_is_caught(tmp_path: Path, browser: Browser) -> None:
     """The page check can fail: untypeset TeX and a missing image are both reported."""
     page = tmp_path / "bad.html"
