@@ -7,7 +7,7 @@ The layers, bottom to top (each module imports only from layers below it; the te
 ``tests/testing/test_import_layers.py`` enforces the order)::
 
     names                          the vocabulary (this module)
-    declaration, capture           what a kernel declares; capturing what it prints
+    declaration, capture, covering what a kernel declares; capturing what it prints; pairwise arrays
     adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
     cases                          short and layer cases
     conditioning                   the condition factors κ and λ
