@@ -39,11 +39,15 @@ def test_regime_cases_miss_every_tiling_bug(bug):
     assert check(bug("float32"), grad=True, cases=default_cases()).passed
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
-@pytest.mark.parametrize("kernel", (NumpyKernel, *FAMILY), ids=lambda c: c.__name__)
+CORRECT = [(NumpyKernel, "float32"), (NumpyKernel, "bfloat16")] + [(k, "float64") for k in (NumpyKernel, *FAMILY)]
+
+
+@pytest.mark.parametrize(("kernel", "dtype"), CORRECT, ids=lambda x: getattr(x, "__name__", x))
 def test_correct_kernels_pass_the_tiling_cases(kernel, dtype):
-    """The emulated kernel and every rounding-family kernel pass the tiling cases with their largest error below
-    a quarter of the threshold (no false alarm, no tolerance re-derived)."""
+    """The emulated kernel (float32, bfloat16, float64) and every rounding-family kernel (float64, where the
+    granularity term matters; in float32 and bfloat16 they measured the emulated kernel's 0.013 and 0.061) pass
+    the tiling cases with their largest error below a quarter of the threshold: no false alarm, so no tolerance
+    is re-derived."""
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     report = check(kernel(dtype), dtype=dtype, grad=True, cases=tiling_cases(dtype=dtype))

@@ -180,3 +180,13 @@ def test_layer_cases_have_more_heads_and_batch():
         wide = [c for c in cases if c.variant == variant and c.heads >= 5]
         assert len(wide) == 1 and wide[0].batch >= 3 and wide[0].eps_sigma == 1e-2 and wide[0].n_components == 9
     assert all(c.heads < 5 for c in cases[:-3])
+
+
+def test_cli_refuses_a_degenerate_declaration_with_the_usage_status(capsys):
+    """gma-ref check with --n-max 1 --k-max 1 --d-max 1 exits with the usage status (4), naming the fields."""
+    from gma_ref.check_cli import EXIT_USAGE
+    from gma_ref.check_cli import main as cli_main
+
+    argv = ["gma_ref.testing.emulated:NumpyKernel", "--n-max", "1", "--k-max", "1", "--d-max", "1"]
+    assert cli_main(argv) == EXIT_USAGE
+    assert "n_max = 1, k_max = 1, d_max = 1" in capsys.readouterr().err
