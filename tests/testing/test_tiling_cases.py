@@ -81,6 +81,12 @@ def test_tiling_rows_cover_each_group_pairwise_with_the_variant():
     for group in (SIZE_AXES, LOOP_AXES):
         axes = {"variant": VARIANTS, **group}
         assert not uncovered_pairs(axes, rows), group
+    from gma_ref.testing.cases import FULL_LOOP_AXES, FULL_SIZE_AXES
+
+    full = tiling_rows(full=True)
+    for group in (FULL_SIZE_AXES, FULL_LOOP_AXES):
+        assert not uncovered_pairs({"variant": VARIANTS, **group}, full), group
+    assert case_envelope(tiling_cases(full=True))["k"] == 65
     single = tiling_rows(("causal",))
     assert not uncovered_pairs({"variant": ("causal",), **SIZE_AXES}, single)
 
