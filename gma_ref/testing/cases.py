@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .covering import pairwise_cover
 from .names import DTYPES, GATES, LAYER_REGIMES, REGIMES, VARIANTS
 
 __all__ = [
@@ -42,6 +43,15 @@ __all__ = [
     "Case",
     "case_arrays",
     "default_cases",
+    "tiling_cases",
+    "TILING_AXES",
+    "SIZE_AXES",
+    "LOOP_AXES",
+    "tiling_rows",
+    "case_cost",
+    "case_envelope",
+    "envelope_limits",
+    "refuse_degenerate",
     "generate_cases",
     "dtype_short",
     "LAYER_REGIMES",
@@ -137,6 +147,8 @@ class Case:
             parts.append(self.regime)
         if self.eps != (1e-12 if self.regime == "tiny_eps" else 1e-6):
             parts.append(f"eps{self.eps:g}")
+        if self.eps_sigma != 1e-4:
+            parts.append(f"es{self.eps_sigma:g}")
         if self.gate is not None:
             parts.append(f"gate-{self.gate}")
         parts.append(f"s{self.seed}")
@@ -267,8 +279,12 @@ def _base(variant: str, dtype: str, **kw: Any) -> Case:
     return Case(variant=variant, dtype=dtype, **shape)
 
 
-def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0) -> list[Case]:
+def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
+                  tiling: bool = False) -> list[Case]:
     """The default case set of ``gma-ref check``: 9 cases per variant (11 causal) covering the edge cases.
+
+    ``tiling=True`` appends :func:`tiling_cases` (sizes straddling the usual tiles, H up
+    to 8, B up to 4, ε_σ up to 0.3; docs/oracle.md, "The default cases"). The edge cases:
 
     Per variant: the base shape (``causal-B2-H3-N63-K7-dr5-dv60``, chunk 16 not
     dividing 63), N = 1 (cross: N_q = 1 and N_k = 1), K = 1, d_r = 1, large d_r
@@ -302,7 +318,146 @@ def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", 
         if variant == "causal":
             out.append(_base(variant, dtype, seed=seed * 1000 + 11, n_q=1, n_k=1, n_components=12, d_r=128,
                              d_v=4, batch=1, heads=1))
+    return out + tiling_cases(variants, dtype, seed) if tiling else out
+
+
+#: The size axes of the tiling cases, each at values straddling the usual tile sizes (8, 16, 64, 128):
+#: the sequence length N (N_k for cross; 17 is a cheap length that straddles 16), d_r, d_v and K.
+SIZE_AXES: dict[str, tuple[int, ...]] = {
+    "n": (17, 64, 65, 129),
+    "d_r": (15, 16, 17, 65),
+    "d_v": (16, 17, 65, 129),
+    "n_components": (1, 8, 9, 33),
+}
+#: The loop and parameter axes of the tiling cases: heads H, batch B, the variance floor ε_σ and ε.
+LOOP_AXES: dict[str, tuple[Any, ...]] = {
+    "heads": (1, 2, 5, 7, 8),
+    "batch": (1, 2, 3, 4),
+    "eps_sigma": (1e-4, 1e-2, 0.3),
+    "eps": (1e-8, 1e-6, 1e-3),
+}
+#: The wider size axes of ``tiling_cases(full=True)`` (every straddle of 16, 64 and 128; about
+#: 20 s more per check here, so not in the default set).
+FULL_SIZE_AXES: dict[str, tuple[int, ...]] = {
+    "n": (17, 63, 64, 65, 129),
+    "d_r": (15, 16, 17, 63, 64, 65, 129),
+    "d_v": (15, 16, 17, 63, 64, 65, 129),
+    "n_components": (1, 7, 8, 9, 17, 33, 65),
+}
+#: The wider loop axes of ``tiling_cases(full=True)``.
+FULL_LOOP_AXES: dict[str, tuple[Any, ...]] = {
+    "heads": (1, 2, 4, 5, 7, 8),
+    "batch": (1, 2, 3, 4),
+    "eps_sigma": (1e-4, 1e-3, 1e-2, 0.3),
+    "eps": (1e-8, 1e-6, 1e-3),
+}
+#: Both groups of axes of the default tiling cases (:func:`tiling_cases`).
+TILING_AXES: dict[str, tuple[Any, ...]] = {**SIZE_AXES, **LOOP_AXES}
+#: The tiling cases' chunk size (causal): the usual tile, so N = 129 runs 3 chunks and N = 257 runs 5.
+TILING_CHUNK = 64
+#: Cross tiling cases: N_q for each N_k (never equal; each straddles a tile too).
+_CROSS_QUERIES = {17: 33, 63: 65, 64: 129, 65: 63, 129: 64, 257: 65}
+#: Budget of one tiling case's sizes in :func:`case_cost` units (about 0.2 s of a check here);
+#: a pair whose cheapest case costs more gets a case of its own.
+TILING_BUDGET = 1.5e6
+_LOOP_DEFAULT = {"heads": 1, "batch": 1, "eps_sigma": 1e-4, "eps": 1e-6}
+_CHEAP_SIZE = {"n": 17, "d_r": 16, "d_v": 16, "n_components": 8}
+
+
+def case_cost(case: Case) -> float:
+    """Relative run time of ``case`` in a check: B·H·(N_q·N_k·(4·d_v + K) + 10·(N_q + N_k)·K·d_r).
+
+    The first term is the materialised affinity and its products with the values, the
+    second the score tensors (measured: about 0.12 µs per unit here). Layer cases add
+    B·(N_q + N_k)·d_model·H·(d_r + d_v).
+    """
+    bh = case.batch * case.heads
+    c = bh * (case.n_q * case.n_k * (4 * case.d_v + case.n_components)
+              + 10 * (case.n_q + case.n_k) * case.n_components * case.d_r)
+    if case.is_layer:
+        c += case.batch * (case.n_q + case.n_k) * case.d_model * case.heads * (case.d_r + case.d_v)
+    return float(c)
+
+
+def _tiling_case(row: dict[str, Any], dtype: str, seed: int) -> Case:
+    row = {**_LOOP_DEFAULT, **row}
+    n, variant = row["n"], row["variant"]
+    return Case(variant=variant, batch=row["batch"], heads=row["heads"],
+                n_q=_CROSS_QUERIES[n] if variant == "cross" else n, n_k=n, n_components=row["n_components"],
+                d_r=row["d_r"], d_v=row["d_v"], dtype=dtype, eps=row["eps"], eps_sigma=row["eps_sigma"],
+                chunk_size=TILING_CHUNK, seed=seed)
+
+
+def _size_cost(row: dict[str, Any]) -> float:
+    return case_cost(_tiling_case(row, "float64", 0))
+
+
+def tiling_rows(variants: tuple[str, ...] = VARIANTS, full: bool = False) -> list[dict[str, Any]]:
+    """The rows (variant and a value of every :data:`TILING_AXES` axis) of :func:`tiling_cases`.
+
+    Two pairwise covering arrays (:func:`~gma_ref.testing.covering.pairwise_cover`), each
+    with the variant as one more axis: one over :data:`SIZE_AXES` (rows within
+    :data:`TILING_BUDGET`), one over :data:`LOOP_AXES`. They are joined variant by variant,
+    the largest B·H with the cheapest sizes, where the joined row stays within the budget;
+    otherwise the size row runs with B = H = 1 and the loop row with the cheap sizes
+    N = 17, K = 8, d_r = 16, d_v = 16. So every pair of values of two size axes, or of two
+    loop axes, or of the variant and any axis, is in some row. ``full``: the wider
+    :data:`FULL_SIZE_AXES` and :data:`FULL_LOOP_AXES`. Raises ``ValueError`` for an unknown
+    variant or none.
+    """
+    variants = tuple(variants)
+    if not variants or any(v not in VARIANTS for v in variants):
+        raise ValueError(f"variants must be a non-empty tuple of {VARIANTS}, got {variants!r}")
+    size_axes, loop_axes = (FULL_SIZE_AXES, FULL_LOOP_AXES) if full else (SIZE_AXES, LOOP_AXES)
+    sizes = pairwise_cover({"variant": variants, **size_axes}, cost=_size_cost, budget=TILING_BUDGET)
+    loops = pairwise_cover({"variant": variants, **loop_axes})
+    rows: list[dict[str, Any]] = []
+    for v in variants:
+        mine = sorted((r for r in sizes if r["variant"] == v), key=_size_cost)
+        theirs = sorted((r for r in loops if r["variant"] == v), key=lambda r: -r["heads"] * r["batch"])
+        for i in range(max(len(mine), len(theirs))):
+            size = mine[i] if i < len(mine) else None
+            loop = theirs[i] if i < len(theirs) else None
+            if size is not None and loop is not None and _size_cost({**size, **loop}) <= TILING_BUDGET:
+                rows.append({**size, **loop, "variant": v})
+                continue
+            if size is not None:
+                rows.append({**size, **_LOOP_DEFAULT, "variant": v})
+            if loop is not None:
+                rows.append({**_CHEAP_SIZE, **loop, "variant": v})
+    return rows
+
+
+def tiling_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
+                 full: bool = False) -> list[Case]:
+    """The tiling cases: :func:`tiling_rows` as cases, and N = 257 for causal and cross.
+
+    Causal cases use chunks of :data:`TILING_CHUNK` = 64 (N = 129: 3 chunks); the causal
+    N = 257 case (B = H = 1, K = 9, d_r = 16, d_v = 17, ε_σ = 1e-2) runs 5, and cross has
+    one with N_q = 65, N_k = 257. Mixtures are per head; ε_σ runs from 1e-4 to 0.3, ε from 1e-8 to 1e-3.
+    ``full``: the wider axes (:func:`tiling_rows`). Deterministic in ``variants``,
+    ``dtype``, ``seed`` and ``full``. Raises ``ValueError`` for an unknown variant or dtype,
+    or no variant.
+    """
+    out = [_tiling_case(r, dtype, seed * 1000 + 100 + i) for i, r in enumerate(tiling_rows(variants, full))]
+    for variant in (v for v in variants if v != "bidirectional"):
+        row = {"variant": variant, "n": 257, "d_r": 16, "d_v": 17, "n_components": 9, "eps_sigma": 1e-2}
+        out.append(_tiling_case(row, dtype, seed * 1000 + 99))
     return out
+
+
+def case_envelope(cases: list[Case]) -> dict[str, int]:
+    """The largest N (N_q or N_k), K, d_r, d_v, H, B and number of chunks (causal: ⌈N / C⌉) of ``cases``.
+
+    All 0 for no case; ``chunks`` is 0 without a causal case.
+    """
+    env = {"n": 0, "k": 0, "d_r": 0, "d_v": 0, "heads": 0, "batch": 0, "chunks": 0}
+    for c in cases:
+        for key, val in (("n", max(c.n_q, c.n_k)), ("k", c.n_components), ("d_r", c.d_r), ("d_v", c.d_v),
+                         ("heads", c.heads), ("batch", c.batch),
+                         ("chunks", -(-c.n_q // c.chunk_size) if c.causal else 0)):
+            env[key] = max(env[key], val)
+    return env
 
 
 def _edge_biased_size(rng: np.random.Generator, lo: int, hi: int, edge: float = 0.15) -> int:
@@ -418,6 +573,42 @@ def constrain_case(case: Case, *, eps: float | None = None, eps_sigma: float | N
     return new, notes
 
 
+def refuse_degenerate(cases: list[Case], *, n_max: int | None = None, k_max: int | None = None,
+                      d_max: int | None = None) -> None:
+    """``ValueError`` naming the limits when no case of ``cases`` has N_q, N_k, K, d_r and d_v all above 1.
+
+    Such a set checks nothing of attention (with N = K = d = 1 a kernel returning ``v``
+    passes); it comes from a declaration's ``n_max``, ``k_max`` or ``d_max`` of 1, named in
+    the message. Nothing is raised for an empty ``cases``.
+    """
+    if not cases or any(min(c.n_q, c.n_k, c.n_components, c.d_r, c.d_v) > 1 for c in cases):
+        return
+    fields = [f"{name} = {val}" for name, val in (("n_max", n_max), ("k_max", k_max), ("d_max", d_max))
+              if val is not None and val <= 1]
+    raise ValueError("the declared limits leave no case with N, K, d_r and d_v all above 1, so nothing of "
+                     f"attention would be checked: {', '.join(fields) or 'the declared sizes'}; declare limits of "
+                     "at least 2")
+
+
+def envelope_limits(default: dict[str, int], *, n_max: int | None = None, k_max: int | None = None,
+                    d_max: int | None = None, eps: float | None = None, eps_sigma: float | None = None) -> list[str]:
+    """The declared limits that remove part of the ``default`` envelope (:func:`case_envelope`), in words.
+
+    E.g. ``['n_max = 100 (default N up to 257)', 'eps_sigma = 0.0001 fixed (default: each case\'s, 1e-4 to 0.3)']``.
+    """
+    out = []
+    for name, val, keys, label in (("n_max", n_max, ("n",), "N"), ("k_max", k_max, ("k",), "K"),
+                                   ("d_max", d_max, ("d_r", "d_v"), "d_r, d_v")):
+        top = max(default.get(k, 0) for k in keys)
+        if val is not None and val < top:
+            out.append(f"{name} = {val} (default {label} up to {top})")
+    if eps is not None:
+        out.append(f"eps = {eps:g} fixed (default: each case's, 1e-12 to 1e-3)")
+    if eps_sigma is not None:
+        out.append(f"eps_sigma = {eps_sigma:g} fixed (default: each case's, 1e-4 to 0.3)")
+    return out
+
+
 # --------------------------------------------------------------------------- layer cases
 
 
@@ -515,12 +706,14 @@ def _layer_base(variant: str, dtype: str, **kw: Any) -> Case:
 
 
 def default_layer_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0) -> list[Case]:
-    """The default layer case set of ``gma-ref check --mode layer``: 8 cases per variant (9 for cross).
+    """The default layer case set of ``gma-ref check --mode layer``: 9 cases per variant (10 for cross).
 
     Per variant: the base shape (``layer-causal-B2-H3-N17-K4-dm12-dr5-dv6``, chunk 5
     not dividing 17; cross 13×19), N = 1 (cross: N_q = 1; and N_k = 1), K = 1,
     H = 1 (H·d_v = d_model), a wide head (d_model 40, H 4, d_r 16, d_v 10),
-    d_model = d_r = 1, routing vectors far from every mean, and tiny ε: 25 cases.
+    d_model = d_r = 1, routing vectors far from every mean, and tiny ε; then, after
+    those, one case per variant with H = 5, 7, 8 and B = 3, 4, 3, K = 9, d_r = 17, d_v = 9,
+    ε_σ = 1e-2: 28 cases.
     """
     out: list[Case] = []
     for variant in variants:
@@ -539,7 +732,15 @@ def default_layer_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "floa
             specs.insert(2, {"n_q": 11, "n_k": 1})
         for i, spec in enumerate(specs):
             out.append(_layer_base(variant, dtype, seed=seed * 1000 + i, **spec))
+    for variant in variants:  # heads and batch beyond 4 and 2, a width above 16, ε_σ off 1e-4 (after the edges)
+        heads, batch = _LAYER_LOOPS[variant]
+        out.append(_layer_base(variant, dtype, seed=seed * 1000 + 20, heads=heads, batch=batch, d_model=4 * heads,
+                               d_r=17, d_v=9, n_components=9, eps_sigma=1e-2))
     return out
+
+
+#: (H, B) of the wide-loop layer case of each variant.
+_LAYER_LOOPS = {"bidirectional": (5, 3), "causal": (7, 4), "cross": (8, 3)}
 
 
 def generate_layer_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,

@@ -99,9 +99,12 @@ def long_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", see
                n_max: int = 131072, chunk_size: int = 64) -> list[Case]:
     """The long case set: per variant one case at each N of :data:`LONG_SIZES` up to ``n_max`` (and beyond).
 
-    N = 4096: B=1, H=2, K=256, d_r=16, d_v=128. N = 32768: B=2, H=1, K=8,
-    d_r=128, d_v=64. N ≥ 131072: B=1, H=2, K=16, d_r=8, d_v=64 (each about
-    3.4e7 (token, component, coordinate) triples per side at N ≤ 131072). The N = 32768 cases use
+    N = 4096: K=256, d_r=16, d_v=128. N = 32768: K=8, d_r=128, d_v=64. N ≥ 131072:
+    K=16, d_r=8, d_v=64, each at B·H = 2 (each about 3.4e7 (token, component,
+    coordinate) triples per side at N ≤ 131072). (B, H) runs through (1, 2), (3, 1),
+    (1, 5), (2, 2) over the sizes and variants, K scaled to keep B·H·K, and ε_σ through
+    1e-4, 1e-2, 0.3 (1e-4 for ``tiny_eps``), so batch and head loops and the variance
+    floor are exercised at long N too. The N = 32768 cases use
     the ``tiny_eps`` regime (ε = 1e-12 and a component the keys almost never visit),
     the others the ``normal`` one. ``n_max`` above 131072
     adds N = 2^20, 2^21, … ≤ ``n_max`` (and ``n_max`` itself when it is not a
@@ -123,9 +126,25 @@ def long_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", see
         for i, n in enumerate(sizes):
             n_q = 3 * n // 4 if variant == "cross" else n
             regime = "tiny_eps" if n == 32768 else "normal"
+            shape = _vary(_shapes(n), VARIANTS.index(variant) + i)
+            eps_sigma = 1e-4 if regime == "tiny_eps" else _LONG_EPS_SIGMA[(VARIANTS.index(variant) + i) % 3]
             out.append(Case(variant=variant, dtype=dtype, n_q=n_q, n_k=n, chunk_size=chunk_size, regime=regime,
-                            eps=1e-12 if regime == "tiny_eps" else 1e-6, seed=seed * 1000 + 500 + i, **_shapes(n)))
+                            eps=1e-12 if regime == "tiny_eps" else 1e-6, eps_sigma=eps_sigma,
+                            seed=seed * 1000 + 500 + i, **shape))
     return out
+
+
+#: (B, H) of the long cases in turn (B·H = 2, 3, 5, 4): batch and head loops at long N.
+_LONG_BH = ((1, 2), (3, 1), (1, 5), (2, 2))
+#: ε_σ of the long cases in turn (the ``tiny_eps`` ones keep 1e-4).
+_LONG_EPS_SIGMA = (1e-4, 1e-2, 0.3)
+
+
+def _vary(shape: dict[str, int], r: int) -> dict[str, int]:
+    """``shape`` with the r-th (B, H) of :data:`_LONG_BH`, K scaled so that B·H·K stays as before."""
+    batch, heads = _LONG_BH[r % len(_LONG_BH)]
+    k = max(1, shape["n_components"] * shape["batch"] * shape["heads"] // (batch * heads))
+    return {**shape, "batch": batch, "heads": heads, "n_components": k}
 
 
 def generate_long_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,

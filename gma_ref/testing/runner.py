@@ -36,11 +36,14 @@ from .case_runner import CaseOutcome, NonFiniteInputError, call_failure, evaluat
 from .cases import (
     VARIANTS,
     Case,
+    case_envelope,
     constrain_case,
     default_cases,
     default_layer_cases,
+    envelope_limits,
     generate_cases,
     generate_layer_cases,
+    refuse_degenerate,
     tie_head_width,
     with_gate,
 )
@@ -352,6 +355,11 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
         case_list = [with_gate(c, decl.gate) for c in case_list]
     if decl.constrained and not from_file:
         case_list = _constrain(case_list, decl, report)
+    report.envelope = case_envelope(case_list)
+    if cases is None and decl.constrained and active:
+        report.envelope_limits = envelope_limits(
+            case_envelope(defaults(active, dtype=dtype, seed=seed)), n_max=decl.n_max, k_max=decl.k_max,
+            d_max=decl.d_max, eps=decl.eps, eps_sigma=decl.eps_sigma)
     return case_list
 
 
@@ -582,6 +590,7 @@ def _constrain(case_list: list[Case], decl: Declaration, report: Report) -> list
             if (case.variant, note) not in seen:
                 seen.add((case.variant, note))
                 report.skipped.append(Skip(f"{case.variant} edge", f"not realisable under the declaration: {note}"))
+    refuse_degenerate(out, n_max=decl.n_max, k_max=decl.k_max, d_max=decl.d_max)
     return out
 
 

@@ -202,7 +202,7 @@ def test_pytest_plugin_collects_gated_cases():
     """The pytest plugin's case list for a gated layer holds gated cases (one test item per gated case)."""
     layer = NumpyLayer("float32", gate="headwise")
     items = gma_case_list(layer, grad=True)
-    assert len(items) == 25 and all(c.case.gate == "headwise" for c in items)
+    assert len(items) == 28 and all(c.case.gate == "headwise" for c in items)
     assert check_case(layer, items[0]).passed
 
 

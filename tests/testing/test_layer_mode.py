@@ -35,7 +35,7 @@ def test_layer_case_ids_are_readable_and_unique():
 def test_default_layer_cases_cover_the_edge_cases():
     """Every variant has N = 1, K = 1 and H = 1; cross has N_q = 1 and N_k = 1; chunks do not divide N."""
     cases = default_layer_cases()
-    assert len(cases) == 25 and all(c.is_layer for c in cases)
+    assert len(cases) == 28 and all(c.is_layer for c in cases)
     for variant in ("bidirectional", "causal", "cross"):
         mine = [c for c in cases if c.variant == variant]
         assert any(c.n_q == 1 for c in mine) and any(c.n_components == 1 for c in mine)
@@ -72,7 +72,7 @@ def test_correct_layer_passes_default_check(dtype):
     tensors = {r.tensor for r in report.results if r.metric == "norm"}
     assert tensors >= {"out", "d_x", "d_w_q", "d_w_k", "d_w_v", "d_w_o", "d_means", "d_omega", "d_prior_logits"}
     if dtype in ("float64", "float32"):
-        assert "d_y" in tensors and len(report.case_ids) == 25
+        assert "d_y" in tensors and len(report.case_ids) == 28
 
 
 @pytest.mark.parametrize("dtype,n", [("float64", 200), ("float32", 200), ("float16", 340), ("bfloat16", 650)])
