@@ -7,11 +7,8 @@ The layers, bottom to top (each module imports only from layers below it; the te
 ``tests/testing/test_import_layers.py`` enforces the order)::
 
     names                          the vocabulary (this module)
-<<<<<<< HEAD
-    declaration, capture, buffers  what a kernel declares; capturing what it prints; arrays as plain bytes
-=======
-    declaration, capture, covering what a kernel declares; capturing what it prints; pairwise arrays
->>>>>>> cases
+    declaration, capture, buffers, what a kernel declares; capturing what it prints; arrays as plain bytes;
+    covering                       pairwise (covering) arrays of case axes
     adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
     cases, wire                    short and layer cases; the messages between the oracle and its worker
     conditioning, isolation,       the condition factors κ and λ; the oracle's handle on the worker

@@ -134,18 +134,15 @@ class Report:
     candidate_output: dict[str, str] = field(default_factory=dict)
     #: The run was stopped by ``KeyboardInterrupt``; the results are those of the cases finished before.
     interrupted: bool = False
-<<<<<<< HEAD
     #: The exit status of an interrupted run: :data:`EXIT_INTERRUPTED`, or :data:`EXIT_TERMINATED` after SIGTERM.
     interrupt_status: int = EXIT_INTERRUPTED
     #: The candidate ran in a worker process (``False``: in this process, where it can affect the verdict).
     isolated: bool = False
-=======
     #: The largest sizes of the cases planned: ``n``, ``k``, ``d_r``, ``d_v``, ``heads``, ``batch``, ``chunks``
     #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed.
     envelope: dict[str, int] = field(default_factory=dict)
     #: Declared limits that remove part of the default envelope, e.g. ``'n_max = 100 (default N up to 257)'``.
     envelope_limits: list[str] = field(default_factory=list)
->>>>>>> cases
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -203,13 +200,8 @@ class Report:
         n_fail = len(self.failed_cases())
         verdict = "INTERRUPTED" if self.interrupted else ("PASS" if self.passed else "FAIL")
         lines.append(f"{verdict}: {len(by_case) - n_fail}/{len(by_case)} cases passed, {len(self.failures)} failed "
-<<<<<<< HEAD
-                     f"checks, {len(self.skipped)} skipped, {self.elapsed_s:.1f} s")
-        return printable("\n".join(lines))  # nothing a candidate printed or raised can move the cursor
-=======
                      f"checks, {len(self.skipped)} skipped, {self.elapsed_s:.1f} s" + self._envelope_text())
-        return "\n".join(lines)
->>>>>>> cases
+        return printable("\n".join(lines))  # nothing a candidate printed or raised can move the cursor
 
     def _envelope_text(self) -> str:
         """``'; envelope N≤257 K≤65 d_r≤129 d_v≤129 H≤8 B≤4 chunks≤15'`` and the declared limits, or ``''``."""
@@ -234,12 +226,8 @@ class Report:
             "results": [r.as_dict() for r in self.results],
             "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
             "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
-<<<<<<< HEAD
-            "interrupted": self.interrupted, "isolated": self.isolated,
-=======
-            "interrupted": self.interrupted, "envelope": dict(self.envelope),
+            "interrupted": self.interrupted, "isolated": self.isolated, "envelope": dict(self.envelope),
             "envelope_limits": list(self.envelope_limits),
->>>>>>> cases
         }), indent=1, allow_nan=False)
 
     def add_output(self, case_id: str, text: str) -> None:
