@@ -116,6 +116,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="do not shrink failing cases or write reproducers")
     p.add_argument("--case-file", metavar="FILE", help="run exactly the case of a reproducer (.npz)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line on stderr")
+    p.add_argument("--no-tiling", dest="tiling", action="store_false",
+                   help="leave out the tiling cases (N, K, d_r, d_v straddling the usual tile sizes, up to 8 heads, "
+                        "4 batch entries, eps_sigma up to 0.3): the 29 edge cases only")
     p.add_argument("--in-process", action="store_true",
                    help="run the implementation in this process (for debugging: it can then affect the verdict); "
                         "default: in a worker process that cannot")
@@ -292,7 +295,7 @@ def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: st
             dtype=args.dtype, device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
             contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None),
             timeout=getattr(args, "timeout", 0.0) or None, full_traceback=getattr(args, "traceback", False),
-            repro=repro, case_file=getattr(args, "case_file", None),
+            repro=repro, case_file=getattr(args, "case_file", None), tiling=getattr(args, "tiling", True),
             progress=None if getattr(args, "quiet", False) else _Progress(),
             scale="scaling" if getattr(args, "scaling", False) else "long" if getattr(args, "long", False)
             else "short")

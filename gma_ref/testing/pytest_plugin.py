@@ -92,7 +92,7 @@ class GmaCaseFailed(AssertionError):
 def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = None, *, dtype: str | None = None,
                   device: str | None = None, grad: bool | None = None, mode: str | None = None,
                   variants: Sequence[str] | None = None, long: bool = False, n_cases: int = 0, seed: int = 0,
-                  n_max: int | None = None) -> list[GmaCase]:
+                  n_max: int | None = None, tiling: bool = False) -> list[GmaCase]:
     """The cases :func:`gma_ref.testing.check` would run for these options, as :class:`GmaCase` objects.
 
     Defaults as in ``check``: the declared (else every) variant, the first declared dtype and
@@ -119,7 +119,8 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
         cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
     else:
         defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
-        cases = defaults(active, dtype=dtype, seed=seed) + (
+        kw = {} if layer else {"tiling": tiling}
+        cases = defaults(active, dtype=dtype, seed=seed, **kw) + (
             generate(n_cases, variants=active, dtype=dtype, seed=seed + 1) if n_cases and active else [])
         if layer:  # the declared output gate (None: ungated)
             cases = [with_gate(c, decl.gate) for c in cases]
@@ -217,6 +218,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gma-cases", type=int, default=0, metavar="N", help="add N seeded random cases")
     g.addoption("--gma-seed", type=int, default=0, metavar="S", help="seed of the case generator")
     g.addoption("--gma-timeout", type=float, default=None, metavar="S", help="seconds one case may take")
+    g.addoption("--gma-no-tiling", action="store_true", default=False,
+                help="leave out the tiling cases (sizes straddling the usual tiles, many heads and batch entries)")
     g.addoption("--gma-in-process", action="store_true", default=False,
                 help="run the implementation in pytest's own process (debugging; it can then affect the verdict); "
                      "default: in a worker process")
@@ -264,7 +267,8 @@ class _GmaSession:
         try:
             cases = gma_case_list(impl, dtype=opt("gma_dtype"), device=opt("gma_device"), grad=opt("gma_grad"),
                                   mode=opt("gma_mode"), variants=opt("gma_variant"), long=opt("gma_long"),
-                                  n_cases=opt("gma_cases"), seed=opt("gma_seed"), n_max=opt("gma_n_max"))
+                                  n_cases=opt("gma_cases"), seed=opt("gma_seed"), n_max=opt("gma_n_max"),
+                                  tiling=not opt("gma_no_tiling"))
         except (TypeError, ValueError) as exc:
             raise pytest.UsageError(f"--gma-impl {self.target}: {exc}") from exc
         return impl, cases

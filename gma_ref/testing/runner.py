@@ -81,6 +81,7 @@ def check(
     case_file: str | None = None,
     in_process: bool | None = None,
     import_timeout: float | None = None,
+    tiling: bool = False,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
@@ -144,6 +145,11 @@ def check(
     case_file : str, optional
         Run exactly the case of a reproducer file (``.npz`` from ``repro``):
         its inputs, options and, unless given here, its dtype, variant and grad.
+    tiling : bool
+        Add the tiling cases to the default attention set (:func:`~gma_ref.testing.cases.tiling_cases`:
+        sizes straddling the usual tile sizes, up to 8 heads and 4 batch entries, ε_σ up to 0.3).
+        ``gma-ref check`` and the pytest plugin add them unless told not to (``--no-tiling``,
+        ``--gma-no-tiling``). Ignored when ``cases`` is given.
     in_process : bool, optional
         With a ``'module:function'`` target, ``True`` imports and runs it in this process
         (for debugging). A scaling check always does (it runs each size in a child process).
@@ -196,7 +202,8 @@ def check(
     report.isolated = isinstance(impl, IsolatedCandidate)
     if scale == "scaling":
         return _scaling(impl, decl, report, variants, the_vjp, the_vjp is not None, n_max or decl.n_max, timeout, t0)
-    case_list = _case_list(report, decl, active, cases, n_cases, seed, scale, n_max, file_case is not None)
+    case_list = _case_list(report, decl, active, cases, n_cases, seed, scale, n_max, file_case is not None,
+                           tiling)
     if file_case is not None:
         _explain_file_case(report, file_case, case_file, case_list)
     opts = {"vjp": the_vjp, "device": report.device, "xp": xp, "tolerance": tolerance,
@@ -332,7 +339,8 @@ def _plan_vjp(report: Report, impl: Callable[..., Any], decl: Declaration, vjp: 
 
 
 def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases: Sequence[Case] | None,
-               n_cases: int, seed: int, scale: str, n_max: int | None, from_file: bool) -> list[Case]:
+               n_cases: int, seed: int, scale: str, n_max: int | None, from_file: bool,
+               tiling: bool = False) -> list[Case]:
     """The cases to run: given ones (in the dtype under test), or the default (and generated, long) sets."""
     dtype, layer = report.dtype, report.mode == "layer"
     if not decl.returns_state and not layer:
@@ -345,7 +353,13 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
     if cases is None and scale == "long":
         cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
     if cases is None:
-        defaults, generate = (default_layer_cases, generate_layer_cases) if layer else (default_cases, generate_cases)
+        if layer:
+            defaults, generate = default_layer_cases, generate_layer_cases
+        else:
+            def defaults(v: tuple[str, ...], dtype: str, seed: int) -> list[Case]:
+                return default_cases(v, dtype=dtype, seed=seed, tiling=tiling)
+
+            generate = generate_cases
         case_list = defaults(active, dtype=dtype, seed=seed) if active else []
         if n_cases and active:
             case_list += generate(n_cases, variants=active, dtype=dtype, seed=seed + 1)

@@ -37,7 +37,7 @@ def _strict_json(text: str) -> dict:
 
 def _cli(*argv: str, cwd: pathlib.Path = ROOT, timeout: float = 180) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "gma_ref.check_cli", *argv], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "gma_ref.check_cli", *argv, "--no-tiling"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -53,3 +53,15 @@ def test_correct_kernels_pass_the_tiling_cases(kernel, dtype):
     report = check(kernel(dtype), dtype=dtype, grad=True, cases=tiling_cases(dtype=dtype))
     assert report.passed, report.format()
     assert _worst(report) < 0.25, _worst(report)
+
+
+@pytest.mark.parametrize("bug", TILING_BUGS, ids=lambda c: c.__name__)
+def test_the_command_lines_default_check_flags_every_tiling_bug(bug, capsys):
+    """``gma-ref check`` with no case options (tiling cases included, the kernel in a worker) exits 1 on each bug;
+    with ``--no-tiling`` (the 29 edge cases only) the same kernel passes."""
+    from gma_ref.check_cli import main
+
+    target = f"tests.planted_tiling:{bug.__name__}"
+    assert main([target, "--no-repro", "--quiet"], exit_process=False) == 1
+    assert main([target, "--no-repro", "--quiet", "--no-tiling", "--variant", "causal"], exit_process=False) == 0
+    capsys.readouterr()

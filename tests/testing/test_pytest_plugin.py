@@ -21,7 +21,7 @@ pytest_plugins = ["pytester"]
 
 # --assert=plain: the inner pytest does not rewrite the plugin module on import, so it is imported like any
 # other module (tools/mutate.py serves its mutants through an import hook that a rewrite would bypass)
-PLUGIN = ("-p", "gma_ref.testing.pytest_plugin", "--assert=plain")
+PLUGIN = ("-p", "gma_ref.testing.pytest_plugin", "--assert=plain", "--gma-no-tiling")
 GOOD = "gma_ref.testing.emulated:NumpyKernel"
 BAD = "tests.planted_impls:StrictCausalMask"
 
