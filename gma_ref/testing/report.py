@@ -131,6 +131,8 @@ class Report:
     candidate_output: dict[str, str] = field(default_factory=dict)
     #: The run was stopped by ``KeyboardInterrupt``; the results are those of the cases finished before.
     interrupted: bool = False
+    #: What the author should change before reading the rest (e.g. the declaration to attach); printed first.
+    advice: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -159,10 +161,26 @@ class Report:
             seen.setdefault(r.case_id, None)
         return list(seen)
 
+    def top_advice(self) -> list[str]:
+        """:attr:`advice`, then what was requested but not checked
+        (:func:`~gma_ref.testing.diagnosis.requested_but_skipped`)."""
+        from .diagnosis import requested_but_skipped
+
+        return list(self.advice) + requested_but_skipped(self)
+
+    def likely_causes(self) -> list[str]:
+        """The likely causes of the failures (:func:`~gma_ref.testing.diagnosis.diagnose`); ``[]`` when passing."""
+        from .diagnosis import diagnose
+
+        return diagnose(self)
+
     def format(self, verbose: bool = False) -> str:
-        """Readable report: every failing case in full, passing cases as one line each (all lines if ``verbose``)."""
+        """Readable report: the advice and likely causes first, then every failing case in full and passing
+        cases as one line each (all lines if ``verbose``)."""
         lines = [f"gma-ref check {self.implementation}  " + ("mode=layer " if self.mode == "layer" else "")
                  + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"]
+        lines += ["advice: " + a.replace("\n", "\n  ") for a in self.top_advice()]
+        lines += ["likely cause: " + c for c in self.likely_causes()]
         by_case: dict[str, list[CheckResult]] = {}
         for r in self.results:
             by_case.setdefault(r.case_id, []).append(r)
@@ -200,7 +218,7 @@ class Report:
             "results": [r.as_dict() for r in self.results],
             "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
             "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
-            "interrupted": self.interrupted,
+            "interrupted": self.interrupted, "advice": self.top_advice(), "likely_causes": self.likely_causes(),
         }), indent=1, allow_nan=False)
 
     def add_output(self, case_id: str, text: str) -> None:

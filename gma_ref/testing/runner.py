@@ -45,6 +45,7 @@ from .cases import (
     with_gate,
 )
 from .compare import Tolerance
+from .declaration import suggest_declaration
 from .long import LONG_SIZES, long_cases
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
 
@@ -224,6 +225,8 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
                     declaration=decl, dtype=dtype, device=device, grad=grad, mode=mode)
     if assumed:
         report.skipped.append(Skip("declaration", f"none attached; assumed {decl}"))
+    if declaration is None and (hint := suggest_declaration(impl)):
+        report.advice.append(hint)
     want = tuple(variants) if variants is not None else VARIANTS
     active = tuple(v for v in want if v in decl.variants)
     for v in want:
