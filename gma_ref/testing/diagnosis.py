@@ -20,13 +20,23 @@ Both are pure functions of the report (no array, no framework).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from .names import REGIMES, VARIANTS
 
-if TYPE_CHECKING:
-    from .report import CheckResult, Report
+
+class ReportLike(Protocol):
+    """What the rules read of a :class:`~gma_ref.testing.report.Report` (this module sits below it)."""
+
+    dtype: str
+    case_ids: list[str]
+    skipped: Sequence[Any]
+
+    @property
+    def failures(self) -> list[Any]: ...
+
+    def failed_cases(self) -> list[str]: ...
 
 __all__ = ["diagnose", "requested_but_skipped", "case_regime", "case_variant"]
 
@@ -61,9 +71,9 @@ def _output_size(case_id: str) -> int | None:
 class _Facts:
     """What the rules look at: the failing results by case, the cases that passed."""
 
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: ReportLike) -> None:
         self.report = report
-        self.failures: list[CheckResult] = report.failures
+        self.failures: list[Any] = report.failures
         self.failed = report.failed_cases()
         self.passed = [c for c in dict.fromkeys(report.case_ids) if c not in set(self.failed)]
         self.low_precision = report.dtype in ("bfloat16", "float16")
@@ -159,7 +169,7 @@ _RULES: tuple[Callable[[_Facts], str | None], ...] = (
 )
 
 
-def diagnose(report: Report) -> list[str]:
+def diagnose(report: ReportLike) -> list[str]:
     """The likely causes of ``report``'s failures, one sentence each; ``[]`` when it passed or no rule fits."""
     if not report.failures:
         return []
@@ -171,7 +181,7 @@ def diagnose(report: Report) -> list[str]:
     return [said for rule in _RULES if (said := rule(facts)) is not None]
 
 
-def requested_but_skipped(report: Report) -> list[str]:
+def requested_but_skipped(report: ReportLike) -> list[str]:
     """One line for each thing the run was asked to check and did not (gradients said in full)."""
     out = []
     for s in report.skipped:
