@@ -215,9 +215,13 @@ def suggest_declaration(impl: Any) -> str | None:
 
 
 def _display_name(impl: Any) -> str:
-    """What the declaration is attached to: the function's name, or the class of a callable object."""
+    """What the declaration is attached to: the function's name, the class of a callable object, ``impl`` for a
+    ``functools.partial`` (the declaration goes on the partial object itself)."""
+    import functools
     import inspect
 
+    if isinstance(impl, functools.partial):
+        return "impl"
     if inspect.isfunction(impl) or inspect.ismethod(impl):
         return str(getattr(impl, "__name__", "impl"))
     return type(impl).__name__ if not inspect.isclass(impl) else impl.__name__

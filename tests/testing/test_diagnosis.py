@@ -76,6 +76,8 @@ def test_a_framework_is_found_through_closures_partials_and_callable_objects():
     fake_mod = fake  # a closure of helper
     for impl in (outer(), functools.partial(outer(), eps=1.0), Kernel()):
         assert "namespace=\"torch\"" in (suggest_declaration(impl) or ""), impl
+    assert "impl.gma_declaration = " in suggest_declaration(functools.partial(outer(), eps=1.0))
+    assert "Kernel.gma_declaration = " in suggest_declaration(Kernel())
 
 
 def test_no_advice_for_numpy_kernels_or_a_declared_framework():
