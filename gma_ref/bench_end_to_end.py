@@ -177,6 +177,32 @@ def _max_diff(ours: Any, theirs: Any) -> float:
     return worst
 
 
+#: The end-to-end table's columns: title, width, alignment, and the cell of a row.
+_Column = tuple[str, int, str, Callable[[dict[str, Any]], str]]
+
+
+def _columns(with_torch: bool, recompute: bool) -> list[_Column]:
+    """The columns of the end-to-end table: PyTorch's only with PyTorch, ``recompute`` only when timed."""
+    cols: list[_Column] = [
+        ("form", 14, "<", lambda r: f"{r['form']:<14s}"), ("dtype", 8, "<", lambda r: f"{r['dtype']:<8s}"),
+        ("K", 4, ">", lambda r: f"{r['k']:>4d}"), ("N", 6, ">", lambda r: f"{r['n']:>6d}"),
+        ("fwd s", 8, ">", lambda r: f"{r['fwd']:>8.3f}")]
+    if with_torch:
+        cols += [("torch", 8, ">", lambda r: f"{r['t_fwd']:>8.3f}"),
+                 ("ratio", 6, ">", lambda r: f"{r['fwd_ratio']:>6.2f}")]
+    cols.append(("f+b s", 8, ">", lambda r: f"{r['both']:>8.3f}"))
+    if with_torch:
+        cols += [("torch", 8, ">", lambda r: f"{r['t_both']:>8.3f}"),
+                 ("ratio", 6, ">", lambda r: f"{r['both_ratio']:>6.2f}")]
+    cols += [("%BLAS", 6, ">", lambda r: f"{100 * r['blas_fraction']:>5.1f}%"),
+             ("f+b MiB", 8, ">", lambda r: f"{r['peak_bytes'] / _MIB:>8.1f}")]
+    if with_torch:
+        cols.append(("vs torch", 9, ">", lambda r: f"{r['torch_rel_diff']:>9.1e}"))
+    if recompute:
+        cols.append(("recompute", 9, ">", lambda r: f"{r['recompute']:>9.3f}"))
+    return cols
+
+
 def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (64, 256),
                    dtypes: tuple[str, ...] = ("float64", "float32"), forms: tuple[str, ...] = ("bidirectional",
                                                                                               "causal"),
@@ -215,12 +241,13 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
 
     say(f"End to end (routing vectors → Γ → output; backward to q, k, v, μ, ω, α), d_r = d_v = {d}, one head, "
         f"best of {repeats}, interleaved" + (f"; PyTorch {torch.__version__} with autograd, "
-                                             f"{torch.get_num_threads()} threads" if torch else "; no PyTorch"))
+                                             f"{torch.get_num_threads()} threads" if torch else ""))
+    if torch is None:
+        say("PyTorch not installed: torch columns skipped" if use_torch else "--no-torch: torch columns skipped")
     blas = {name: blas_rate(getattr(np, name), blas_n) for name in dtypes}
     say(f"BLAS peak ({blas_n}³ GEMM, same run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in blas.items()))
-    head = (f"{'form':<14s} {'dtype':<8s} {'K':>4s} {'N':>6s} {'fwd s':>8s} {'torch':>8s} {'ratio':>6s} "
-            f"{'f+b s':>8s} {'torch':>8s} {'ratio':>6s} {'%BLAS':>6s} {'f+b MiB':>8s} {'vs torch':>9s}"
-            + (f" {'recompute':>9s}" if recompute else ""))
+    columns = _columns(torch is not None, recompute)
+    head = " ".join(f"{title:{align}{width}s}" for title, width, align, _ in columns)
     say(head)
     say("-" * len(head))
     rows = []
@@ -253,10 +280,7 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
                     if recompute:
                         row["recompute_rel_diff"] = _max_diff(result, ours[2]())
                     rows.append(row)
-                    say(f"{form:<14s} {dtype:<8s} {k:>4d} {n:>6d} {best['fwd']:>8.3f} {best['t_fwd']:>8.3f} "
-                        f"{row['fwd_ratio']:>6.2f} {best['both']:>8.3f} {best['t_both']:>8.3f} "
-                        f"{row['both_ratio']:>6.2f} {100 * frac:>5.1f}% {peak / _MIB:>8.1f} {diff:>9.1e}"
-                        + (f" {best['recompute']:>9.3f}" if recompute else ""))
+                    say(" ".join(cell(row) for _, _, _, cell in columns))
     growth = {}
     for r in rows:
         small = next((s for s in rows if (s["form"], s["dtype"], s["k"], s["n"]) ==

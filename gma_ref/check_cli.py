@@ -60,6 +60,15 @@ EXIT_INTERRUPTED = 130
 DEFAULT_REPRO = "gma-ref-repro"
 
 
+def _plain_text(rst: str) -> str:
+    """The module's reST docstring as plain text for ``--help``: no double backquotes, roles or ``::``."""
+    import re
+
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", rst)
+    text = text.replace("``", "")
+    return re.sub(r"(\S)::\n", r"\1:\n", text).replace("\n::\n", "\n")
+
+
 def _usage_error(parser: argparse.ArgumentParser, message: str) -> None:
     parser.print_usage(sys.stderr)
     if getattr(parser, "json_errors", False):  # --json on the command line: the error is JSON too
@@ -184,7 +193,7 @@ def _positive_float(text: str) -> float:
 def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``check`` subcommand to an ``argparse`` subparsers object; returns its parser."""
     p = subparsers.add_parser("check", help="check a GMA implementation against the reference",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=_plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     _exit_on_usage_error(_configure(p))
     p.set_defaults(func=run_check)
     return p
@@ -413,7 +422,7 @@ def main(argv: list[str] | None = None, *, exit_process: bool | None = None) -> 
     """
     argv_list = sys.argv[1:] if argv is None else list(argv)
     parser = _exit_on_usage_error(_configure(argparse.ArgumentParser(
-        prog="gma-ref check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)))
+        prog="gma-ref check", description=_plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)))
     parser.json_errors = "--json" in argv_list  # type: ignore[attr-defined]
     args = parser.parse_args(argv_list)
     args.exit_process = argv is None if exit_process is None else exit_process

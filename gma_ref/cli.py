@@ -53,6 +53,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``gma-ref`` command; returns its exit status.
+
+    A reader that stops early (``gma-ref derive | head``) ends the command quietly with status 0:
+    stdout then points at the null device, so the interpreter's final flush cannot fail either.
+    """
+    try:
+        return _command(argv)
+    except BrokenPipeError:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run the command it names."""
     words = sys.argv[1:] if argv is None else list(argv)
     if words[:1] == ["check"]:  # its own parser: usage errors exit 4, JSON errors with --json
         from .check_cli import main as check_main

@@ -14,7 +14,7 @@ from typing import Any
 
 from .names import DEVICES, DTYPES, GATES, MODES, NAMESPACES, VARIANTS
 
-__all__ = ["Declaration", "declaration_of", "MAX_MULTIPLE", "EPS_RANGE"]
+__all__ = ["Declaration", "declaration_of", "suggest_declaration", "MAX_MULTIPLE", "EPS_RANGE"]
 
 #: Largest admissible ``n_multiple``, ``k_multiple``, ``d_multiple``: beyond them even the smallest
 #: case would not fit the harness's O(N_q N_k) reference in memory.
@@ -176,3 +176,135 @@ def declaration_of(impl: Callable[..., Any]) -> Declaration | None:
     if decl is not None and not isinstance(decl, Declaration):
         raise TypeError(f"gma_declaration must be a gma_ref.testing.Declaration, got {type(decl).__name__}")
     return decl
+
+
+#: Top-level module name -> the :attr:`Declaration.namespace` of arrays of that framework.
+_FRAMEWORK_NAMESPACES: dict[str, str] = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "cupy": "cupy"}
+#: The declaration each framework needs (gradients come by autograd for torch and JAX).
+_SUGGESTED: dict[str, str] = {"torch": 'Declaration(namespace="torch", grad=True)',
+                              "jax": 'Declaration(namespace="jax", grad=True)',
+                              "cupy": 'Declaration(namespace="cupy", devices=("cuda",))'}
+
+
+def suggest_declaration(impl: Any) -> str | None:
+    """The declaration ``impl`` probably needs, as advice text; ``None`` when there is nothing to say.
+
+    Looks, without importing anything, at what the implementation's code refers to: the
+    module globals its functions name and the values of their closures (for a callable
+    object, every method of its class; ``functools.partial`` and ``__wrapped__`` are
+    followed). When one of them is a PyTorch, JAX or CuPy module or function and ``impl``
+    declares nothing (or declares ``namespace='numpy'``), the advice names the framework
+    and the declaration to attach. Pure: a function of ``impl`` alone, returning plain text.
+    """
+    found = _framework_of(impl)
+    if found is None:
+        return None
+    namespace, evidence = found
+    try:
+        decl = getattr(impl, "gma_declaration", None)
+    except Exception:  # noqa: BLE001 - an attribute that raises is no declaration
+        decl = None
+    if isinstance(decl, Declaration) and decl.namespace != "numpy":
+        return None
+    name = _display_name(impl)
+    said = (f"{name} declares namespace='numpy'" if isinstance(decl, Declaration)
+            else f"{name} has no declaration (gma_declaration)")
+    return (f"{said} but uses {namespace} ({evidence}), so it was called with NumPy arrays. Declare the "
+            f"framework:\n    from gma_ref.testing import Declaration\n"
+            f"    {name}.gma_declaration = {_SUGGESTED[namespace]}")
+
+
+def _display_name(impl: Any) -> str:
+    """What the declaration is attached to: the function's name, the class of a callable object, ``impl`` for a
+    ``functools.partial`` (the declaration goes on the partial object itself)."""
+    import functools
+    import inspect
+
+    if isinstance(impl, functools.partial):
+        return "impl"
+    if inspect.isfunction(impl) or inspect.ismethod(impl):
+        return str(getattr(impl, "__name__", "impl"))
+    return type(impl).__name__ if not inspect.isclass(impl) else impl.__name__
+
+
+def _framework_of(impl: Any) -> tuple[str, str] | None:
+    """``(namespace, what refers to it)`` for the first torch/JAX/CuPy reference in ``impl``'s code, else ``None``."""
+    for fn in _functions_of(impl):
+        code = getattr(fn, "__code__", None)
+        scope = getattr(fn, "__globals__", None)
+        if code is not None and isinstance(scope, dict):
+            for name in _global_names(code):
+                ns = _namespace_of(scope.get(name))
+                if ns is not None:
+                    return ns, f"global {name!r} in {getattr(fn, '__qualname__', '?')}"
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            ns = _namespace_of(value)
+            if ns is not None:
+                return ns, f"a closure variable of {getattr(fn, '__qualname__', '?')}"
+    return None
+
+
+def _functions_of(impl: Any, depth: int = 0) -> list[Any]:
+    """The Python functions behind ``impl``: itself, a bound method's function, a partial's, a callable object's
+    methods (its class and bases, ``object`` aside), what ``__wrapped__`` wraps."""
+    import functools
+    import inspect
+
+    if depth > 3:
+        return []
+    if isinstance(impl, functools.partial):
+        return _functions_of(impl.func, depth + 1)
+    if inspect.ismethod(impl):
+        return _functions_of(impl.__func__, depth + 1)
+    if inspect.isfunction(impl):
+        wrapped = inspect.getattr_static(impl, "__wrapped__", None)
+        return [impl] + (_functions_of(wrapped, depth + 1) if wrapped is not None else [])
+    out = []
+    cls = impl if inspect.isclass(impl) else type(impl)
+    for klass in cls.__mro__[:-1]:
+        for value in vars(klass).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if inspect.isfunction(value):
+                out.append(value)
+    return out
+
+
+def _global_names(code: Any) -> list[str]:
+    """The global names ``code`` and the functions nested in it refer to."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names += _global_names(const)
+    return names
+
+
+def _namespace_of(value: Any) -> str | None:
+    """The namespace of a torch/JAX/CuPy module, or of a function or class defined in one, else ``None``."""
+    import types
+
+    if value is None:
+        return None
+    try:
+        if isinstance(value, types.ModuleType):
+            module = value.__name__
+        else:
+            module = _module_name(value)
+    except Exception:  # noqa: BLE001 - an object whose attributes raise refers to nothing
+        return None
+    if not isinstance(module, str):
+        return None
+    return _FRAMEWORK_NAMESPACES.get(module.split(".", 1)[0])
+
+
+def _module_name(value: Any) -> Any:
+    """The module a function or class is defined in; for any other object, its type's (a tensor: ``torch``)."""
+    import inspect
+
+    if inspect.isroutine(value) or inspect.isclass(value):
+        return getattr(value, "__module__", None)
+    return getattr(type(value), "__module__", None)

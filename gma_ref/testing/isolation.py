@@ -112,6 +112,8 @@ class IsolatedCandidate:
         self.has_vjp = ready.get("has_vjp") is True
         self.declaration_error: str | None = ready.get("declaration_error") if isinstance(
             ready.get("declaration_error"), str) else None
+        #: What the worker suggests declaring, for an implementation without a declaration (else ``None``).
+        self.advice: str | None = printable(ready["advice"]) if isinstance(ready.get("advice"), str) else None
         data = ready.get("declaration")
         self.declaration: Declaration | None = None if data is None else declaration_from_data(data)
 

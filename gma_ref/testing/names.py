@@ -15,7 +15,7 @@ The layers, bottom to top (each module imports only from layers below it; the te
     worker                         process; the worker process itself (the candidate's side)
     reference                      the float64 reference of a short or layer case
     compare                        the metric and the tolerances
-    long                           long cases and their O(N)-memory reference
+    long, diagnosis                long cases and their O(N)-memory reference; likely causes of a failing report
     report                         CheckResult, Skip, Report
     case_runner                    checking one case (an outcome, or "not checkable")
     repro, calibration, assertions shrinking and case files; calibration; assert_gma_close;

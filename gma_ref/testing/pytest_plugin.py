@@ -281,13 +281,18 @@ class _GmaSession:
         known = read_xfail_file(xfail_file) if xfail_file else set()
         parent = _GmaCollector.from_parent(session, name=NODE_NAME, nodeid=NODE_NAME)
         seen: dict[str, int] = {}
+        added: list[pytest.Item] = []
         for c in cases:
             seen[c.case_id] = seen.get(c.case_id, 0) + 1
             name = c.case_id if seen[c.case_id] == 1 else f"{c.case_id}-{seen[c.case_id]}"  # ids stay unique
             item = GmaCaseItem.from_parent(parent, name=name, impl=impl, gma_case=c, target=self.target)
             if c.case_id in known:
                 item.add_marker(_xfail_mark(xfail_file))
-            items.append(item)
+            added.append(item)
+        items.extend(added)
+        # report the collector's result as pytest reports a file's: the terminal's "collected N items", the
+        # selected/deselected counts and --collect-only's summary count these items
+        session.ihook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, added))
         unmatched = sorted(known - {c.case_id for c in cases})
         if unmatched:
             warnings.warn(pytest.PytestWarning(

@@ -143,6 +143,8 @@ class Report:
     envelope: dict[str, int] = field(default_factory=dict)
     #: Declared limits that remove part of the default envelope, e.g. ``'n_max = 100 (default N up to 257)'``.
     envelope_limits: list[str] = field(default_factory=list)
+    #: What the author should change before reading the rest (e.g. the declaration to attach); printed first.
+    advice: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -171,12 +173,28 @@ class Report:
             seen.setdefault(r.case_id, None)
         return list(seen)
 
+    def top_advice(self) -> list[str]:
+        """:attr:`advice`, then what was requested but not checked
+        (:func:`~gma_ref.testing.diagnosis.requested_but_skipped`)."""
+        from .diagnosis import requested_but_skipped
+
+        return list(self.advice) + requested_but_skipped(self)
+
+    def likely_causes(self) -> list[str]:
+        """The likely causes of the failures (:func:`~gma_ref.testing.diagnosis.diagnose`); ``[]`` when passing."""
+        from .diagnosis import diagnose
+
+        return diagnose(self)
+
     def format(self, verbose: bool = False) -> str:
-        """Readable report: every failing case in full, passing cases as one line each (all lines if ``verbose``)."""
+        """Readable report: the advice and likely causes first, then every failing case in full and passing
+        cases as one line each (all lines if ``verbose``)."""
         lines = [f"gma-ref check {self.implementation}  " + ("mode=layer " if self.mode == "layer" else "")
                  + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"
                  + ("  isolated: the candidate ran in a worker process" if self.isolated
                     else "  in-process: the candidate can affect this verdict")]
+        lines += ["advice: " + a.replace("\n", "\n  ") for a in self.top_advice()]
+        lines += ["likely cause: " + c for c in self.likely_causes()]
         by_case: dict[str, list[CheckResult]] = {}
         for r in self.results:
             by_case.setdefault(r.case_id, []).append(r)
@@ -227,7 +245,8 @@ class Report:
             "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
             "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
             "interrupted": self.interrupted, "isolated": self.isolated, "envelope": dict(self.envelope),
-            "envelope_limits": list(self.envelope_limits),
+            "envelope_limits": list(self.envelope_limits), "advice": self.top_advice(),
+            "likely_causes": self.likely_causes(),
         }), indent=1, allow_nan=False)
 
     def add_output(self, case_id: str, text: str) -> None:

@@ -48,6 +48,7 @@ from .cases import (
     with_gate,
 )
 from .compare import Tolerance
+from .declaration import suggest_declaration
 from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, WorkerLost
 from .long import LONG_SIZES, long_cases
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
@@ -279,6 +280,9 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
                     declaration=decl, dtype=dtype, device=device, grad=grad, mode=mode)
     if assumed:
         report.skipped.append(Skip("declaration", f"none attached; assumed {decl}"))
+    hint = impl.advice if isinstance(impl, IsolatedCandidate) else suggest_declaration(impl)
+    if declaration is None and hint:
+        report.advice.append(hint)
     want = tuple(variants) if variants is not None else VARIANTS
     active = tuple(v for v in want if v in decl.variants)
     for v in want:

@@ -35,7 +35,7 @@ from typing import Any
 from .adapters import candidate_dtype, jax_vjp, noncontiguous, to_candidate, torch_autograd
 from .buffers import HostArray, HostProblem, extract
 from .calls import ReturnedError, call_impl, failure_kind, split_result
-from .declaration import Declaration, declaration_of
+from .declaration import Declaration, declaration_of, suggest_declaration
 from .wire import read_request, send_reply
 
 __all__ = ["load_implementation", "declaration_data", "Worker", "main"]
@@ -110,7 +110,8 @@ class Worker:
             return
         self.impl = impl
         data, why = declaration_data(impl)
-        self.reply({"op": "ready", "declaration": data, "declaration_error": why,
+        advice, _ = attempt(lambda: suggest_declaration(impl) if data is None and why is None else None)
+        self.reply({"op": "ready", "declaration": data, "declaration_error": why, "advice": advice,
                     "name": _safe(getattr(impl, "__qualname__", None) or type(impl).__name__),
                     "has_vjp": getattr(impl, "gma_vjp", None) is not None})
 

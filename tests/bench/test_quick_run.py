@@ -67,3 +67,10 @@ def test_quick_benchmark_times_the_backward_with_and_without_residuals(quick_res
     for r in res["end_to_end"]["rows"]:
         assert r["recompute"] > 0, r
         assert r["recompute_rel_diff"] <= 1e-12, r
+
+
+def test_quick_benchmark_prints_no_empty_table(quick_result):
+    """Quick mode has no chunk-size sweep, so it prints no Table 3 header (a header with no rows), and no nan."""
+    _, text = quick_result
+    assert "Table 3" not in text
+    assert "nan" not in text.split()

@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "conditioning": 4, "isolation": 4, "worker": 4,
     "reference": 5,
     "compare": 6,
-    "long": 7,
+    "long": 7, "diagnosis": 7,
     "emulated": 2, "emulated_layer": 3, "emulated_long": 3, "rounding_family": 3,
     "report": 8,
     "case_runner": 9,

@@ -68,6 +68,20 @@ def test_items_have_the_case_ids_and_a_correct_kernel_passes(pytester):
     result.assert_outcomes(passed=29)
 
 
+def test_the_terminal_counts_the_case_items(pytester):
+    """The header's "collected N items", -k's selected/deselected counts and --collect-only's summary count the
+    case items beside the project's own tests (29 cases + 1 plain test)."""
+    pytester.makepyfile(test_plain="def test_one():\n    assert True\n")
+    result = pytester.runpytest(*PLUGIN, "--gma-impl", GOOD, "--collect-only")
+    result.stdout.fnmatch_lines(["collected 30 items", "*30 tests collected*"])
+    assert "no tests collected" not in result.stdout.str()
+    result = pytester.runpytest(*PLUGIN, "--gma-impl", GOOD, "--collect-only", "-k", "causal and far")
+    result.stdout.fnmatch_lines(["collected 30 items / 29 deselected / 1 selected", "*1/30 tests collected*"])
+    result = pytester.runpytest(*PLUGIN, "--gma-impl", GOOD, "-k", "bidirectional and tiny_grad or test_one")
+    result.stdout.fnmatch_lines(["collected 30 items / 28 deselected / 2 selected"])
+    result.assert_outcomes(passed=2, deselected=28)
+
+
 def test_float64_kernel_ids_carry_the_dtype(pytester):
     """--gma-dtype picks the dtype of the ids (f64); a dtype the kernel does not declare is a usage error."""
     pytester.makepyfile(kern="from gma_ref.testing.emulated import NumpyKernel\nk64 = NumpyKernel('float64')\n")

@@ -1,0 +1,196 @@
+"""Likely causes of a failing report: failure patterns a kernel author can act on.
+
+:func:`diagnose` reads a finished :class:`~gma_ref.testing.report.Report` — which cases failed
+(their variant and regime, from the case id), which checks and tensors, the worst elements —
+and names the likely cause when the pattern is a known one:
+
+* every case raised the same way — the calling convention or the array kind;
+* NaN/Inf in the whole output of every failing case — an output never written, or a 0/0;
+* every failing tensor the reference times one constant — a stray scale factor;
+* only the ``tiny_eps`` cases — ε missing, hard-coded or in the wrong place;
+* only the far/floor/tiny regimes at bfloat16/float16 — accumulation in the storage precision;
+* only causal cases, only cross cases, only gradients, only the non-contiguous layout,
+  only determinism.
+
+A passing report gets no hint; a pattern that fits none of these gets none either.
+:func:`requested_but_skipped` says, for the top of the report, what was asked for and not checked.
+Both are pure functions of the report (no array, no framework).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from .names import REGIMES, VARIANTS
+
+
+class ReportLike(Protocol):
+    """What the rules read of a :class:`~gma_ref.testing.report.Report` (this module sits below it)."""
+
+    dtype: str
+    case_ids: list[str]
+    skipped: Sequence[Any]
+
+    @property
+    def failures(self) -> list[Any]: ...
+
+    def failed_cases(self) -> list[str]: ...
+
+__all__ = ["diagnose", "requested_but_skipped", "case_regime", "case_variant"]
+
+#: Regimes that stress precision and range (the default set's edge regimes).
+HARD_REGIMES: tuple[str, ...] = tuple(r for r in REGIMES if r != "normal")
+#: Relative spread within which worst-element ratios count as "one constant".
+FACTOR_SPREAD = 1e-3
+
+_SIZES = re.compile(r"-B(\d+)-H(\d+)-N(\d+)(?:x\d+)?-K\d+-(?:dm\d+-)?dr\d+-dv(\d+)-")
+
+
+def case_regime(case_id: str) -> str:
+    """The regime named in a case id (``'normal'`` when none is)."""
+    parts = case_id.split("-")
+    return next((p for p in parts if p in HARD_REGIMES), "normal")
+
+
+def case_variant(case_id: str) -> str | None:
+    """The variant named in a case id (``None`` when none is)."""
+    return next((p for p in case_id.split("-") if p in VARIANTS), None)
+
+
+def _output_size(case_id: str) -> int | None:
+    """B·H·N_q·d_v of an attention case id (``None`` for other ids)."""
+    m = _SIZES.search("-" + case_id + "-")
+    if m is None or case_id.startswith("layer-"):
+        return None
+    b, h, n, dv = (int(g) for g in m.groups())
+    return b * h * n * dv
+
+
+class _Facts:
+    """What the rules look at: the failing results by case, the cases that passed."""
+
+    def __init__(self, report: ReportLike) -> None:
+        self.report = report
+        self.failures: list[Any] = report.failures
+        self.failed = report.failed_cases()
+        self.passed = [c for c in dict.fromkeys(report.case_ids) if c not in set(self.failed)]
+        self.low_precision = report.dtype in ("bfloat16", "float16")
+
+
+def _raised_everywhere(f: _Facts) -> str | None:
+    if f.passed or any(r.metric != "raised" for r in f.failures):
+        return None
+    first = f.failures[0].detail.split("\n", 1)[0][:200]
+    return (f"every case raised ({first}): the implementation could not run on the oracle's inputs at all; "
+            "check the calling convention and the declared namespace and dtype (docs/oracle.md, "
+            "'1. Calling convention')")
+
+
+def _nonfinite_everywhere(f: _Facts) -> str | None:
+    for cid in f.failed:
+        counts = [r.value for r in f.failures if r.case_id == cid and r.metric == "finite" and r.tensor == "out"]
+        size = _output_size(cid)
+        if not counts or (size is not None and counts[0] != size):
+            return None
+    return ("the output is NaN/Inf in every element of every failing case: an output buffer never written, "
+            "or a NaN that spreads through a reduction (a 0/0, a log of 0, an uninitialised accumulator)")
+
+
+def _constant_factor(f: _Facts) -> str | None:
+    by_tensor: dict[tuple[str, str], float] = {}  # (case, tensor) -> ratio; the layout check repeats the forward's
+    for r in f.failures:
+        if r.metric == "elem" and r.check != "layout" and r.worst_actual is not None and r.worst_expected:
+            by_tensor[(r.case_id, r.tensor)] = r.worst_actual / r.worst_expected
+    if len(by_tensor) < 2 or {c for c, _ in by_tensor} != set(f.failed):
+        return None
+    ratios = sorted(by_tensor.values())
+    mid = ratios[len(ratios) // 2]
+    if not all(abs(x - mid) <= FACTOR_SPREAD * abs(mid) for x in ratios) or abs(mid - 1.0) <= FACTOR_SPREAD:
+        return None
+    return (f"every failing tensor is the reference times {mid:.6g} at its worst element: a stray constant "
+            "factor (a scale, a normalisation, a factor 2 or a sign) applied to the result")
+
+
+def _only_tiny_eps(f: _Facts) -> str | None:
+    if not all(case_regime(c) == "tiny_eps" for c in f.failed) or not f.passed:
+        return None
+    return ("only the tiny_eps cases fail: the read stabiliser eps is probably missing, hard-coded or in the "
+            "wrong place. These cases make the routed mass u_i = sum_k Gamma^Q_ik Z_k comparable to eps, where "
+            "out = (Gamma^Q V~) / (u + eps) depends on it: add the caller's eps, to the denominator only")
+
+
+def _storage_precision(f: _Facts) -> str | None:
+    regimes = sorted({case_regime(c) for c in f.failed})
+    if not f.low_precision or "normal" in regimes or not any(case_regime(c) == "normal" for c in f.passed):
+        return None
+    return (f"only the {'/'.join(regimes)} cases fail at {f.report.dtype} while the normal cases pass: likely "
+            f"computation in {f.report.dtype} itself. The oracle expects a mixed-precision kernel: inputs, "
+            f"outputs and stored intermediates in {f.report.dtype}, but scores, exponentials, sums and the "
+            "read's division accumulated in float32 (cast up before the reductions, round once when storing)")
+
+
+def _only_variant(variant: str, cause: str) -> Callable[[_Facts], str | None]:
+    def rule(f: _Facts) -> str | None:
+        others = [c for c in f.passed if case_variant(c) not in (variant, None)]
+        if others and all(case_variant(c) == variant for c in f.failed):
+            return f"only {variant} cases fail (the other variants pass): {cause}"
+        return None
+
+    return rule
+
+
+def _only_check(check: str, cause: str) -> Callable[[_Facts], str | None]:
+    def rule(f: _Facts) -> str | None:
+        if all(r.check == check for r in f.failures):
+            tensors = sorted({r.tensor for r in f.failures})
+            return f"only the {check} checks fail ({', '.join(tensors)}): {cause}"
+        return None
+
+    return rule
+
+
+#: The rules, most specific first; the first two explain everything else away when they apply.
+_EXCLUSIVE: tuple[Callable[[_Facts], str | None], ...] = (_raised_everywhere, _nonfinite_everywhere)
+_RULES: tuple[Callable[[_Facts], str | None], ...] = (
+    _constant_factor,
+    _only_tiny_eps,
+    _storage_precision,
+    _only_variant("causal", "the causal mask (key j visible to query i iff j <= i), the state carried between "
+                  "chunks (a chunk boundary, the prefix sums of V~ and Z) or the running mass"),
+    _only_variant("cross", "N_q != N_k there: a loop bound, shape or stride taken from the queries for the keys"),
+    _only_check("gradient", "the forward is right; the backward is wrong (or the VJP returns its gradients under "
+                "the wrong names or in the wrong order)"),
+    _only_check("layout", "the kernel assumes contiguous row-major inputs; the oracle also passes transposed "
+                "(strided) ones: make them contiguous or use the strides"),
+    _only_check("determinism", "two calls on the same inputs differ (atomics or an unordered reduction); "
+                "declare deterministic=False if that is intended"),
+)
+
+
+def diagnose(report: ReportLike) -> list[str]:
+    """The likely causes of ``report``'s failures, one sentence each; ``[]`` when it passed or no rule fits."""
+    if not report.failures:
+        return []
+    facts = _Facts(report)
+    for rule in _EXCLUSIVE:
+        said = rule(facts)
+        if said is not None:
+            return [said]
+    return [said for rule in _RULES if (said := rule(facts)) is not None]
+
+
+def requested_but_skipped(report: ReportLike) -> list[str]:
+    """One line for each thing the run was asked to check and did not (gradients said in full)."""
+    out = []
+    for s in report.skipped:
+        if not s.requested:
+            continue
+        if s.what == "gradients":
+            out.append(f"gradients were requested (--grad / grad=True) but NOT checked: {s.reason}. Declare "
+                       "grad=True, with a VJP: impl.gma_vjp or check(vjp=...) for NumPy; namespace='torch' or "
+                       "'jax' gives one by autograd")
+        else:
+            out.append(f"requested but not checked: {s.what} ({s.reason})")
+    return out
