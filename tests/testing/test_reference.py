@@ -290,3 +290,176 @@ def test_root_sum_squares_are_scaled_so_tiny_terms_do_not_underflow():
     assert _rms(xp, np.zeros(3)) == 0.0 and _rms(xp, np.zeros(0)) == 0.0
     assert _rms(xp, np.array([np.inf, 1.0])) == math.inf
     assert _rms(xp, -x) == pytest.approx(_rms_plain(x), rel=1e-13, abs=0)
+
+
+# --------------------------------------------------------------------------- the multi-head layer
+
+
+def _layer_arrays(cross: bool, gate: str | None, seed: int = 0) -> dict[str, np.ndarray | None]:
+    """A layer case: B = 2, H = 2 heads, d_model = 3, K = 3, d_r = 2, d_v = 2, N_q = 3 and N_k = 4 (cross) or N = 3."""
+    rng = np.random.default_rng(seed)
+    b, h, d_model, n_c, d_r, d_v, n_q = 2, 2, 3, 3, 2, 2, 3
+    a = {
+        "x": rng.normal(size=(b, n_q, d_model)), "y": rng.normal(size=(b, 4, d_model)) if cross else None,
+        "w_q": rng.normal(size=(h, d_model, d_r)), "w_k": rng.normal(size=(h, d_model, d_r)),
+        "w_v": rng.normal(size=(h, d_model, d_v)), "w_o": rng.normal(size=(h * d_v, d_model)),
+        "means": rng.normal(size=(h, n_c, d_r)), "omega": rng.uniform(-1.0, 1.0, size=(h, n_c, d_r)),
+        "prior_logits": rng.normal(size=(h, n_c)), "d_out": rng.normal(size=(b, n_q, d_model)),
+        "gate_w": None, "gate_b": None,
+    }
+    if gate == "elementwise":
+        a["gate_w"], a["gate_b"] = rng.normal(size=(h, d_model, d_v)), rng.normal(size=(h, d_v))
+    elif gate == "headwise":
+        a["gate_w"], a["gate_b"] = rng.normal(size=(h, d_model)), rng.normal(size=(h,))
+    return a
+
+
+def _layer_floors(a, causal, eps, eps_sigma, under):
+    """The layer's floors by layer_reference's docstrings: the attention magnitudes of the projections driven by
+    |∂L/∂out| |W_O|ᵀ, carried through the projections (and the gate) as root-sum-squares."""
+    x, y = a["x"], a["y"]
+    ctx = x if y is None else y
+    h, d_v = a["w_v"].shape[0], a["w_v"].shape[-1]
+    q = np.einsum("bnd,hdr->bhnr", x, a["w_q"])
+    k = np.einsum("bnd,hdr->bhnr", ctx, a["w_k"])
+    v = np.einsum("bnd,hdc->bhnc", ctx, a["w_v"])
+    heads = gma_attention(q, k, v, a["means"], a["omega"], a["prior_logits"], causal=causal, eps=eps,
+                          eps_sigma=eps_sigma)
+    v_rms = np.sqrt(np.mean(v**2, axis=(-2, -1)))  # (b, h)
+    o_sq = heads**2 + v_rms[..., None, None] ** 2  # (b, h, n, c)
+    c_mag = np.concatenate([o_sq[:, j] for j in range(h)], axis=-1)  # (b, n, h·d_v), head-major
+    w_o2 = a["w_o"] ** 2
+    floors = {"out": _rms_plain(np.sqrt(np.einsum("bne,ed->bnd", c_mag, w_o2)))}
+    d_concat = np.sqrt(np.einsum("bnd,ed->bne", a["d_out"] ** 2, w_o2))
+    d_heads = np.stack([d_concat[..., j * d_v:(j + 1) * d_v] for j in range(h)], axis=1)  # (b, h, n, c)
+    var = variances_from_omega(a["omega"], eps_sigma)
+    lp = log_priors_from_logits(a["prior_logits"])
+    gq = responsibilities(q, a["means"], var, lp) + under
+    gk = responsibilities(k, a["means"], var, lp) + under
+    mask = np.tril(np.ones((q.shape[-2], k.shape[-2]))) if causal else np.ones((q.shape[-2], k.shape[-2]))
+    den = (np.einsum("bhik,bhjk->bhij", gq, gk) * mask).sum(-1) + eps
+    parts = {"gq": gq, "gk": gk, "var": var, "mask": mask, "den": den, "out": heads}
+    att = {"q": q, "k": k, "v": v, "means": a["means"], "omega": a["omega"], "d_out": d_heads}
+    mags = _magnitudes(att, parts)
+
+    def w_mag(inp, d):
+        return np.sqrt(np.einsum("bnd,bhnc->hdc", inp**2, d**2))
+
+    def in_sq(d, w):
+        return np.einsum("bhnc,hdc->bnd", d**2, w**2)
+
+    ctx_sq = in_sq(mags["d_k"], a["w_k"]) + in_sq(mags["d_v"], a["w_v"])
+    x_sq = in_sq(mags["d_q"], a["w_q"]) + (ctx_sq if y is None else 0.0)
+    if a["gate_w"] is not None:
+        w, bias = a["gate_w"], a["gate_b"]
+        if w.ndim == 2:  # head-wise: one gate per head
+            w, bias = w[..., None], bias[..., None]
+        g = 1.0 / (1.0 + np.exp(-(np.einsum("bnd,hdc->bhnc", x, w) + bias[None, :, None, :])))
+        dg_sq = d_heads**2 * o_sq
+        if a["gate_w"].ndim == 2:
+            dg_sq = dg_sq.sum(-1, keepdims=True)
+        d_act = np.sqrt(dg_sq) * g * (1.0 - g)
+        x_sq = x_sq + in_sq(d_act, w)
+        floors["d_gate_w"] = _rms_plain(w_mag(x, d_act))
+        floors["d_gate_b"] = _rms_plain(np.sqrt(np.einsum("bhnc->hc", d_act**2)))
+    floors |= {
+        "d_x": _rms_plain(np.sqrt(x_sq)),
+        "d_w_q": _rms_plain(w_mag(x, mags["d_q"])),
+        "d_w_k": _rms_plain(w_mag(ctx, mags["d_k"])),
+        "d_w_v": _rms_plain(w_mag(ctx, mags["d_v"])),
+        "d_w_o": _rms_plain(np.sqrt(np.einsum("bne,bnd->ed", c_mag, a["d_out"] ** 2))),
+        "d_means": _rms_plain(mags["d_means"]),
+        "d_omega": _rms_plain(mags["d_omega"]),
+        "d_prior_logits": _rms_plain(mags["d_prior_logits"]),
+    }
+    if y is not None:
+        floors["d_y"] = _rms_plain(np.sqrt(ctx_sq))
+    return floors, (q, k, gq - under, gk - under, var, mask)
+
+
+def _proj_condition(a, q, k, gq, gk, var, mask):
+    """κ_P = max_i Σ_j Σ_k γ^Q_ik γ^K_jk (P^Q_ik + P^K_jk) / u_i over the keys j query i sees (by its definition,
+    with the double sum formed directly), P_ik = (Σ_m c_ikm² x̂_im²)^½."""
+    x = a["x"]
+    ctx = x if a["y"] is None else a["y"]
+
+    def sens(inp, w, r, g):
+        xhat = np.einsum("bnd,hdm->bhnm", np.abs(inp), np.abs(w))
+        grad = (a["means"][None, :, None] - r[:, :, :, None, :]) / var[None, :, None]  # (b, h, n, k, m)
+        c = grad - np.einsum("bhnk,bhnkm->bhnm", g, grad)[:, :, :, None, :]
+        return np.sqrt(np.einsum("bhnkm,bhnm->bhnk", c**2, xhat**2))
+
+    p_q, p_k = sens(x, a["w_q"], q, gq), sens(ctx, a["w_k"], k, gk)
+    terms = np.einsum("bhik,bhjk->bhijk", gq, gk) * mask[..., None]
+    u = terms.sum(axis=(-2, -1))
+    num = (terms * (p_q[:, :, :, None, :] + p_k[:, :, None, :, :])).sum(axis=(-2, -1))
+    return float(np.max(num / np.where(u > 0, u, 1.0)))
+
+
+@pytest.mark.parametrize(("cross", "causal", "gate"), [(False, False, None), (True, False, None),
+                                                       (False, True, "elementwise"), (True, False, "headwise"),
+                                                       (False, False, "headwise")])
+def test_layer_floors_and_conditions_follow_their_definitions(cross, causal, gate):
+    """layer_reference's values are gma_layer's and gma_layer_backward's; its κ and λ are those of the heads' GMA
+    on the projections, κ_P the projection condition, and every floor (self and cross, causal, either gate, with a
+    dtype's underflow added to Γ) equals the root-sum-square chain computed independently."""
+    from gma_ref.layer import GMALayerParams, gma_layer, gma_layer_backward
+    from gma_ref.testing.reference import layer_reference
+
+    a = _layer_arrays(cross, gate, seed=int(cross) + 2 * int(causal))
+    eps, eps_sigma = 1e-3, 1e-2
+    inputs = {n: a[n] for n in ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits",
+                                "gate_w", "gate_b")}
+    for under in (0.0, 1e-3):
+        ref = layer_reference(xp, inputs, causal=causal, eps=eps, eps_sigma=eps_sigma, d_out=a["d_out"],
+                              underflow=under, chunk_size=2)
+        want, (q, k, gq, gk, var, mask) = _layer_floors(a, causal, eps, eps_sigma, under)
+        assert set(ref.floors) == set(want) == set(ref.tensors)
+        for name, f in want.items():
+            assert ref.floors[name] == pytest.approx(f, rel=1e-12, abs=0), (name, under)
+    params = GMALayerParams(**{n: a[n] for n in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits",
+                                                 "gate_w", "gate_b")})
+    kw = {"causal": causal, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": 2}
+    np.testing.assert_array_equal(ref.tensors["out"], gma_layer(params, a["x"], a["y"], gate=params.gate, **kw))
+    g = gma_layer_backward(params, a["x"], a["d_out"], y=a["y"], gate=params.gate, **kw)
+    np.testing.assert_array_equal(ref.tensors["d_x"], g.d_x)
+    if cross:
+        np.testing.assert_array_equal(ref.tensors["d_y"], g.d_y)
+    for name in params.arrays():
+        np.testing.assert_array_equal(ref.tensors["d_" + name], getattr(g.d_params, name))
+    lp = log_priors_from_logits(a["prior_logits"])
+    kappa = max(score_condition(xp, q, a["means"], var, lp, gq), score_condition(xp, k, a["means"], var, lp, gk))
+    assert ref.kappa == pytest.approx(kappa, rel=1e-13, abs=0)
+    assert ref.read_condition == pytest.approx(read_condition(xp, gq, gk, causal, eps), rel=1e-13, abs=0)
+    assert ref.proj_condition == pytest.approx(_proj_condition(a, q, k, gq, gk, var, mask), rel=1e-12, abs=0)
+    assert ref.proj_condition > 0.0
+
+
+def test_layer_reference_without_a_cotangent_or_floors():
+    """No d_out: only out (its floor from the heads and RMS(v) through |W_O|). floors=False: every gradient's floor
+    is 0."""
+    from gma_ref.testing.reference import layer_reference
+
+    a = _layer_arrays(True, None, seed=7)
+    inputs = {n: a[n] for n in ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")}
+    ref = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2)
+    assert set(ref.tensors) == set(ref.floors) == {"out"}
+    want, _ = _layer_floors(a, False, 1e-3, 1e-2, 0.0)
+    assert ref.floors["out"] == pytest.approx(want["out"], rel=1e-12, abs=0)
+    bare = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"], floors=False)
+    assert set(bare.floors) == set(bare.tensors) and "d_y" in bare.floors
+    assert all(f == 0.0 for n, f in bare.floors.items() if n != "out")
+
+
+def test_the_repr_of_a_reference_leaves_out_the_namespace_and_the_grains():
+    """repr(Reference) names the tensors, floors and conditions but not the namespace module or the (large) grain
+    arrays; the defaults are λ = 1, κ_P = 0, no grains, no flushing."""
+    a = _arrays(False)
+    ref = reference(xp, {n: a[n] for n in INPUTS}, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"],
+                    grains=True)
+    text = repr(ref)
+    assert "kappa=" in text and "floors=" in text
+    assert "xp=" not in text and "grains=" not in text and "array_api_compat" not in text
+    bare = Reference({}, {}, 2.0)
+    assert (bare.read_condition, bare.xp, bare.proj_condition, bare.grains, bare.flush_subnormals) == (
+        1.0, None, 0.0, {}, False)
