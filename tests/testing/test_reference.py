@@ -463,3 +463,13 @@ def test_the_repr_of_a_reference_leaves_out_the_namespace_and_the_grains():
     bare = Reference({}, {}, 2.0)
     assert (bare.read_condition, bare.xp, bare.proj_condition, bare.grains, bare.flush_subnormals) == (
         1.0, None, 0.0, {}, False)
+
+
+def test_each_row_is_scaled_by_its_own_largest_entry():
+    """_rss and _rss_mm scale each row (column) by its own largest |entry|, not the array's: a row of 1e-200 next to
+    a row of 1e100 keeps its size (one global scale would square it to 0)."""
+    x = np.array([[3e-200, 4e-200], [3e100, 4e100]])
+    np.testing.assert_allclose(_rss(xp, x, -1), [5e-200, 5e100], rtol=1e-14, atol=0)
+    np.testing.assert_allclose(_rss(xp, x.T, 0), [5e-200, 5e100], rtol=1e-14, atol=0)
+    b = np.array([[1.0, 1e-100], [1.0, 1e-100]])  # columns of 1 and of 1e-100
+    np.testing.assert_allclose(_rss_mm(xp, x, b), [[5e-200, 5e-300], [5e100, 5.0]], rtol=1e-14, atol=0)
