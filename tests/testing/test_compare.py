@@ -448,3 +448,15 @@ def test_grain_multiple_is_the_smallest_power_of_two_leaving_the_family_below_ha
     assert 0.25 < at_m <= 0.5, at_m
     at_half = _induced_weights_worst(monkeypatch, GRAIN_MULTIPLE / 2)
     assert 0.5 < at_half <= 1.0, at_half
+
+
+def test_without_a_grain_there_is_no_granularity_allowance():
+    """grain defaults to 0: a float32 tensor of subnormal values is compared at the scale of its dtype's smallest
+    normal number alone (the hand computation with G = 0), and an error of 500 η fails."""
+    r = np.array([1e-40, -3e-40, 0.0, 2e-41])
+    a = r + 500 * 2.0**-149
+    c = compare_tensor("d", a, r, dtype="float32")
+    norm, elem, _, _ = _grain_figures(a, r, dtype="float32", grain=0.0)
+    assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
+    assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
+    assert not c.passed and compare_tensor("d", a, r, dtype="float32", grain=4.0).passed

@@ -280,6 +280,7 @@ def test_root_sum_squares_are_scaled_so_tiny_terms_do_not_underflow():
                                    atol=0)
     zero = np.zeros((2, 3))
     assert np.array_equal(_rss(xp, zero, -1), np.zeros(2))
+    assert _rss(xp, np.array([[3.0, 4.0]]), -1).shape == (1,)  # only the summed axis is dropped
     a, b = rng.normal(size=(3, 4)), rng.normal(size=(4, 2))
     a[1] = 0.0
     b[:, 0] = 0.0
