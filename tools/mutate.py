@@ -157,6 +157,9 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/testing/compare.py": [
         "tests/testing/test_compare.py",
     ],
+    "gma_ref/testing/reference.py": [
+        "tests/testing/test_reference.py",
+    ],
 }
 
 #: Decorators/functions whose bodies are not mutated (pure formatting of messages, reprs).

@@ -50,7 +50,6 @@ from .names import GRAD_NAMES, INPUT_NAMES, LAYER_GRAD_NAMES, LAYER_INPUT_NAMES
 __all__ = ["INPUT_NAMES", "GRAD_NAMES", "LAYER_INPUT_NAMES", "LAYER_GRAD_NAMES", "Reference", "reference",
            "layer_reference"]
 
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass

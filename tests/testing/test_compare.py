@@ -308,3 +308,155 @@ def test_an_error_beyond_the_float_range_of_the_scale_is_infinite_and_quiet():
     r = np.array([1e-300, 0.0])
     c = compare_tensor("x", np.array([1e10, 0.0]), r, dtype="float64")
     assert math.isinf(c.elem_error) and not c.passed and c.nonfinite == 0
+
+
+# --------------------------------------------------------------------------- the granularity term G
+
+
+@pytest.mark.parametrize("dtype", sorted(FINFO))
+def test_granularity_constants_are_read_from_the_dtypes(dtype):
+    """SUBNORMAL_SPACING is the dtype's smallest subnormal and SMALLEST_NORMAL its smallest normal number."""
+    from gma_ref.testing.compare import SMALLEST_NORMAL, SUBNORMAL_SPACING
+
+    info = FINFO[dtype]
+    assert SUBNORMAL_SPACING[dtype] == float(info.smallest_subnormal)
+    assert SMALLEST_NORMAL[dtype] == float(info.smallest_normal)
+    assert set(SUBNORMAL_SPACING) == set(SMALLEST_NORMAL) == set(UNIT_ROUNDOFF)
+
+
+@pytest.mark.parametrize("dtype", sorted(FINFO))
+def test_granularity_is_the_dtype_and_its_compute_precision(dtype):
+    """granularity() = (η_store, η_acc): the subnormal spacing of the dtype and of its compute precision (float64
+    for float64, float32 otherwise), or both smallest normal numbers when the kernel flushes; t_store is half the
+    smallest subnormal, or the smallest normal number when flushing."""
+    from gma_ref.testing.compare import granularity, t_store
+
+    acc = FINFO["float64" if dtype == "float64" else "float32"]
+    info = FINFO[dtype]
+    assert granularity(dtype) == (float(info.smallest_subnormal), float(acc.smallest_subnormal))
+    assert granularity(dtype, True) == (float(info.smallest_normal), float(acc.smallest_normal))
+    assert granularity(dtype, flush_subnormals=False) == granularity(dtype)
+    assert t_store(dtype) == float(info.smallest_subnormal) / 2 == t_store(dtype, False)
+    assert t_store(dtype, True) == float(info.smallest_normal)
+
+
+def _grain_figures(a, r, *, dtype, grain, flush=False, read_condition=0.0):
+    """The two figures by docs/oracle.md: |a − r| ≤ τ (ν · scale + G), G = m · grain · η_acc (+ η_store flushing),
+    i.e. the error over (scale + G / ν), with the scales of the norm and of the element error."""
+    from gma_ref.testing.compare import GRAIN_MULTIPLE, SMALLEST_NORMAL, SUBNORMAL_SPACING
+
+    table = SMALLEST_NORMAL if flush else SUBNORMAL_SPACING
+    eta_store, eta_acc = table[dtype], table["float64" if dtype == "float64" else "float32"]
+    nu = unit_scale(dtype, 1.0, read_condition, flush_subnormals=flush)
+    g_over_nu = (GRAIN_MULTIPLE * np.asarray(grain, dtype=np.float64) * eta_acc + (eta_store if flush else 0.0)) / nu
+    g_over_nu = np.broadcast_to(g_over_nu, r.shape)
+    f = UNDERFLOW[dtype] / UNIT_ROUNDOFF[dtype]  # the dtype's smallest normal number
+    n = r.size
+    ref_norm = math.sqrt(float(np.sum(r * r)))
+    norm = math.sqrt(float(np.sum((a - r) ** 2))) / (max(ref_norm, math.sqrt(n) * f)
+                                                    + math.sqrt(float(np.sum(g_over_nu**2))))
+    elem = np.abs(a - r) / (np.abs(r) + max(ref_norm / math.sqrt(n), f) + g_over_nu)
+    return norm, float(elem.max()), int(np.argmax(elem)), nu
+
+
+def test_grain_allowance_enters_both_scales_elementwise():
+    """An elementwise grain G / ν is added to the norm scale (as its norm) and to each element's scale:
+    the figures of a float32 tensor of subnormal values equal the hand computation, and the worst element
+    is the one whose error is largest against its own allowance."""
+    r = np.array([1e-40, -3e-40, 0.0, 2e-41])
+    eta = 2.0**-149
+    a = r + np.array([300.0, -300.0, 50.0, 10.0]) * eta
+    grain = np.array([64.0, 1.0, 0.5, 32.0])
+    c = compare_tensor("d", a, r, dtype="float32", grain=grain)
+    norm, elem, worst, nu = _grain_figures(a, r, dtype="float32", grain=grain)
+    assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
+    assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
+    assert c.worst_index == (worst,) == (1,)
+    # a scalar grain is the same allowance on every element
+    c = compare_tensor("d", a, r, dtype="float32", grain=8.0)
+    norm, elem, _, _ = _grain_figures(a, r, dtype="float32", grain=8.0)
+    assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
+    assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
+    assert (c.norm_bound, c.elem_bound) == (16.0 * nu, 64.0 * nu)
+
+
+def test_grain_as_a_device_array_is_brought_to_the_host():
+    """A grain held on the device (a CuPy-like array) is copied with ``.get()`` like the tensors themselves."""
+    r = np.array([1e-40, -3e-40])
+    a = r + np.array([300.0, -300.0]) * 2.0**-149
+    grain = np.array([64.0, 1.0])
+    on_host = compare_tensor("d", a, r, dtype="float32", grain=grain)
+    on_device = compare_tensor("d", a, r, dtype="float32", grain=_DeviceArray(grain))
+    assert on_device == on_host
+    assert on_host.elem_error == pytest.approx(_grain_figures(a, r, dtype="float32", grain=grain)[1], rel=1e-12,
+                                               abs=0)
+
+
+def test_flushing_adds_the_stored_granularity_to_the_allowance():
+    """With flush_subnormals, η_store (float16: 2⁻¹⁴) and η_acc (float32's smallest normal) are the smallest normal
+    numbers and η_store / ν is added to the grain's allowance: the figures equal the hand computation."""
+    r = np.array([1e-6, -2e-6, 0.0])
+    a = r + np.array([4e-5, -1e-5, 2e-5])
+    grain = np.array([1.0, 2.0**100, 0.0])  # η_acc = 2⁻¹²⁶: only a huge grain is visible next to η_store
+    c = compare_tensor("d", a, r, dtype="float16", grain=grain, flush_subnormals=True, read_condition=3.0)
+    norm, elem, worst, nu = _grain_figures(a, r, dtype="float16", grain=grain, flush=True, read_condition=3.0)
+    assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
+    assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
+    assert c.worst_index == (worst,)
+    assert c.norm_bound == 8.0 * nu == 8.0 * (2.0**-11 + 2.0**-24 + 2.0**-14 * 3.0)
+    # unflushed, the same error has no η_store allowance and a smaller ν: larger figures
+    plain = compare_tensor("d", a, r, dtype="float16", grain=grain, read_condition=3.0)
+    assert plain.elem_error > c.elem_error and plain.norm_error > c.norm_error
+
+
+def test_grain_multiple_is_the_documented_one():
+    """docs/oracle.md states the multiple m in use; the constant is that value."""
+    from gma_ref.testing.compare import GRAIN_MULTIPLE
+
+    text = DOCS.read_text()
+    assert "the granularity multiple `GRAIN_MULTIPLE` = 128" in text
+    assert f"`GRAIN_MULTIPLE` = {GRAIN_MULTIPLE:g}" in text
+    assert not re.search(r"`GRAIN_MULTIPLE` = (?!128\b)\d+", text)
+
+
+#: The generated case on which GRAIN_MULTIPLE was calibrated (docs/oracle.md, "The tolerance table and how it was
+#: derived"): the largest error / threshold of the rounding family over the default and 200 generated cases, the
+#: induced-weights kernel's ∂k in float64 (generate_cases(200, dtype="float64", seed=1)[191]).
+_GRAIN_CASE = dict(variant="cross", batch=1, heads=3, n_q=1, n_k=5, n_components=3, d_r=10, d_v=1, dtype="float64",
+                   regime="tiny_grad", chunk_size=10, seed=100194)
+
+
+def _induced_weights_worst(monkeypatch, multiple):
+    from gma_ref.testing import check, compare
+    from gma_ref.testing.cases import Case
+    from gma_ref.testing.rounding_family import InducedWeightsKernel
+
+    monkeypatch.setattr(compare, "GRAIN_MULTIPLE", multiple)
+    report = check(InducedWeightsKernel("float64"), dtype="float64", grad=True, cases=[Case(**_GRAIN_CASE)],
+                   contract=False)
+    return max(r.value / r.threshold for r in report.results if r.metric in ("norm", "elem") and r.threshold)
+
+
+def test_grain_multiple_is_the_smallest_power_of_two_leaving_the_family_below_half_the_threshold(monkeypatch):
+    """GRAIN_MULTIPLE's calibration (docs/oracle.md): the textbook induced-weights backward, a correct kernel, stays
+    below half the threshold on its worst calibration case with m, and not with m / 2 (measured 0.45 and 0.89); and
+    not below a quarter (m is no larger than it needs to be)."""
+    from gma_ref.testing.compare import GRAIN_MULTIPLE
+
+    assert math.log2(GRAIN_MULTIPLE).is_integer()
+    at_m = _induced_weights_worst(monkeypatch, GRAIN_MULTIPLE)
+    assert 0.25 < at_m <= 0.5, at_m
+    at_half = _induced_weights_worst(monkeypatch, GRAIN_MULTIPLE / 2)
+    assert 0.5 < at_half <= 1.0, at_half
+
+
+def test_without_a_grain_there_is_no_granularity_allowance():
+    """grain defaults to 0: a float32 tensor of subnormal values is compared at the scale of its dtype's smallest
+    normal number alone (the hand computation with G = 0), and an error of 500 η fails."""
+    r = np.array([1e-40, -3e-40, 0.0, 2e-41])
+    a = r + 500 * 2.0**-149
+    c = compare_tensor("d", a, r, dtype="float32")
+    norm, elem, _, _ = _grain_figures(a, r, dtype="float32", grain=0.0)
+    assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
+    assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
+    assert not c.passed and compare_tensor("d", a, r, dtype="float32", grain=4.0).passed

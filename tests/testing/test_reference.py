@@ -1,0 +1,476 @@
+"""The float64 reference of a case and its error scales compute what gma_ref.testing.reference defines.
+
+:func:`gma_ref.testing.reference.reference` gives, besides the values, the scales every verdict
+is measured against: the floors f_T (the RMS of each gradient's cancellation-free magnitude:
+every sum of the backward pass replaced by the root-sum-square of its terms) and the grains G_T
+(one η in every intermediate, carried to the gradients by linear sums of magnitudes). Each is
+checked here against a second, plain implementation written from the module's docstrings with
+einsum over index letters (no shared helper, no scaling trick), on small batched cases, causal
+and not; the scaled root-sum-squares are checked where an unscaled one would underflow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import array_api_compat.numpy as xp
+import numpy as np
+import pytest
+
+from gma_ref import gma_attention, gma_attention_backward
+from gma_ref.bidirectional import write_memory
+from gma_ref.mixture import log_priors_from_logits, sigmoid, variances_from_omega
+from gma_ref.posterior import responsibilities
+from gma_ref.testing.conditioning import read_condition, score_condition
+from gma_ref.testing.names import GRAD_NAMES
+from gma_ref.testing.reference import Reference, _grad_grains, _rms, _rss, _rss_mm, reference
+
+INPUTS = ("q", "k", "v", "means", "omega", "prior_logits")
+
+
+def _arrays(causal: bool, seed: int = 0) -> dict[str, np.ndarray]:
+    """A batched case (B = 2 beyond the mixture's H = 2 heads), K = 3, d_r = 2, d_v = 3; N_q = 3, N_k = 4 (cross)
+    or N = 4 (causal). Means per head, variances from −1 to 1 through softplus, a cotangent of O(1)."""
+    rng = np.random.default_rng(seed)
+    b, h, n_c, d_r, d_v = 2, 2, 3, 2, 3
+    n_q, n_k = (4, 4) if causal else (3, 4)
+    return {
+        "q": rng.normal(size=(b, h, n_q, d_r)),
+        "k": rng.normal(size=(b, h, n_k, d_r)),
+        "v": rng.normal(size=(b, h, n_k, d_v)),
+        "means": rng.normal(size=(h, n_c, d_r)),
+        "omega": rng.uniform(-1.0, 1.0, size=(h, n_c, d_r)),
+        "prior_logits": rng.normal(size=(h, n_c)),
+        "d_out": rng.normal(size=(b, h, n_q, d_v)),
+    }
+
+
+def _parts(a: dict[str, np.ndarray], causal: bool, eps: float, eps_sigma: float) -> dict[str, np.ndarray]:
+    """Γ^Q, Γ^K, σ², log π, the mask, A (masked), D = u + ε and O of the case, from the core's primitives."""
+    var = variances_from_omega(a["omega"], eps_sigma)
+    lp = log_priors_from_logits(a["prior_logits"])
+    gq = responsibilities(a["q"], a["means"], var, lp)
+    gk = responsibilities(a["k"], a["means"], var, lp)
+    n_q, n_k = gq.shape[-2], gk.shape[-2]
+    mask = np.tril(np.ones((n_q, n_k))) if causal else np.ones((n_q, n_k))
+    aff = np.einsum("bhik,bhjk->bhij", gq, gk) * mask
+    den = aff.sum(-1) + eps
+    out = np.einsum("bhij,bhjc->bhic", aff, a["v"]) / den[..., None]
+    return {"gq": gq, "gk": gk, "var": var, "lp": lp, "mask": mask, "aff": aff, "den": den, "out": out}
+
+
+def _side_magnitudes(x, means, var, delta):
+    """(|∂x|, |∂μ|, |∂σ²|, |∂log π|) of one side without cancellation, from |δ| (b, h, i, k)."""
+    r = np.abs(x[:, :, :, None, :] - means[None, :, None]) / var[None, :, None]  # (b, h, i, k, m)
+    dr = delta[..., None] * r
+    d_x = np.sqrt(np.einsum("bhikm->bhim", dr**2))
+    d_mu = np.sqrt(np.einsum("bhikm->hkm", dr**2))
+    d_var = 0.5 * np.sqrt(np.einsum("bhikm->hkm", (dr * r) ** 2)
+                          + np.einsum("bhikm->hkm", (delta[..., None] / var[None, :, None] + 0 * r) ** 2))
+    d_lp = np.sqrt(np.einsum("bhik->hk", delta**2))
+    return d_x, d_mu, d_var, d_lp
+
+
+def _magnitudes(a, parts, under=0.0, tiny=0.0):
+    """Each gradient's cancellation-free magnitude (reference.py's docstring), Γ taken as Γ + ``under``."""
+    gq, gk = parts["gq"] + under, parts["gk"] + under
+    mask, den, out, v = parts["mask"], parts["den"], parts["out"], a["v"]
+    aff = np.einsum("bhik,bhjk->bhij", gq, gk) * mask
+    p = a["d_out"] / den[..., None]
+    c = np.sqrt(np.einsum("bhic->bhi", (p * out) ** 2))
+    w = np.sqrt(np.einsum("bhic,bhjc->bhij", p**2, v**2) + c[..., None] ** 2) * mask  # |∂L/∂A|
+    g_q = np.sqrt(np.einsum("bhij,bhjk->bhik", w**2, gk**2))
+    g_k = np.sqrt(np.einsum("bhij,bhik->bhjk", w**2, gq**2))
+
+    def delta(g, gm):
+        return g * np.sqrt(gm**2 + np.einsum("bhik->bhi", (g * gm) ** 2)[..., None]) + tiny
+
+    sq = _side_magnitudes(a["q"], a["means"], parts["var"], delta(gq, g_q))
+    sk = _side_magnitudes(a["k"], a["means"], parts["var"], delta(gk, g_k))
+    return {
+        "d_q": sq[0], "d_k": sk[0],
+        "d_v": np.sqrt(np.einsum("bhij,bhic->bhjc", aff**2, p**2)),
+        "d_means": np.hypot(sq[1], sk[1]),
+        "d_omega": np.hypot(sq[2], sk[2]) * np.asarray(sigmoid(a["omega"])),
+        "d_prior_logits": np.hypot(sq[3], sk[3]),
+    }
+
+
+def _side_grains(x, means, var, e_delta, eta):
+    """Granularity allowances (∂x, ∂μ, ∂σ², ∂log π) of one side from e_δ, one η per term summed."""
+    b, _, n, n_c = e_delta.shape
+    r = np.abs(x[:, :, :, None, :] - means[None, :, None]) / var[None, :, None]
+    er = e_delta[..., None] * r
+    e_x = np.einsum("bhikm->bhim", er) + n_c * eta
+    e_mu = np.einsum("bhikm->hkm", er) + b * n * eta
+    e_var = np.einsum("bhikm->hkm", 0.5 * e_delta[..., None] * (r * r + 1.0 / var[None, :, None])) + b * n * eta
+    e_lp = np.einsum("bhik->hk", e_delta) + b * n * eta
+    return e_x, e_mu, e_var, e_lp
+
+
+def _grains(a, parts, eta, eta_in):
+    """The grains by the list of _grad_grains' docstring: e_p, e_c, e_A, e_Γ, e_δ and the score gradients."""
+    gq, gk, mask, den, out, v = parts["gq"], parts["gk"], parts["mask"], parts["den"], parts["out"], a["v"]
+    n_q, n_k, n_c, d_v = gq.shape[-2], gk.shape[-2], gq.shape[-1], v.shape[-1]
+    e_p = (eta + eta_in) / den + eta  # (b, h, i)
+    e_c = e_p * np.abs(out).sum(-1) + d_v * eta * (1 / den + 1)
+    e_a = (e_p[..., None] * np.abs(v).sum(-1)[:, :, None, :]
+           + (e_c + (d_v + 1) * eta * (1 / den + 1))[..., None]) * mask
+    e_gq = np.einsum("bhij,bhjk->bhik", e_a, gk) + n_k * eta
+    e_gk = np.einsum("bhij,bhik->bhjk", e_a, gq) + n_q * eta
+
+    def delta(g, e):
+        return g * (e + np.einsum("bhik->bhi", g * e)[..., None]) + (n_c + 2) * eta
+
+    sq = _side_grains(a["q"], a["means"], parts["var"], delta(gq, e_gq), eta)
+    sk = _side_grains(a["k"], a["means"], parts["var"], delta(gk, e_gk), eta)
+    e_lp = sq[3] + sk[3]
+    e_dv = np.einsum("bhij,bhi->bhj", parts["aff"], e_p) + n_q * eta
+    return {
+        "d_q": sq[0], "d_k": sk[0],
+        "d_v": np.broadcast_to(e_dv[..., None], v.shape),
+        "d_means": sq[1] + sk[1],
+        "d_omega": (sq[2] + sk[2]) * np.asarray(sigmoid(a["omega"])) + eta,
+        "d_prior_logits": e_lp + np.exp(parts["lp"]) * e_lp.sum(-1, keepdims=True) + eta,
+    }
+
+
+def _rms_plain(m: np.ndarray) -> float:
+    return math.sqrt(float(np.mean(m**2)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_values_state_and_condition_figures_are_those_of_the_core(causal):
+    """out, memory, mass and every gradient are gma_attention's, write_memory's and gma_attention_backward's;
+    κ is the larger of the two sides' score conditions, λ the read condition; the floor of out is RMS(v) and
+    the state's floors are 0."""
+    a = _arrays(causal)
+    kw = {"causal": causal, "eps": 1e-3, "eps_sigma": 1e-2, "chunk_size": 2}  # chunks of 2 round differently
+    ref = reference(xp, {n: a[n] for n in INPUTS}, d_out=a["d_out"], **kw)
+    assert isinstance(ref, Reference) and ref.xp is xp
+    out = gma_attention(*(a[n] for n in INPUTS), **kw)
+    np.testing.assert_array_equal(ref.tensors["out"], out)
+    p = _parts(a, causal, 1e-3, 1e-2)
+    memory, mass = write_memory(p["gk"], a["v"])
+    np.testing.assert_array_equal(ref.tensors["memory"], memory)
+    np.testing.assert_array_equal(ref.tensors["mass"], mass)
+    np.testing.assert_allclose(ref.tensors["out"], p["out"], rtol=1e-12, atol=0)
+    grads = gma_attention_backward(*(a[n] for n in INPUTS), a["d_out"], **kw)._asdict()
+    assert set(ref.tensors) == {"out", "memory", "mass", *GRAD_NAMES}
+    for name in GRAD_NAMES:
+        np.testing.assert_array_equal(ref.tensors[name], grads[name], err_msg=name)
+    kappa = max(score_condition(xp, a["q"], a["means"], p["var"], p["lp"], p["gq"]),
+                score_condition(xp, a["k"], a["means"], p["var"], p["lp"], p["gk"]))
+    assert ref.kappa == kappa > 1.0
+    assert ref.read_condition == read_condition(xp, p["gq"], p["gk"], causal, 1e-3)
+    assert ref.floors["out"] == pytest.approx(_rms_plain(a["v"]), rel=1e-13, abs=0)
+    assert ref.floors["memory"] == 0.0 and ref.floors["mass"] == 0.0
+    assert ref.grains == {} and ref.proj_condition == 0.0 and ref.flush_subnormals is False
+
+
+def test_the_chunk_size_reaches_the_causal_core():
+    """chunk_size is the causal core's: an invalid one is refused by gma_attention, as the reference's caller
+    asked for it."""
+    a = _arrays(True)
+    with pytest.raises(ValueError, match="chunk_size"):
+        reference(xp, {n: a[n] for n in INPUTS}, causal=True, eps=1e-3, eps_sigma=1e-2, chunk_size=0)
+
+
+def test_without_a_cotangent_there_are_no_gradients_and_without_floors_they_are_zero():
+    """No d_out: only out, memory, mass. floors=False: every gradient's floor is 0 (the values still there)."""
+    a = _arrays(False)
+    ins = {n: a[n] for n in INPUTS}
+    ref = reference(xp, ins, causal=False, eps=1e-3, eps_sigma=1e-2)
+    assert set(ref.tensors) == set(ref.floors) == {"out", "memory", "mass"}
+    bare = reference(xp, ins, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"], floors=False, grains=True)
+    assert set(bare.tensors) == {"out", "memory", "mass", *GRAD_NAMES}
+    assert all(bare.floors[n] == 0.0 for n in GRAD_NAMES)
+    assert bare.grains == {}  # the grains come with the floors
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_floors_are_the_rms_of_the_cancellation_free_magnitudes(causal):
+    """Each gradient's floor equals the RMS of its magnitude with every sum replaced by the root-sum-square of
+    its terms, computed independently (einsum of squares), for a dtype's underflow t added to every Γ entry and
+    its smallest normal number added to every score gradient δ."""
+    a = _arrays(causal, seed=1)
+    eps, eps_sigma = 1e-3, 1e-2
+    parts = _parts(a, causal, eps, eps_sigma)
+    for under, tiny in ((0.0, 0.0), (2.0**-25, 0.0), (0.0, 0.05), (1e-3, 0.02)):
+        ref = reference(xp, {n: a[n] for n in INPUTS}, causal=causal, eps=eps, eps_sigma=eps_sigma,
+                        d_out=a["d_out"], underflow=under, tiny=tiny)
+        mags = _magnitudes(a, parts, under, tiny)
+        for name in GRAD_NAMES:
+            assert ref.floors[name] == pytest.approx(_rms_plain(mags[name]), rel=1e-12, abs=0), (name, under, tiny)
+
+
+def test_the_denominator_of_the_floors_is_that_of_the_case():
+    """The floors use D = u + ε of the case itself (here ε = 0.5: ten times the gradient floors' 1/D terms of ε
+    = 0.05 would show), not a fixed ε."""
+    a = _arrays(False, seed=2)
+    for eps in (0.05, 0.5):
+        parts = _parts(a, False, eps, 1e-2)
+        ref = reference(xp, {n: a[n] for n in INPUTS}, causal=False, eps=eps, eps_sigma=1e-2, d_out=a["d_out"])
+        mags = _magnitudes(a, parts)
+        for name in GRAD_NAMES:
+            assert ref.floors[name] == pytest.approx(_rms_plain(mags[name]), rel=1e-12, abs=0), (name, eps)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_grains_are_eta_carried_through_the_backward(causal):
+    """reference(grains=True) gives each gradient's granularity allowance in units of η (η = 1), elementwise, with
+    the cotangent read error grain_in in the same units: the independent computation of every step of
+    _grad_grains' docstring, to rounding."""
+    a = _arrays(causal, seed=3)
+    eps, eps_sigma = 1e-3, 1e-2
+    parts = _parts(a, causal, eps, eps_sigma)
+    for grain_in in (0.0, 1.0):
+        ref = reference(xp, {n: a[n] for n in INPUTS}, causal=causal, eps=eps, eps_sigma=eps_sigma,
+                        d_out=a["d_out"], grains=True, grain_in=grain_in, underflow=1e-3, tiny=0.5)
+        want = _grains(a, parts, 1.0, grain_in)
+        assert set(ref.grains) == set(GRAD_NAMES)
+        for name in GRAD_NAMES:
+            assert ref.grains[name].shape == a[name[2:]].shape, name
+            np.testing.assert_allclose(ref.grains[name], want[name], rtol=1e-12, atol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_grains_scale_with_eta_and_the_cotangent_error_separately(causal):
+    """_grad_grains with η = 2 and η_in = 3 (told apart: η_in enters only as (η + η_in)/D) equals the independent
+    computation."""
+    a = _arrays(causal, seed=4)
+    eps = 1e-3
+    p = _parts(a, causal, eps, 1e-2)
+    got = _grad_grains(xp, a["q"], a["k"], a["v"], a["means"], a["omega"], p["var"], p["lp"], p["gq"], p["gk"],
+                       p["out"], causal, p["den"], 2.0, 3.0)
+    want = _grains(a, p, 2.0, 3.0)
+    for name in GRAD_NAMES:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=0, err_msg=name)
+
+
+def test_a_query_that_sees_no_mass_has_finite_grains():
+    """D = 0 (ε = 0 and a query whose responsibilities miss every key's component) is replaced by 1 in 1/D: the
+    grains stay finite."""
+    a = _arrays(False, seed=5)
+    p = _parts(a, False, 0.0, 1e-2)
+    den = p["den"].copy()
+    den[0, 0, 0] = 0.0
+    got = _grad_grains(xp, a["q"], a["k"], a["v"], a["means"], a["omega"], p["var"], p["lp"], p["gq"], p["gk"],
+                       p["out"], False, den, 1.0, 1.0)
+    assert all(np.isfinite(g).all() for g in got.values())
+    p["den"] = np.where(den > 0, den, 1.0)
+    want = _grains(a, p, 1.0, 1.0)
+    for name in GRAD_NAMES:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=0, err_msg=name)
+
+
+# --------------------------------------------------------------------------- scaled root-sum-squares
+
+
+def test_root_sum_squares_are_scaled_so_tiny_terms_do_not_underflow():
+    """_rss, _rss_mm and _rms of values ~1e-200 (whose squares are 0 in float64) equal 1e-200 times those of the
+    values scaled up, over the axes asked for, keeping the axis when asked; zero rows give 0, not NaN."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 4))
+    for axis in (-1, 0, (0, 2)):
+        want = np.sqrt(np.sum(x**2, axis=axis))
+        np.testing.assert_allclose(_rss(xp, x * 1e-200, axis) / 1e-200, want, rtol=1e-13, atol=0)
+        kept = _rss(xp, x * 1e-200, axis, keepdims=True)
+        np.testing.assert_allclose(kept / 1e-200, np.sqrt(np.sum(x**2, axis=axis, keepdims=True)), rtol=1e-13,
+                                   atol=0)
+    zero = np.zeros((2, 3))
+    assert np.array_equal(_rss(xp, zero, -1), np.zeros(2))
+    assert _rss(xp, np.array([[3.0, 4.0]]), -1).shape == (1,)  # only the summed axis is dropped
+    a, b = rng.normal(size=(3, 4)), rng.normal(size=(4, 2))
+    a[1] = 0.0
+    b[:, 0] = 0.0
+    want = np.sqrt((a**2) @ (b**2))
+    np.testing.assert_allclose(_rss_mm(xp, a * 1e-200, b * 1e-100) / 1e-300, want, rtol=1e-13, atol=0)
+    assert np.isfinite(_rss_mm(xp, a, b)).all()
+    assert _rms(xp, x * 1e-200) / 1e-200 == pytest.approx(_rms_plain(x), rel=1e-13, abs=0)
+    assert _rms(xp, np.zeros(3)) == 0.0 and _rms(xp, np.zeros(0)) == 0.0
+    assert _rms(xp, np.array([np.inf, 1.0])) == math.inf
+    assert _rms(xp, -x) == pytest.approx(_rms_plain(x), rel=1e-13, abs=0)
+
+
+# --------------------------------------------------------------------------- the multi-head layer
+
+
+def _layer_arrays(cross: bool, gate: str | None, seed: int = 0) -> dict[str, np.ndarray | None]:
+    """A layer case: B = 2, H = 2 heads, d_model = 3, K = 3, d_r = 2, d_v = 2, N_q = 3 and N_k = 4 (cross) or N = 3."""
+    rng = np.random.default_rng(seed)
+    b, h, d_model, n_c, d_r, d_v, n_q = 2, 2, 3, 3, 2, 2, 3
+    a = {
+        "x": rng.normal(size=(b, n_q, d_model)), "y": rng.normal(size=(b, 4, d_model)) if cross else None,
+        "w_q": rng.normal(size=(h, d_model, d_r)), "w_k": rng.normal(size=(h, d_model, d_r)),
+        "w_v": rng.normal(size=(h, d_model, d_v)), "w_o": rng.normal(size=(h * d_v, d_model)),
+        "means": rng.normal(size=(h, n_c, d_r)), "omega": rng.uniform(-1.0, 1.0, size=(h, n_c, d_r)),
+        "prior_logits": rng.normal(size=(h, n_c)), "d_out": rng.normal(size=(b, n_q, d_model)),
+        "gate_w": None, "gate_b": None,
+    }
+    if gate == "elementwise":
+        a["gate_w"], a["gate_b"] = rng.normal(size=(h, d_model, d_v)), rng.normal(size=(h, d_v))
+    elif gate == "headwise":
+        a["gate_w"], a["gate_b"] = rng.normal(size=(h, d_model)), rng.normal(size=(h,))
+    return a
+
+
+def _layer_floors(a, causal, eps, eps_sigma, under):
+    """The layer's floors by layer_reference's docstrings: the attention magnitudes of the projections driven by
+    |∂L/∂out| |W_O|ᵀ, carried through the projections (and the gate) as root-sum-squares."""
+    x, y = a["x"], a["y"]
+    ctx = x if y is None else y
+    h, d_v = a["w_v"].shape[0], a["w_v"].shape[-1]
+    q = np.einsum("bnd,hdr->bhnr", x, a["w_q"])
+    k = np.einsum("bnd,hdr->bhnr", ctx, a["w_k"])
+    v = np.einsum("bnd,hdc->bhnc", ctx, a["w_v"])
+    heads = gma_attention(q, k, v, a["means"], a["omega"], a["prior_logits"], causal=causal, eps=eps,
+                          eps_sigma=eps_sigma)
+    v_rms = np.sqrt(np.mean(v**2, axis=(-2, -1)))  # (b, h)
+    o_sq = heads**2 + v_rms[..., None, None] ** 2  # (b, h, n, c)
+    c_mag = np.concatenate([o_sq[:, j] for j in range(h)], axis=-1)  # (b, n, h·d_v), head-major
+    w_o2 = a["w_o"] ** 2
+    floors = {"out": _rms_plain(np.sqrt(np.einsum("bne,ed->bnd", c_mag, w_o2)))}
+    d_concat = np.sqrt(np.einsum("bnd,ed->bne", a["d_out"] ** 2, w_o2))
+    d_heads = np.stack([d_concat[..., j * d_v:(j + 1) * d_v] for j in range(h)], axis=1)  # (b, h, n, c)
+    var = variances_from_omega(a["omega"], eps_sigma)
+    lp = log_priors_from_logits(a["prior_logits"])
+    gq = responsibilities(q, a["means"], var, lp) + under
+    gk = responsibilities(k, a["means"], var, lp) + under
+    mask = np.tril(np.ones((q.shape[-2], k.shape[-2]))) if causal else np.ones((q.shape[-2], k.shape[-2]))
+    den = (np.einsum("bhik,bhjk->bhij", gq, gk) * mask).sum(-1) + eps
+    parts = {"gq": gq, "gk": gk, "var": var, "mask": mask, "den": den, "out": heads}
+    att = {"q": q, "k": k, "v": v, "means": a["means"], "omega": a["omega"], "d_out": d_heads}
+    mags = _magnitudes(att, parts)
+
+    def w_mag(inp, d):
+        return np.sqrt(np.einsum("bnd,bhnc->hdc", inp**2, d**2))
+
+    def in_sq(d, w):
+        return np.einsum("bhnc,hdc->bnd", d**2, w**2)
+
+    ctx_sq = in_sq(mags["d_k"], a["w_k"]) + in_sq(mags["d_v"], a["w_v"])
+    x_sq = in_sq(mags["d_q"], a["w_q"]) + (ctx_sq if y is None else 0.0)
+    if a["gate_w"] is not None:
+        w, bias = a["gate_w"], a["gate_b"]
+        if w.ndim == 2:  # head-wise: one gate per head
+            w, bias = w[..., None], bias[..., None]
+        g = 1.0 / (1.0 + np.exp(-(np.einsum("bnd,hdc->bhnc", x, w) + bias[None, :, None, :])))
+        dg_sq = d_heads**2 * o_sq
+        if a["gate_w"].ndim == 2:
+            dg_sq = dg_sq.sum(-1, keepdims=True)
+        d_act = np.sqrt(dg_sq) * g * (1.0 - g)
+        x_sq = x_sq + in_sq(d_act, w)
+        floors["d_gate_w"] = _rms_plain(w_mag(x, d_act))
+        floors["d_gate_b"] = _rms_plain(np.sqrt(np.einsum("bhnc->hc", d_act**2)))
+    floors |= {
+        "d_x": _rms_plain(np.sqrt(x_sq)),
+        "d_w_q": _rms_plain(w_mag(x, mags["d_q"])),
+        "d_w_k": _rms_plain(w_mag(ctx, mags["d_k"])),
+        "d_w_v": _rms_plain(w_mag(ctx, mags["d_v"])),
+        "d_w_o": _rms_plain(np.sqrt(np.einsum("bne,bnd->ed", c_mag, a["d_out"] ** 2))),
+        "d_means": _rms_plain(mags["d_means"]),
+        "d_omega": _rms_plain(mags["d_omega"]),
+        "d_prior_logits": _rms_plain(mags["d_prior_logits"]),
+    }
+    if y is not None:
+        floors["d_y"] = _rms_plain(np.sqrt(ctx_sq))
+    return floors, (q, k, gq - under, gk - under, var, mask)
+
+
+def _proj_condition(a, q, k, gq, gk, var, mask):
+    """κ_P = max_i Σ_j Σ_k γ^Q_ik γ^K_jk (P^Q_ik + P^K_jk) / u_i over the keys j query i sees (by its definition,
+    with the double sum formed directly), P_ik = (Σ_m c_ikm² x̂_im²)^½."""
+    x = a["x"]
+    ctx = x if a["y"] is None else a["y"]
+
+    def sens(inp, w, r, g):
+        xhat = np.einsum("bnd,hdm->bhnm", np.abs(inp), np.abs(w))
+        grad = (a["means"][None, :, None] - r[:, :, :, None, :]) / var[None, :, None]  # (b, h, n, k, m)
+        c = grad - np.einsum("bhnk,bhnkm->bhnm", g, grad)[:, :, :, None, :]
+        return np.sqrt(np.einsum("bhnkm,bhnm->bhnk", c**2, xhat**2))
+
+    p_q, p_k = sens(x, a["w_q"], q, gq), sens(ctx, a["w_k"], k, gk)
+    terms = np.einsum("bhik,bhjk->bhijk", gq, gk) * mask[..., None]
+    u = terms.sum(axis=(-2, -1))
+    num = (terms * (p_q[:, :, :, None, :] + p_k[:, :, None, :, :])).sum(axis=(-2, -1))
+    return float(np.max(num / np.where(u > 0, u, 1.0)))
+
+
+@pytest.mark.parametrize(("cross", "causal", "gate"), [(False, False, None), (True, False, None),
+                                                       (False, True, "elementwise"), (True, False, "headwise"),
+                                                       (False, False, "headwise")])
+def test_layer_floors_and_conditions_follow_their_definitions(cross, causal, gate):
+    """layer_reference's values are gma_layer's and gma_layer_backward's; its κ and λ are those of the heads' GMA
+    on the projections, κ_P the projection condition, and every floor (self and cross, causal, either gate, with a
+    dtype's underflow added to Γ) equals the root-sum-square chain computed independently."""
+    from gma_ref.layer import GMALayerParams, gma_layer, gma_layer_backward
+    from gma_ref.testing.reference import layer_reference
+
+    a = _layer_arrays(cross, gate, seed=int(cross) + 2 * int(causal))
+    eps, eps_sigma = 1e-3, 1e-2
+    inputs = {n: a[n] for n in ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits",
+                                "gate_w", "gate_b")}
+    for under in (0.0, 1e-3):
+        ref = layer_reference(xp, inputs, causal=causal, eps=eps, eps_sigma=eps_sigma, d_out=a["d_out"],
+                              underflow=under, chunk_size=2)
+        want, (q, k, gq, gk, var, mask) = _layer_floors(a, causal, eps, eps_sigma, under)
+        assert set(ref.floors) == set(want) == set(ref.tensors)
+        for name, f in want.items():
+            assert ref.floors[name] == pytest.approx(f, rel=1e-12, abs=0), (name, under)
+    params = GMALayerParams(**{n: a[n] for n in ("w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits",
+                                                 "gate_w", "gate_b")})
+    kw = {"causal": causal, "eps": eps, "eps_sigma": eps_sigma, "chunk_size": 2}
+    np.testing.assert_array_equal(ref.tensors["out"], gma_layer(params, a["x"], a["y"], gate=params.gate, **kw))
+    g = gma_layer_backward(params, a["x"], a["d_out"], y=a["y"], gate=params.gate, **kw)
+    np.testing.assert_array_equal(ref.tensors["d_x"], g.d_x)
+    if cross:
+        np.testing.assert_array_equal(ref.tensors["d_y"], g.d_y)
+    for name in params.arrays():
+        np.testing.assert_array_equal(ref.tensors["d_" + name], getattr(g.d_params, name))
+    lp = log_priors_from_logits(a["prior_logits"])
+    kappa = max(score_condition(xp, q, a["means"], var, lp, gq), score_condition(xp, k, a["means"], var, lp, gk))
+    assert ref.kappa == pytest.approx(kappa, rel=1e-13, abs=0)
+    assert ref.read_condition == pytest.approx(read_condition(xp, gq, gk, causal, eps), rel=1e-13, abs=0)
+    assert ref.proj_condition == pytest.approx(_proj_condition(a, q, k, gq, gk, var, mask), rel=1e-12, abs=0)
+    assert ref.proj_condition > 0.0
+
+
+def test_layer_reference_without_a_cotangent_or_floors():
+    """No d_out: only out (its floor from the heads and RMS(v) through |W_O|). floors=False: every gradient's floor
+    is 0."""
+    from gma_ref.testing.reference import layer_reference
+
+    a = _layer_arrays(True, None, seed=7)
+    inputs = {n: a[n] for n in ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")}
+    ref = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2)
+    assert set(ref.tensors) == set(ref.floors) == {"out"}
+    want, _ = _layer_floors(a, False, 1e-3, 1e-2, 0.0)
+    assert ref.floors["out"] == pytest.approx(want["out"], rel=1e-12, abs=0)
+    bare = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"], floors=False)
+    assert set(bare.floors) == set(bare.tensors) and "d_y" in bare.floors
+    assert all(f == 0.0 for n, f in bare.floors.items() if n != "out")
+
+
+def test_the_repr_of_a_reference_leaves_out_the_namespace_and_the_grains():
+    """repr(Reference) names the tensors, floors and conditions but not the namespace module or the (large) grain
+    arrays; the defaults are λ = 1, κ_P = 0, no grains, no flushing."""
+    a = _arrays(False)
+    ref = reference(xp, {n: a[n] for n in INPUTS}, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"],
+                    grains=True)
+    text = repr(ref)
+    assert "kappa=" in text and "floors=" in text
+    assert "xp=" not in text and "grains=" not in text and "array_api_compat" not in text
+    bare = Reference({}, {}, 2.0)
+    assert (bare.read_condition, bare.xp, bare.proj_condition, bare.grains, bare.flush_subnormals) == (
+        1.0, None, 0.0, {}, False)
+
+
+def test_each_row_is_scaled_by_its_own_largest_entry():
+    """_rss and _rss_mm scale each row (column) by its own largest |entry|, not the array's: a row of 1e-200 next to
+    a row of 1e100 keeps its size (one global scale would square it to 0)."""
+    x = np.array([[3e-200, 4e-200], [3e100, 4e100]])
+    np.testing.assert_allclose(_rss(xp, x, -1), [5e-200, 5e100], rtol=1e-14, atol=0)
+    np.testing.assert_allclose(_rss(xp, x.T, 0), [5e-200, 5e100], rtol=1e-14, atol=0)
+    b = np.array([[1.0, 1e-100], [1.0, 1e-100]])  # columns of 1 and of 1e-100
+    np.testing.assert_allclose(_rss_mm(xp, x, b), [[5e-200, 5e-300], [5e100, 5.0]], rtol=1e-14, atol=0)
