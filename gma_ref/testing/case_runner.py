@@ -32,7 +32,7 @@ from .adapters import (
 from .buffers import HostArray
 from .calls import ReturnedError, array_problem, attempt, call_impl, exception_line, failure_kind, split_result
 from .cases import Case, case_arrays, layer_case_arrays
-from .compare import LAYER_TOLERANCES, NU_MAX, TINY_ACC, Tolerance, compare_tensor, t_store, unit_scale
+from .compare import LAYER_TOLERANCES, NU_MAX, SMALLEST_NORMAL, TINY_ACC, Tolerance, compare_tensor, t_store, unit_scale
 from .declaration import Declaration
 from .long import LONG_THRESHOLD, LONG_TOLERANCES, long_reference
 from .names import GRAD_NAMES, INPUT_NAMES, layer_input_names
@@ -79,11 +79,24 @@ def _accuracy(case_id: str, check_name: str, name: str, actual: Any, ref: Any, x
                        grain=ref.grains.get(name, 0.0), flush_subnormals=ref.flush_subnormals)
     out.append(CheckResult(case_id, "contract", name, "finite", float(c.nonfinite), 0.0, c.nonfinite == 0,
                            detail="" if c.nonfinite == 0 else f"{c.nonfinite} NaN/Inf where the reference is finite"))
+    if ref.flush_subnormals:
+        out.append(_kept_subnormals(case_id, name, a, xp, dtype))
     out.append(CheckResult(case_id, check_name, name, "norm", c.norm_error, c.norm_bound,
                            c.norm_error <= c.norm_bound))
     out.append(CheckResult(case_id, check_name, name, "elem", c.elem_error, c.elem_bound,
                            c.elem_error <= c.elem_bound, c.worst_index, c.worst_actual, c.worst_expected))
     return out
+
+
+def _kept_subnormals(case_id: str, name: str, a: Any, xp: Any, dtype: str) -> CheckResult:
+    """The check of a declared ``flush_subnormals=True``: the candidate returned no subnormal value of ``dtype``."""
+    tiny = SMALLEST_NORMAL[dtype]
+    mag = xp.abs(a)
+    n_sub = int(xp.sum((mag > 0) & (mag < tiny)))
+    detail = "" if n_sub == 0 else (
+        f"flush_subnormals=True is declared, but {n_sub} returned values are subnormal in {dtype} (nonzero, below "
+        f"{tiny:.3g}): the kernel keeps subnormals, and the declaration would loosen its tolerance")
+    return CheckResult(case_id, "contract", name, "subnormal", float(n_sub), 0.0, n_sub == 0, detail=detail)
 
 
 @dataclass

@@ -8,13 +8,22 @@ generated or any array allocated.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .names import DEVICES, DTYPES, GATES, MODES, NAMESPACES, VARIANTS
 
-__all__ = ["Declaration", "declaration_of", "suggest_declaration", "MAX_MULTIPLE", "EPS_RANGE"]
+__all__ = ["Declaration", "declaration_of", "suggest_declaration", "MAX_MULTIPLE", "EPS_RANGE", "EXTRA_KEYS"]
+
+#: The keys ``Declaration.extra`` may hold, and what each means; any other key is an error (a reason
+#: under a misspelt key would otherwise be dropped without a word).
+EXTRA_KEYS: dict[str, str] = {
+    "unsupported": "dict from an undeclared variant, dtype, device or mode name (or 'grad') to the reason",
+    "notes": "free text about the kernel, kept in the JSON report",
+}
 
 #: Largest admissible ``n_multiple``, ``k_multiple``, ``d_multiple``: beyond them even the smallest
 #: case would not fit the harness's O(N_q N_k) reference in memory.
@@ -49,8 +58,9 @@ class Declaration:
         Two calls on the same inputs give bitwise-identical outputs. When
         ``False`` a difference is reported but does not fail.
     extra : dict
-        Free-form notes. ``extra["unsupported"]``, a dict from an undeclared variant, dtype,
-        device or mode name (or ``"grad"``) to the reason, is printed in that skip line.
+        Keys from :data:`EXTRA_KEYS` only (any other key is a ``ValueError`` naming the known ones):
+        ``extra["unsupported"]``, a dict from an undeclared variant, dtype, device or mode name
+        (or ``"grad"``) to the reason, is printed in that skip line; ``extra["notes"]``, free text.
     mode : ``'attention'`` or ``'layer'``
         ``'attention'``: ``impl(q, k, v, means, omega, prior_logits, ...)`` → ``(B, H, N_q, d_v)``.
         ``'layer'``: the multi-head layer, ``impl(x, y, w_q, w_k, w_v, w_o, means, omega,
@@ -132,6 +142,7 @@ class Declaration:
                              f"got mode = {self.mode!r}")
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
+        _check_extra(self.extra)
         for name, (lo, hi) in EPS_RANGE.items():
             val = getattr(self, name)
             if val is None:
@@ -162,6 +173,41 @@ class Declaration:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+
+def _check_extra(extra: dict[str, Any]) -> None:
+    """``ValueError`` naming the known keys for a key of ``extra`` not in :data:`EXTRA_KEYS`."""
+    bad = [k for k in extra if k not in EXTRA_KEYS]
+    if bad:
+        hint = difflib.get_close_matches(str(bad[0]), EXTRA_KEYS, n=1)
+        raise ValueError(f"extra has unknown key(s) {bad!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                         + f"; the known keys are {tuple(EXTRA_KEYS)}")
+    why = extra.get("unsupported", {})
+    if not isinstance(why, dict):
+        raise TypeError(f"extra['unsupported'] must be a dict from a name to the reason, got {type(why).__name__}")
+
+
+def _check_field_names(kwargs: dict[str, Any]) -> None:
+    """``TypeError`` naming the fields of :class:`Declaration` for a misspelt keyword."""
+    known = tuple(f.name for f in fields(Declaration))
+    bad = [k for k in kwargs if k not in known]
+    if bad:
+        hint = difflib.get_close_matches(bad[0], known, n=1)
+        raise TypeError(f"Declaration has no field {bad[0]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                        + f"; the fields are {known}")
+
+
+_dataclass_init = Declaration.__init__
+
+
+def _init(self: Declaration, *args: Any, **kwargs: Any) -> None:
+    _check_field_names(kwargs)
+    _dataclass_init(self, *args, **kwargs)
+
+
+_init.__doc__ = _dataclass_init.__doc__
+_init.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
+Declaration.__init__ = _init  # type: ignore[method-assign]
 
 
 def _check_names(what: str, got: tuple[Any, ...], known: tuple[str, ...]) -> None:

@@ -256,6 +256,18 @@ class IsolatedCandidate:
             raise ImportError(f"{namespace} in the worker: {printable(reply['why'])}")
         return reply.get("found") is True
 
+    def probe(self, namespace: str, device: str, dtype: str) -> tuple[str | None, bool, str | None]:
+        """Probe the candidate's framework in the worker (x64 and subnormals are that process's settings).
+
+        Returns ``(x64 problem or None, flushes subnormals, why the probe failed or None)``.
+        """
+        self._ensure()
+        reply, _ = self._ask({"op": "probe", "namespace": namespace, "device": device, "dtype": dtype},
+                             time.monotonic() + self.import_timeout)
+        x64, why = reply.get("x64"), reply.get("why")
+        return (printable(x64) if isinstance(x64, str) else None, reply.get("flushes") is True,
+                printable(why) if isinstance(why, str) else None)
+
     def begin_case(self, timeout: float | None) -> None:
         """Start a case: its calls must all be answered within ``timeout`` seconds (``None``: no limit)."""
         self.deadline = None if timeout is None else time.monotonic() + timeout

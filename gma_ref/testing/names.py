@@ -8,7 +8,7 @@ The layers, bottom to top (each module imports only from layers below it; the te
 
     names                          the vocabulary (this module)
     declaration, capture, buffers, what a kernel declares; capturing what it prints; arrays as plain bytes;
-    covering                       pairwise (covering) arrays of case axes
+    covering, probes               pairwise (covering) arrays of case axes; probing a framework's arithmetic
     adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
     cases, wire                    short and layer cases; the messages between the oracle and its worker
     conditioning, isolation,       the condition factors κ and λ; the oracle's handle on the worker

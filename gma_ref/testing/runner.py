@@ -311,7 +311,43 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
         active, xp = (), None
     if xp is not None:
         report.reference_backend = xp.__name__.rsplit(".", 1)[-1]
+    if active:
+        active, decl = _frameworks_as_they_are(report, decl, active, dtype, device, dtype_req, impl)
     return report, decl, active, xp, _plan_vjp(report, impl, decl, vjp, grad, grad_req)
+
+
+def _frameworks_as_they_are(report: Report, decl: Declaration, active: tuple[str, ...], dtype: str, device: str,
+                            dtype_req: bool, impl: Any = None) -> tuple[tuple[str, ...], Declaration]:
+    """JAX float64 without x64 is one skip naming ``jax_enable_x64``; a framework that flushes subnormals
+    (probed on the device, in the candidate's process) gets the tolerance of ``flush_subnormals=True``, with a note."""
+    from dataclasses import replace
+
+    from .probes import jax_x64_missing, probe_flushes_subnormals
+
+    def local() -> tuple[str | None, bool, str | None]:
+        why = jax_x64_missing(decl.namespace, dtype)
+        if why is not None or decl.flush_subnormals or dtype not in ("float32", "float64"):
+            return why, False, None
+        try:
+            return None, probe_flushes_subnormals(decl.namespace, device, dtype), None
+        except Exception as exc:  # the framework cannot be probed here: the declaration stands
+            return None, False, f"{type(exc).__name__}: {safe_text(exc)}"
+
+    x64, flushes, failed = impl.probe(decl.namespace, device, dtype) if isinstance(impl, IsolatedCandidate) \
+        else local()
+    if x64 is not None:
+        report.skipped.append(Skip(f"dtype {dtype}", x64, requested=True))
+        return (), decl
+    if decl.flush_subnormals or dtype not in ("float32", "float64"):
+        return active, decl
+    if failed is not None:
+        report.notes.append(f"could not probe {decl.namespace} on {device} for subnormals ({failed}); the "
+                            "tolerance keeps gradual underflow")
+    elif flushes:
+        report.notes.append(f"{decl.namespace} on {device} flushes subnormals to zero in {dtype} (probed): the "
+                            "tolerances are those of flush_subnormals=True (granularity: the smallest normal number)")
+        decl = replace(decl, flush_subnormals=True)
+    return active, decl
 
 
 def _declared_reason(decl: Declaration, name: str) -> str:

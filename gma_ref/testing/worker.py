@@ -17,6 +17,7 @@ The requests (pickled dicts from the oracle, :mod:`~gma_ref.testing.wire`):
 ``call``       ``layout``, ``opts``: call the implementation; reply its output and state, or the failure.
 ``vjp``        ``opts``: call the VJP; reply every gradient it returned.
 ``dtype``      ``namespace``, ``dtype``: whether that framework has that dtype here.
+``probe``      ``namespace``, ``device``, ``dtype``: JAX without x64 for float64, subnormals flushed or kept.
 
 Every call reply lists the inputs whose bytes changed since ``prepare`` (``mutated``), with their
 new values, for the oracle's mutation check.
@@ -135,6 +136,17 @@ class Worker:
         self.reply({"op": "dtype", "found": found is True,
                     "why": None if exc is None else f"{type(exc).__name__}: {_safe(exc)}"})
 
+    def probe(self, req: dict[str, Any]) -> None:
+        """Whether float64 JAX lacks x64, and whether the framework flushes subnormals, here in the worker."""
+        from .probes import jax_x64_missing, probe_flushes_subnormals
+
+        x64, exc = attempt(lambda: jax_x64_missing(req["namespace"], req["dtype"]))
+        flushes, exc2 = (None, None) if x64 is not None or exc is not None else attempt(
+            lambda: probe_flushes_subnormals(req["namespace"], req["device"], req["dtype"]))
+        bad = exc or exc2
+        self.reply({"op": "probed", "x64": x64, "flushes": flushes is True,
+                    "why": None if bad is None else f"{type(bad).__name__}: {_safe(bad)}"})
+
     def prepare(self, req: dict[str, Any]) -> None:
         names = [n for n, a in req["arrays"].items() if a is not None]
         self.names = tuple(n for n in req["arrays"] if n != "d_out")
@@ -239,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     worker = Worker(reply_fd)
     handlers = {"start": worker.start, "configure": worker.configure, "prepare": worker.prepare,
-                "call": worker.call, "vjp": worker.run_vjp, "dtype": worker.has_dtype}
+                "call": worker.call, "vjp": worker.run_vjp, "dtype": worker.has_dtype,
+                "probe": worker.probe}
     while True:
         req = read_request(req_fd)
         if req is None:

@@ -434,7 +434,8 @@ def test_jax_adapter():
         return (a @ v) / (a.sum(-1) + eps)[..., None]
 
     jax_gma.gma_declaration = Declaration(namespace="jax", grad=True)
-    report = check(jax_gma)
+    cases = [c for c in default_cases(("causal",)) if "tiny_grad" in c.case_id or c.case_id.endswith("-s0")]
+    report = check(jax_gma, cases=cases)
     assert report.passed, report.format()
 
 

@@ -1,0 +1,115 @@
+"""Frameworks as they are: the subnormal probe, JAX's flushing applied by the oracle, x64, checked declarations.
+
+The JAX tests skip without JAX (the ``jax`` extra); .ci/run installs it and reruns them. They run the
+independent JAX GMA of tests/jax_gma.py on the tiny_grad cases (where XLA's flushing matters) and the
+first case of each variant, in float32 and float64, with gradients by ``jax.vjp``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gma_ref.testing import Declaration, check, default_cases
+from gma_ref.testing.probes import probe_flushes_subnormals
+
+from ..planted_impls import make_torch_impl
+
+
+def _subset(dtype: str) -> list:
+    """The first case and the tiny_grad case of each variant."""
+    cases = default_cases(("bidirectional", "causal", "cross"), dtype=dtype)
+    firsts = {c.variant: c for c in reversed(cases)}
+    return list(firsts.values()) + [c for c in cases if "tiny_grad" in c.case_id]
+
+
+@pytest.fixture
+def jax_x64():
+    """JAX with 64-bit floats enabled for the test, restored after."""
+    jax = pytest.importorskip("jax")
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield jax
+    jax.config.update("jax_enable_x64", before)
+
+
+def test_probe_numpy_and_torch_keep_subnormals():
+    """NumPy and PyTorch on a CPU keep subnormals in both precisions; bad names are ValueErrors naming the argument."""
+    assert not probe_flushes_subnormals("numpy", "cpu") and not probe_flushes_subnormals("numpy", "cpu", "float64")
+    for bad, arg in ((("tensorflow", "cpu"), "namespace"), (("numpy", "tpu"), "device")):
+        with pytest.raises(ValueError, match=arg):
+            probe_flushes_subnormals(*bad)
+    pytest.importorskip("torch")
+    assert not probe_flushes_subnormals("torch", "cpu", "float32")
+
+
+def test_probe_jax_cpu_flushes(jax_x64):
+    """XLA on a CPU flushes subnormals, in float32 and float64."""
+    assert probe_flushes_subnormals("jax", "cpu", "float32") and probe_flushes_subnormals("jax", "cpu", "float64")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_jax_gma_passes_with_documented_declaration(jax_x64, dtype):
+    """The independent JAX GMA passes (tiny_grad included) with Declaration(namespace='jax', grad=True); the
+    report says the probed flushing set the tolerance."""
+    from ..jax_gma import make_jax_gma
+
+    report = check(make_jax_gma(), dtype=dtype, cases=_subset(dtype))
+    assert report.passed, report.format()
+    assert any("flushes subnormals" in n and "probed" in n for n in report.notes), report.notes
+
+
+def test_jax_planted_bug_is_flagged(jax_x64):
+    """A strict causal mask planted in the JAX GMA fails."""
+    from ..jax_gma import make_jax_gma
+
+    report = check(make_jax_gma(bug="strict_causal"), variants=("causal",), cases=_subset("float32")[1:2])
+    assert not report.passed
+
+
+def test_jax_float64_without_x64_is_one_clear_error():
+    """float64 with x64 disabled: nothing is run, one requested skip names jax_enable_x64 (exit 1)."""
+    jax = pytest.importorskip("jax")
+    from ..jax_gma import make_jax_gma
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        report = check(make_jax_gma(), dtype="float64")
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    assert not report.results and report.exit_code == 1
+    assert [s.what for s in report.skipped if "jax_enable_x64" in s.reason] == ["dtype float64"]
+    assert "jax_enable_x64" in report.format().splitlines()[-2]
+
+
+def test_false_flush_subnormals_is_flagged():
+    """flush_subnormals=True on a PyTorch kernel that keeps subnormals fails the tiny_grad case, naming why."""
+    pytest.importorskip("torch")
+    impl = make_torch_impl()
+    decl = Declaration(namespace="torch", grad=True, flush_subnormals=True)
+    cases = [c for c in default_cases(("bidirectional",)) if "tiny_grad" in c.case_id]
+    report = check(impl, decl, cases=cases)
+    assert not report.passed
+    assert any(r.metric == "subnormal" and "flush_subnormals=True is declared" in r.detail for r in report.failures)
+
+
+def test_declaration_names_the_known_fields_and_extra_keys():
+    """A misspelt field is a TypeError naming the fields; an unknown extra key a ValueError naming the known keys."""
+    with pytest.raises(TypeError, match=r"no field 'flush_subnormal' \(did you mean 'flush_subnormals'\?\).*gate"):
+        Declaration(flush_subnormal=True)
+    with pytest.raises(ValueError, match=r"'unsuported'.*did you mean 'unsupported'.*known keys"):
+        Declaration(extra={"unsuported": {"cross": "self-attention only"}})
+    with pytest.raises(TypeError, match="extra\\['unsupported'\\]"):
+        Declaration(extra={"unsupported": "cross"})
+    assert Declaration(extra={"unsupported": {"cross": "no"}, "notes": "x"}).extra["notes"] == "x"
+
+
+def test_oracle_guide_states_the_code_constants():
+    """docs/oracle.md gives the granularity multiple m as the code has it, and says "an oracle"."""
+    from pathlib import Path
+
+    from gma_ref.testing.compare import GRAIN_MULTIPLE
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "oracle.md").read_text(encoding="utf-8")
+    assert f"m = `GRAIN_MULTIPLE` = {GRAIN_MULTIPLE:g} " in text
+    assert "is a oracle" not in text
