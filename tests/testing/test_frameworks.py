@@ -113,3 +113,21 @@ def test_oracle_guide_states_the_code_constants():
     text = (Path(__file__).resolve().parents[2] / "docs" / "oracle.md").read_text(encoding="utf-8")
     assert f"m = `GRAIN_MULTIPLE` = {GRAIN_MULTIPLE:g} " in text
     assert "is a oracle" not in text
+
+
+def test_an_isolated_jax_kernel_is_probed_in_its_worker(tmp_path, monkeypatch):
+    """``check("module:function")`` of the JAX GMA: x64 (enabled at the module's import) and the flushing are
+    probed in the worker, where the kernel runs; float64 passes with the probed tolerance, and this process
+    never imports JAX for it."""
+    pytest.importorskip("jax")
+    import sys
+
+    (tmp_path / "iso_jax_gma.py").write_text(
+        "import jax\njax.config.update('jax_enable_x64', True)\n"
+        "from tests.jax_gma import make_jax_gma\ngma = make_jax_gma()\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    had_jax = "jax" in sys.modules
+    report = check("iso_jax_gma:gma", dtype="float64", cases=_subset("float64")[:2])
+    assert report.passed and report.isolated, report.format()
+    assert any("flushes subnormals" in n and "probed" in n for n in report.notes), report.notes
+    assert had_jax or "jax" not in sys.modules
