@@ -667,7 +667,8 @@ def test_traceback_option_shows_every_frame(capsys):
 
 
 def test_oracle_guide_exit_status_table_matches_the_cli():
-    """docs/oracle.md states the exit statuses the CLI returns (0, 1, 2, 3, 4 usage, 130 interrupted) in one table."""
+    """docs/oracle.md states the exit statuses the CLI returns (0, 1, 2, 3, 4 usage, 130 interrupted, 143 terminated)
+    in one table."""
     import pathlib
     import re
 
@@ -676,7 +677,10 @@ def test_oracle_guide_exit_status_table_matches_the_cli():
 
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle.md").read_text()
     rows = dict(re.findall(r"^\| (\d+) \| ([^|]+) \|$", doc, flags=re.M))
-    assert set(rows) == {"0", "1", "2", "3", "4", "130"}
+    from gma_ref.testing.report import EXIT_TERMINATED
+
+    assert set(rows) == {"0", "1", "2", "3", "4", "130", str(EXIT_TERMINATED)}
+    assert "SIGTERM" in rows[str(EXIT_TERMINATED)]
     assert "usage" in rows[str(EXIT_USAGE)] and "load" in rows[str(EXIT_LOAD)]
     assert EXIT_INTERRUPTED == REPORT_INTERRUPTED and "interrupted" in rows[str(EXIT_INTERRUPTED)]
     assert "exits with status 2" not in doc or "requested" in doc
