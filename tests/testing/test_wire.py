@@ -111,3 +111,57 @@ def test_a_reply_split_across_writes_is_read_whole(pipe) -> None:
     threading.Thread(target=dribble).start()
     head, arrays = read_reply(r, time.monotonic() + 10)
     assert head["op"] == "x" and arrays[0].data.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_the_size_limits_are_64_mib_of_header_and_64_gib_of_arrays(pipe) -> None:
+    """A reply may announce exactly the limits (it then waits for the bytes); one byte more is refused at once."""
+    from gma_ref.testing.wire import MAX_HEADER, MAX_PAYLOAD
+
+    assert (MAX_HEADER, MAX_PAYLOAD) == (64 * 2 ** 20, 64 * 2 ** 30)
+    r, w = pipe
+    head = b'{"arrays": []}'
+    for n_head, n_payload, kind in ((MAX_HEADER, 0, "timeout"), (len(head), MAX_PAYLOAD, "timeout"),
+                                    (MAX_HEADER + 1, 0, "crashed"), (len(head), MAX_PAYLOAD + 1, "crashed")):
+        _raw(w, head if n_head == len(head) else b"", b"", n_head=n_head, n_payload=n_payload)
+        with pytest.raises(WorkerLost) as info:
+            read_reply(r, time.monotonic() + 0.2)
+        assert info.value.kind == kind and str(info.value).startswith(kind + ": ")
+        _drain(r)
+
+
+def _drain(fd: int) -> None:
+    """Read whatever waits in the pipe (the bytes a refused reply left behind)."""
+    import select
+
+    while select.select([fd], [], [], 0)[0] and os.read(fd, 1 << 16):
+        pass
+
+
+def test_a_reply_header_is_strict_json(pipe) -> None:
+    """A NaN in a reply's header is refused (strict JSON); an object JSON cannot hold is sent as its text."""
+    r, w = pipe
+    with pytest.raises(ValueError):
+        send_reply(w, {"x": float("nan")}, [])
+    send_reply(w, {"x": pathlib_path()}, [])
+    head, _ = read_reply(r, time.monotonic() + 5)
+    assert head["x"] == "/tmp"
+
+
+def pathlib_path():
+    import pathlib
+
+    return pathlib.PurePosixPath("/tmp")
+
+
+@pytest.mark.parametrize("nbytes, ok", [(0, True), (True, False), ("0", False), (-1, False), (None, False)])
+def test_byte_counts_are_non_negative_ints(pipe, nbytes, ok) -> None:
+    """An array's byte count must be an int ≥ 0 (not a bool, a string or None); 0 is an empty array."""
+    r, w = pipe
+    h = {"kind": "array", "dtype": "float64", "shape": [0], "device": "cpu", "framework": "numpy", "nbytes": nbytes}
+    _raw(w, json.dumps({"arrays": [h]}).encode(), b"")
+    if ok:
+        _, arrays = read_reply(r, time.monotonic() + 5)
+        assert arrays[0].shape == (0,)
+    else:
+        with pytest.raises(WorkerLost, match="malformed array"):
+            read_reply(r, time.monotonic() + 5)
