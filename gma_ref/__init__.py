@@ -20,8 +20,7 @@ The package exports what a reader of the paper needs (``gma_ref.__all__``, pinne
 (Eqs. 3, 16), the write and read (Eqs. 5–7), the induced weights (Eqs. 9–11), the three causal
 forms (Eq. 8b), the pipeline and the layer with their backward passes, and their named results.
 Everything else — the local backward of each step, the helpers of the diagnostics, the aliases —
-is imported from its module (``gma_ref.posterior.scores_backward``); a name that used to be
-exported here still resolves, with a ``DeprecationWarning`` naming its module, for one release.
+is imported from its module (``gma_ref.posterior.scores_backward``).
 
 One convention for every backward pass (``docs/architecture.md``, "The backward convention";
 checked by ``tests/across_modules/test_backward_convention.py``): ``f_backward`` takes f's required arguments in f's
@@ -36,7 +35,6 @@ for ``gma_attention_backward(..., saved=)``) only with ``return_saved=True``.
 """
 
 from ._array import DEFAULT_MAX_BYTES
-from ._compat import moved_names
 from .attention import AttentionGrad, AttentionSaved, gma_attention, gma_attention_backward
 from .bidirectional import GMAGrad, gma_bidirectional, gma_bidirectional_backward, read_memory, write_memory
 from .causal import CausalState, gma_causal_chunked, gma_causal_prefix, gma_causal_streaming
@@ -77,37 +75,3 @@ __all__ = [
     "variances_from_omega",
     "write_memory",
 ]
-
-#: Names exported here before the surface was reduced, and the module each lives in now.
-_MOVED: dict[str, str] = {
-    "AttentionResiduals": "gma_ref.attention",
-    "FORMS": "gma_ref.attention",
-    "ReadGrad": "gma_ref.bidirectional",
-    "ScoresGrad": "gma_ref.posterior",
-    "causal_step": "gma_ref.causal",
-    "gma_causal_chunked_backward": "gma_ref.causal",
-    "gma_causal_prefix_backward": "gma_ref.causal",
-    "gma_causal_streaming_backward": "gma_ref.causal",
-    "gma_cross": "gma_ref.bidirectional",
-    "gma_cross_backward": "gma_ref.bidirectional",
-    "gma_materialized_backward": "gma_ref.induced",
-    "initial_causal_state": "gma_ref.causal",
-    "log_gaussian_density": "gma_ref.posterior",
-    "log_priors_from_logits_backward": "gma_ref.mixture",
-    "log_softmax_backward": "gma_ref.posterior",
-    "memory_slots": "gma_ref.induced",
-    "omega_from_variances": "gma_ref.mixture",
-    "priors_from_logits": "gma_ref.mixture",
-    "query_mass": "gma_ref.bidirectional",
-    "read_memory_backward": "gma_ref.bidirectional",
-    "read_weights": "gma_ref.induced",
-    "responsibilities_backward": "gma_ref.posterior",
-    "scores_backward": "gma_ref.posterior",
-    "sigmoid": "gma_ref.mixture",
-    "softmax_backward": "gma_ref.posterior",
-    "variances_from_omega_backward": "gma_ref.mixture",
-    "write_memory_backward": "gma_ref.bidirectional",
-}
-
-
-__getattr__ = moved_names(__name__, _MOVED)

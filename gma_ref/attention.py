@@ -40,7 +40,6 @@ from ._array import (
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
-from ._compat import renamed_keywords, renamed_names
 from .bidirectional import (
     check_routing_inputs,
     gma_bidirectional,
@@ -129,7 +128,6 @@ def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: 
     return variances, log_priors
 
 
-@renamed_keywords(return_residuals="return_saved")
 def gma_attention(
     q: Array,
     k: Array,
@@ -345,7 +343,6 @@ class AttentionGrad(NamedTuple):
     d_prior_logits: Array
 
 
-@renamed_keywords(residuals="saved")
 def gma_attention_backward(
     q: Array,
     k: Array,
@@ -512,5 +509,3 @@ def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array
             "returned for these inputs and options, unmodified, or saved=None to recompute it"
         )
 
-
-__getattr__ = renamed_names(__name__, {"AttentionResiduals": "AttentionSaved"}, globals())

@@ -379,7 +379,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="end-to-end timed repeats (best taken)")
     parser.add_argument("--no-torch", action="store_true", help="do not compare with PyTorch")
     parser.add_argument("--recompute", action="store_true",
-                        help="end-to-end: also time forward + backward without saved residuals (Γ recomputed)")
+                        help="end-to-end: also time forward + backward without the saved values (Γ recomputed)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -2,15 +2,15 @@
 
 ``gma-ref bench --end-to-end`` times :func:`~gma_ref.attention.gma_attention` (the forward) and
 :func:`~gma_ref.attention.gma_attention_backward` (all six gradients, reusing the forward's
-:class:`~gma_ref.attention.AttentionResiduals` as a training loop would; with ``recompute``, also
+:class:`~gma_ref.attention.AttentionSaved` as a training loop would; with ``recompute``, also
 without them, recomputing Γ) for the bidirectional (latent) and causal chunked forms, and — when
 PyTorch is importable — a PyTorch implementation of the same mathematics with autograd, in the
 same run and interleaved call by call, so that the printed ratios see the same machine load:
 
 * forward: gma-ref's forward against PyTorch's under ``torch.no_grad()``;
-* forward + backward: gma-ref's forward (``return_residuals=True``) then backward
-  (``residuals=``) against PyTorch's forward with autograd then ``out.backward(d_out)``;
-* with ``recompute``, also gma-ref's forward then backward without residuals (the backward
+* forward + backward: gma-ref's forward (``return_saved=True``) then backward
+  (``saved=``) against PyTorch's forward with autograd then ``out.backward(d_out)``;
+* with ``recompute``, also gma-ref's forward then backward without the saved values (the backward
   recomputes Γ^Q, Γ^K and the output: two forwards in all).
 
 PyTorch computes the scores the straightforward way, x²·(1/σ²)ᵀ − 2x·(μ/σ²)ᵀ + Σμ²/σ² on raw
@@ -80,7 +80,7 @@ _NAMES = ("q", "k", "v", "means", "omega", "prior_logits")
 
 def _gma_calls(a: dict[str, np.ndarray], causal: bool
                ) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], Any]]:
-    """(forward, forward + backward reusing the residuals, forward + backward recomputing them)."""
+    """(forward, forward + backward reusing the saved values, forward + backward recomputing them)."""
     args = [a[name] for name in _NAMES]
     kw = {"causal": causal, "chunk_size": _CHUNK}
 
@@ -219,14 +219,14 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
     repeats : timed repeats per call (best taken), interleaved between the implementations.
     use_torch : compare with PyTorch when it is importable.
     blas_n : size of the square GEMM that measures the BLAS peak.
-    recompute : also time forward + backward without residuals (column "recompute"), interleaved.
+    recompute : also time forward + backward without the saved values (column "recompute"), interleaved.
 
     Returns
     -------
     dict with ``"rows"`` (one dict per configuration: times in seconds, ratios, the tracemalloc
     peak of forward + backward in bytes, the relative difference to PyTorch; with ``recompute``,
-    ``"recompute"``, the time without residuals, and ``"recompute_rel_diff"``, the largest
-    difference between the gradients with and without residuals), ``"blas"`` (dtype →
+    ``"recompute"``, the time without the saved values, and ``"recompute_rel_diff"``, the largest
+    difference between the gradients with and without the saved values), ``"blas"`` (dtype →
     flop/s of the large GEMM) and ``"growth"`` ((form, dtype, K) → t(N)/t(N/8) of forward + backward).
     """
     torch = None

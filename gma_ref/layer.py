@@ -242,7 +242,15 @@ def _checked_inputs(params: GMALayerParams, x: Array, y: Array | None, gate: Any
     _check_input(xp, "x", x, d_model, check_finite)
     if y is not None:
         _check_input(xp, "y", y, d_model, check_finite)
+    if check_finite:  # the mixture's means, omega and prior_logits are checked where they are used
+        for name, weight in params.arrays().items():
+            if name not in _MIXTURE_FIELDS:
+                _check_finite(xp, name, weight)
     return xp
+
+
+#: The fields of :class:`GMALayerParams` that the attention pipeline checks itself.
+_MIXTURE_FIELDS = frozenset({"means", "omega", "prior_logits"})
 
 
 def gma_layer(

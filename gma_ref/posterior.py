@@ -46,7 +46,6 @@ from ._array import (
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
-from ._compat import renamed_names
 
 __all__ = [
     "log_gaussian_density",
@@ -502,8 +501,3 @@ def _check_log_priors_is_array(log_priors: Array | None) -> None:
         raise TypeError(
             f"log_priors must be the log-prior array (its shape is used), got {type(log_priors).__name__}"
         )
-
-
-
-__getattr__ = renamed_names(__name__, {"softmax_backward": "scores_cotangent",
-                                       "log_softmax_backward": "scores_cotangent_from_log"}, globals())

@@ -33,7 +33,6 @@ Layer mode — the multi-head layer with its projections,
 Importing this package does not import torch, jax or cupy.
 """
 
-from .._compat import moved_names
 from .adapters import jax_vjp, torch_autograd
 from .assertions import assert_gma_close
 from .case_runner import CaseOutcome, NotCheckable, evaluate_case, run_case
@@ -66,35 +65,3 @@ __all__ = [
     "run_case",
     "torch_autograd",
 ]
-
-#: Names exported here before the surface was reduced, and the module each lives in now. (The function
-#: ``reference`` is ``gma_ref.testing.reference.reference``: its name is its module's, which it no longer shadows.)
-_MOVED: dict[str, str] = {
-    "DTYPES": "gma_ref.testing.names",
-    "GRAD_NAMES": "gma_ref.testing.names",
-    "INPUT_NAMES": "gma_ref.testing.names",
-    "LAYER_GRAD_NAMES": "gma_ref.testing.names",
-    "LAYER_INPUT_NAMES": "gma_ref.testing.names",
-    "LAYER_REGIMES": "gma_ref.testing.names",
-    "LAYER_TOLERANCES": "gma_ref.testing.compare",
-    "MODES": "gma_ref.testing.names",
-    "REGIMES": "gma_ref.testing.names",
-    "TOLERANCES": "gma_ref.testing.compare",
-    "UNIT_ROUNDOFF": "gma_ref.testing.compare",
-    "VARIANTS": "gma_ref.testing.names",
-    "Comparison": "gma_ref.testing.compare",
-    "NumpyKernel": "gma_ref.testing.emulated",
-    "NumpyLayer": "gma_ref.testing.emulated_layer",
-    "Reference": "gma_ref.testing.reference",
-    "Tolerance": "gma_ref.testing.compare",
-    "calibrate": "gma_ref.testing.calibration",
-    "case_arrays": "gma_ref.testing.cases",
-    "compare_tensor": "gma_ref.testing.compare",
-    "layer_case_arrays": "gma_ref.testing.cases",
-    "layer_reference": "gma_ref.testing.reference",
-    "round_to": "gma_ref.testing.emulated",
-    "unit_scale": "gma_ref.testing.compare",
-}
-
-
-__getattr__ = moved_names(__name__, _MOVED)

@@ -171,26 +171,23 @@ def test_causal_state_gradient_matches_finite_differences(rng):
     np.testing.assert_allclose(grad.d_state.mass, fd["mass"], rtol=1e-7, atol=1e-9)
 
 
-def test_old_keywords_still_work_with_a_warning(rng):
-    """gma_attention(return_residuals=) and gma_attention_backward(residuals=) are the former names of
-    return_saved= and saved=: accepted for one release with a DeprecationWarning; both at once is a TypeError."""
+def test_former_keywords_are_type_errors(rng):
+    """return_residuals= and residuals=, the development names of return_saved= and saved=, are not accepted:
+    each is Python's TypeError for an unexpected keyword, with no DeprecationWarning."""
+    import warnings
+
     q, k, v = rng.normal(size=(4, 2)), rng.normal(size=(4, 2)), rng.normal(size=(4, 3))
     mix = (rng.normal(size=(3, 2)), rng.normal(size=(3, 2)), rng.normal(size=3))
-    with pytest.warns(DeprecationWarning, match="return_saved"):
-        out, res = gma_ref.gma_attention(q, k, v, *mix, return_residuals=True)
-    assert isinstance(res, gma_ref.AttentionSaved)
+    out, saved = gma_ref.gma_attention(q, k, v, *mix, return_saved=True)
     d_out = rng.normal(size=out.shape)
-    with pytest.warns(DeprecationWarning, match="saved"):
-        old = gma_ref.gma_attention_backward(q, k, v, *mix, d_out, residuals=res)
-    new = gma_ref.gma_attention_backward(q, k, v, *mix, d_out, saved=res)
-    for a, b in zip(old, new, strict=True):
-        np.testing.assert_array_equal(a, b)
-    with pytest.raises(TypeError, match="both"):
-        gma_ref.gma_attention_backward(q, k, v, *mix, d_out, residuals=res, saved=res)
-    with pytest.warns(DeprecationWarning, match="AttentionSaved"):
-        assert gma_ref.attention.AttentionResiduals is gma_ref.AttentionSaved
-    with pytest.warns(DeprecationWarning, match="scores_cotangent"):
-        assert gma_ref.posterior.softmax_backward is gma_ref.posterior.scores_cotangent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError, match="return_residuals"):
+            gma_ref.gma_attention(q, k, v, *mix, return_residuals=True)
+        with pytest.raises(TypeError, match="residuals"):
+            gma_ref.gma_attention_backward(q, k, v, *mix, d_out, residuals=saved)
+    assert "return_residuals" not in inspect.signature(gma_ref.gma_attention).parameters
+    assert "residuals" not in inspect.signature(gma_ref.gma_attention_backward).parameters
 
 
 @pytest.mark.parametrize("form", ["prefix", "streaming", "chunked"])

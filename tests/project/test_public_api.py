@@ -90,18 +90,43 @@ def test_the_oracle_surface_is_pinned() -> None:
             getattr(oracle, name)
 
 
-@pytest.mark.parametrize("package", ["gma_ref", "gma_ref.testing"])
-def test_a_moved_name_still_resolves_for_one_release_with_a_warning_naming_its_module(package: str) -> None:
-    """Every name removed from a surface resolves to the object in its module, with a DeprecationWarning."""
-    pkg = importlib.import_module(package)
-    assert pkg._MOVED and not set(pkg._MOVED) & set(pkg.__all__)
-    for name, module in pkg._MOVED.items():
-        with pytest.warns(DeprecationWarning, match=rf"import it from {module}"):
-            obj = getattr(pkg, name)
-        assert obj is getattr(importlib.import_module(module), name)
+#: Names exported by a package surface during development that now live only in their module: the first
+#: release has no deprecation layer, so each is an AttributeError on the package (import it from its module).
+FORMER_NAMES: dict[str, tuple[str, ...]] = {
+    "gma_ref": ("AttentionResiduals", "FORMS", "ReadGrad", "ScoresGrad", "causal_step", "gma_cross",
+                "gma_causal_prefix_backward", "initial_causal_state", "log_gaussian_density",
+                "log_softmax_backward", "memory_slots", "read_weights", "responsibilities_backward",
+                "scores_backward", "sigmoid", "softmax_backward", "write_memory_backward"),
+    "gma_ref.testing": ("DTYPES", "INPUT_NAMES", "TOLERANCES", "Comparison", "NumpyKernel", "Reference",
+                        "Tolerance", "calibrate", "case_arrays", "compare_tensor", "layer_reference"),
+    "gma_ref.attention": ("AttentionResiduals",),
+    "gma_ref.posterior": ("softmax_backward", "log_softmax_backward"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(FORMER_NAMES))
+def test_a_former_name_is_an_attribute_error_with_no_warning(package: str) -> None:
+    """No surface keeps a name it no longer exports: each former name (gma_ref.scores_backward,
+    gma_ref.attention.AttentionResiduals, …) raises AttributeError at once, with no DeprecationWarning,
+    and no package carries a table of moved names."""
     import warnings
 
+    pkg = importlib.import_module(package)
+    assert not hasattr(pkg, "_MOVED")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an unknown name is an AttributeError at once, with no deprecation
-        with pytest.raises(AttributeError, match=rf"module '{package}' has no attribute 'no_such_name'"):
-            _ = pkg.no_such_name
+        warnings.simplefilter("error")
+        for name in (*FORMER_NAMES[package], "no_such_name"):
+            assert name not in getattr(pkg, "__all__", ())
+            with pytest.raises(AttributeError, match=rf"module '{package}' has no attribute '{name}'"):
+                getattr(pkg, name)
+
+
+def test_there_is_no_deprecation_layer() -> None:
+    """The compatibility module is gone and no module of the package issues a DeprecationWarning."""
+    import pathlib
+
+    root = pathlib.Path(importlib.import_module("gma_ref").__file__).parent
+    assert not (root / "_compat.py").exists()
+    offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
+                 if "DeprecationWarning" in p.read_text(encoding="utf-8")]
+    assert offenders == []
