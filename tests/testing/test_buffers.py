@@ -235,3 +235,11 @@ def test_cupy_and_jax_arrays_are_copied_to_the_host(monkeypatch) -> None:
     for platform, device in (("gpu", "cuda"), ("cuda", "cuda"), ("cpu", "cpu")):
         h = extract(JaxArray(a, platform))
         assert (h.framework, h.device) == ("jax", device) and np.array_equal(h.data, a)
+
+
+def test_a_device_name_has_at_most_16_characters() -> None:
+    """A device name of 16 identifier characters decodes; 17 is a ProtocolError."""
+    base = {"kind": "array", "dtype": "float32", "shape": [0], "framework": "numpy"}
+    assert decode(dict(base, device="d" * 16), b"").device == "d" * 16
+    with pytest.raises(ProtocolError, match="bad device"):
+        decode(dict(base, device="d" * 17), b"")
