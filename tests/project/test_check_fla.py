@@ -57,7 +57,9 @@ def test_fla_cpu_references_pass_the_default_causal_check() -> None:
         assert all("-eps1e-10-" in c for c in report.case_ids), report.case_ids
         if (name, dtype) == ("naive_chunk", "bfloat16"):
             assert [c for c in report.failed_cases() if "tiny_grad" not in c] == [], report.format()
-            assert {r.check for r in report.failures} == {"gradient"}, report.format()
-            assert any(r.tensor == "d_v" for r in report.failures), report.format()
+            # The underflow depends on the CPU's bfloat16 arithmetic: on some machines the case passes. Where it
+            # fails, it fails only there and only in ∂L/∂V.
+            assert {r.check for r in report.failures} <= {"gradient"}, report.format()
+            assert all(r.tensor == "d_v" for r in report.failures), report.format()
         else:
             assert report.passed, f"{name} {dtype} {scale}:\n{report.format()}"
