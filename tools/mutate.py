@@ -621,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     tests = [t for t in tests if (ROOT / t).is_file()]
     if missing:
         print(f"note: test files not present, skipped: {', '.join(missing)}")
+    if not tests:  # pytest without a path would run the whole suite for every mutant
+        parser.error(f"none of the test files of {module} is present: pass --tests")
 
     baseline, mutants = generate(module)
     if args.match:
