@@ -474,3 +474,103 @@ def test_a_layer_case_is_judged_with_the_layer_tolerances() -> None:
     assert bounds[None] == bounds[LAYER_TOLERANCES["float16"]] != bounds[TOLERANCES["float16"]]
     grads = {r.tensor for r in outcome.results if r.check == "gradient"}
     assert "d_x" in grads and "d_y" not in grads
+
+
+def _figures(outcome: CaseOutcome, tensor: str) -> tuple[float, float, float, float]:
+    got = _by_metric(outcome, tensor)
+    return got["norm"].value, got["norm"].threshold, got["elem"].value, got["elem"].threshold
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_the_figures_are_compare_tensors_on_the_references_conditions_floors_and_grains(flush) -> None:
+    """Each norm and elem result is compare_tensor of the returned array against the reference, with the case's
+    κ, λ, κ_P, the tensor's floor and grain, the dtype's calibrated τ and the declared subnormal flushing."""
+    from gma_ref.testing.adapters import to_reference
+    from gma_ref.testing.compare import compare_tensor
+
+    case = _SMALL.with_dtype("float16")
+    k16 = NumpyKernel("float16")
+    returned = {}
+
+    def vjp(*a, **kw):
+        returned.update(k16.vjp(*a, **kw))
+        return dict(returned)
+
+    def forward(*a, **kw):
+        returned["out"] = k16(*a, **kw)
+        return returned["out"]
+
+    decl = Declaration(dtypes=("float16",), grad=True, flush_subnormals=flush)
+    outcome = evaluate_case(forward, case, decl, vjp=vjp, contract=False)
+    ref = outcome.reference
+    assert ref.flush_subnormals is flush and ref.grains["d_q"] is not None
+    for name in ("out", "d_q", "d_omega"):
+        c = compare_tensor(name, to_reference(returned[name], np), ref.tensors[name], dtype="float16",
+                           kappa=ref.kappa, read_condition=ref.read_condition, floor=ref.floors[name],
+                           proj_condition=ref.proj_condition, grain=ref.grains.get(name, 0.0),
+                           flush_subnormals=flush)
+        assert _figures(outcome, name) == (c.norm_error, c.norm_bound, c.elem_error, c.elem_bound)
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_the_reference_is_evaluated_on_the_rounded_inputs_with_the_dtypes_accuracy_model(flush) -> None:
+    """The reference: float64 on the candidate's rounded inputs, with the dtype's stored-underflow t and smallest
+    normal in the floors, the case's chunk size, and the grains (reading a flushed cotangent costs one grain)."""
+    from gma_ref.testing.adapters import to_candidate
+    from gma_ref.testing.cases import case_arrays
+    from gma_ref.testing.compare import TINY_ACC, t_store
+    from gma_ref.testing.reference import reference
+
+    case = _SMALL.with_dtype("float32")
+    k32 = NumpyKernel("float32")
+    decl = Declaration(dtypes=("float32",), grad=True, flush_subnormals=flush)
+    got = evaluate_case(k32, case, decl, vjp=k32.vjp, contract=False).reference
+    rounded = {n: to_candidate(a, "numpy", "float32").astype(np.float64) for n, a in case_arrays(case).items()}
+    d_out = rounded.pop("d_out")
+    want = reference(np, rounded, causal=True, eps=case.eps, eps_sigma=case.eps_sigma, d_out=d_out,
+                     chunk_size=case.chunk_size, underflow=t_store("float32", flush), tiny=TINY_ACC["float32"],
+                     grains=True, grain_in=float(flush))
+    assert got.floors == want.floors and (got.kappa, got.read_condition) == (want.kappa, want.read_condition)
+    for name, t in want.tensors.items():
+        np.testing.assert_array_equal(got.tensors[name], t, err_msg=name)
+    for name, g in want.grains.items():
+        np.testing.assert_array_equal(got.grains[name], g, err_msg=name)
+
+
+def test_a_case_longer_than_the_long_threshold_is_judged_with_the_long_tolerances() -> None:
+    """N_q · N_k = LONG_THRESHOLD is still a short case (TOLERANCES); one more key pair makes it long
+    (LONG_TOLERANCES, and the O(N)-memory reference)."""
+    from gma_ref.testing.compare import TOLERANCES
+    from gma_ref.testing.long import LONG_THRESHOLD, LONG_TOLERANCES
+
+    n = int(LONG_THRESHOLD**0.5)
+    assert n * n == LONG_THRESHOLD
+    bounds = {}
+    for n_k in (n, n + 1):
+        case = Case("cross", batch=1, heads=1, n_q=n, n_k=n_k, n_components=1, d_r=1, d_v=1, dtype="float64")
+        outcome = evaluate_case(_K64, case, _K64.gma_declaration, contract=False)
+        for tol in (None, TOLERANCES["float64"], LONG_TOLERANCES["float64"]):
+            if tol is not None:
+                outcome = evaluate_case(_K64, case, _K64.gma_declaration, contract=False, tolerance=tol)
+            bounds[n_k, tol] = _by_metric(outcome)["norm"].threshold
+        assert outcome.passed
+    assert bounds[n, None] == bounds[n, TOLERANCES["float64"]] != bounds[n, LONG_TOLERANCES["float64"]]
+    assert bounds[n + 1, None] == bounds[n + 1, LONG_TOLERANCES["float64"]] != bounds[n + 1, TOLERANCES["float64"]]
+
+
+def test_a_declared_state_is_checked_against_the_references_memory_and_mass() -> None:
+    """returns_state: memory and mass get the contract and 'state' accuracy results; a wrong mass fails them."""
+    ref = evaluate_case(_K64, _SMALL, _K64.gma_declaration, contract=False).reference.tensors
+
+    def stateful(*a, **kw):
+        return _K64(*a, **kw), ref["memory"].copy(), ref["mass"] * scale[0]
+
+    scale = [1.0]
+    decl = Declaration(dtypes=("float64",), returns_state=True)
+    outcome = evaluate_case(stateful, _SMALL, decl, contract=False)
+    for name in ("memory", "mass"):
+        got = _by_metric(outcome, name)
+        assert {"shape", "dtype", "finite"} <= set(got) and got["norm"].check == "state" and got["norm"].passed
+    scale[0] = 1.01
+    got = _by_metric(evaluate_case(stateful, _SMALL, decl, contract=False), "mass")
+    assert not got["norm"].passed and got["shape"].passed
