@@ -460,7 +460,7 @@ def test_resolve_vjp_prefers_the_given_then_the_candidates_own_then_the_framewor
 def test_a_layer_case_is_judged_with_the_layer_tolerances() -> None:
     """Without an explicit tolerance a layer case uses LAYER_TOLERANCES (they differ from the attention ones at
     float16), checks every declared gradient (d_y only for cross) and passes for a correct layer."""
-    from gma_ref.testing.compare import LAYER_TOLERANCES, TOLERANCES
+    from gma_ref.testing.compare import LAYER_TOLERANCES, TOLERANCES, unit_scale
     from gma_ref.testing.emulated_layer import NumpyLayer
 
     case = Case("causal", batch=1, heads=2, n_q=4, n_k=4, n_components=2, d_r=2, d_v=3, dtype="float16",
@@ -472,6 +472,10 @@ def test_a_layer_case_is_judged_with_the_layer_tolerances() -> None:
         assert outcome.not_checkable is None
         bounds[tol] = _by_metric(outcome)["norm"].threshold
     assert bounds[None] == bounds[LAYER_TOLERANCES["float16"]] != bounds[TOLERANCES["float16"]]
+    ref = outcome.reference
+    assert ref.proj_condition > 0  # the projections' condition enters ν
+    nu = unit_scale("float16", ref.kappa, ref.read_condition, ref.proj_condition)
+    assert bounds[TOLERANCES["float16"]] == TOLERANCES["float16"].norm * nu
     grads = {r.tensor for r in outcome.results if r.check == "gradient"}
     assert "d_x" in grads and "d_y" not in grads
 
@@ -574,3 +578,35 @@ def test_a_declared_state_is_checked_against_the_references_memory_and_mass() ->
     scale[0] = 1.01
     got = _by_metric(evaluate_case(stateful, _SMALL, decl, contract=False), "mass")
     assert not got["norm"].passed and got["shape"].passed
+
+
+def test_at_the_bottom_of_float64_the_grains_enter_the_figures() -> None:
+    """Values near the smallest normal number (v scaled to ~1e-307, a tiny_grad cotangent): the output is compared
+    with no grain and each gradient with its own, so each figure is compare_tensor's with exactly those."""
+    from gma_ref.testing.cases import case_arrays
+    from gma_ref.testing.compare import compare_tensor
+
+    case = Case("causal", batch=1, heads=1, n_q=5, n_k=5, n_components=2, d_r=2, d_v=3, dtype="float64",
+                chunk_size=2, regime="tiny_grad")
+    arrays = case_arrays(case)
+    arrays["v"] = arrays["v"] * 1e-307
+    returned = {}
+
+    def forward(*a, **kw):
+        returned["out"] = _K64(*a, **kw)
+        return returned["out"]
+
+    def vjp(*a, **kw):
+        returned.update(_K64.vjp(*a, **kw))
+        return dict(returned)
+
+    outcome = evaluate_case(forward, case, _K64.gma_declaration, vjp=vjp, contract=False, arrays=arrays)
+    ref = outcome.reference
+    assert outcome.passed and "out" not in ref.grains
+    for name, grain, unlike in (("out", 0.0, 1.0), ("d_v", ref.grains["d_v"], 0.0)):
+        c = compare_tensor(name, returned[name], ref.tensors[name], dtype="float64", kappa=ref.kappa,
+                           read_condition=ref.read_condition, floor=ref.floors[name], grain=grain)
+        other = compare_tensor(name, returned[name], ref.tensors[name], dtype="float64", kappa=ref.kappa,
+                               read_condition=ref.read_condition, floor=ref.floors[name], grain=unlike)
+        assert _figures(outcome, name) == (c.norm_error, c.norm_bound, c.elem_error, c.elem_bound)
+        assert (c.norm_error, c.elem_error) != (other.norm_error, other.elem_error)  # the grain matters here
