@@ -383,6 +383,7 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
                tiling: bool = False) -> list[Case]:
     """The cases to run: given ones (in the dtype under test), or the default (and generated, long) sets."""
     dtype, layer = report.dtype, report.mode == "layer"
+    explicit = cases is not None
     if not decl.returns_state and not layer:
         report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
     if cases is None and scale == "long" and layer:
@@ -407,14 +408,27 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
         case_list = [c.with_dtype(dtype) for c in cases if c.variant in active and c.is_layer == layer]
     if layer and not from_file:  # the declared output gate (None: ungated) for every layer case
         case_list = [with_gate(c, decl.gate) for c in case_list]
+    requested = case_envelope(case_list)
     if decl.constrained and not from_file:
         case_list = _constrain(case_list, decl, report)
     report.envelope = case_envelope(case_list)
-    if cases is None and decl.constrained and active:
-        report.envelope_limits = envelope_limits(
-            case_envelope(defaults(active, dtype=dtype, seed=seed)), n_max=decl.n_max, k_max=decl.k_max,
-            d_max=decl.d_max, eps=decl.eps, eps_sigma=decl.eps_sigma)
+    if active and case_list and not from_file:
+        base = requested if explicit or scale == "long" else case_envelope(defaults(active, dtype=dtype, seed=seed))
+        report.envelope_limits = _declared_limits(report, decl, base, "requested" if explicit else "default")
     return case_list
+
+
+def _declared_limits(report: Report, decl: Declaration, base: dict[str, int], baseline: str) -> list[str]:
+    """Every declared property that changes the verdict, in words: the limits that cut the ``base`` envelope,
+    a fixed ε or ε_σ, size multiples, a tied head width, and the tolerance of ``flush_subnormals`` (declared, or
+    applied because the framework was probed flushing)."""
+    out = envelope_limits(base, n_max=decl.n_max, k_max=decl.k_max, d_max=decl.d_max, eps=decl.eps,
+                          eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple, k_multiple=decl.k_multiple,
+                          d_multiple=decl.d_multiple, tied_head_width=decl.tied_head_width, baseline=baseline)
+    if decl.flush_subnormals:
+        how = "declared" if report.declaration.flush_subnormals else "probed, not declared"
+        out.append(f"flush_subnormals = True ({how}: tolerance granularity the smallest normal number)")
+    return out
 
 
 def _explain_file_case(report: Report, file_case: Any, path: str, case_list: list[Case]) -> None:
