@@ -211,7 +211,9 @@ def check(
             "full_traceback": full_traceback, "arrays": None if file_case is None else file_case.arrays}
     shrinker = _Shrinker(impl, decl, repro, report, opts, timeout) if repro is not None and file_case is None else None
     try:
-        _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0)
+        if not contract or file_case is not None or _confirm_declared(report, impl, decl, active, case_list, opts,
+                                                                      timeout):
+            _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0)
     except KeyboardInterrupt as exc:
         report.interrupted = True
         report.interrupt_status = getattr(exc, "status", EXIT_INTERRUPTED)
@@ -473,6 +475,36 @@ def _run_cases(report: Report, impl: Callable[..., Any], decl: Declaration, case
             shrinker.add(case, res, time.perf_counter() - t_case)
 
 
+def _confirm_declared(report: Report, impl: Callable[..., Any], decl: Declaration, active: tuple[str, ...],
+                      case_list: list[Case], opts: dict[str, Any], timeout: float | None) -> bool:
+    """Confirm a declared fixed ε before the cases (:func:`~gma_ref.testing.declared.confirm_fixed_eps`), through
+    the machinery the cases use (in the worker when isolated); its result or why it is not confirmed goes into
+    ``report``. Returns ``False`` when it timed out in this process: the cases are then listed, not run."""
+    from .declared import EPS_CHECK_ID, confirm_fixed_eps, eps_confirmation_case
+
+    if decl.eps is None or not active or not case_list:
+        return True
+    what = f"declared eps = {decl.eps:g}"
+    if report.mode == "layer":
+        report.skipped.append(Skip(what, "not confirmed: a fixed eps is confirmed in attention mode only"))
+        return True
+    case, why = eps_confirmation_case(decl, active, report.dtype)
+    if case is None:
+        report.skipped.append(Skip(what, f"not confirmed: {why}"))
+        return True
+    res = _run_one(report, impl, case, decl, dict(opts, vjp=None), timeout, confirm_fixed_eps, EPS_CHECK_ID)
+    if res is None:
+        report.results.append(CheckResult(EPS_CHECK_ID, "call", "case", "timeout", None, timeout, False,
+                                          detail=f"confirming Declaration.eps: no result after {timeout:g} s "
+                                          "(the call was abandoned)"))
+        report.skipped += [Skip(f"case {c.case_id}", f"not run: {EPS_CHECK_ID} timed out") for c in case_list]
+        return False
+    if res.not_checkable is not None:
+        report.skipped.append(Skip(what, res.not_checkable.reason))
+    report.results += res.results
+    return True
+
+
 def _scaling(impl: Callable[..., Any], decl: Declaration, report: Report, variants: Sequence[str] | None,
              vjp: Any, grad: bool, n_max: int | None, timeout: float | None, t0: float) -> Report:
     """``scale='scaling'``: the memory and time sweeps of :mod:`~gma_ref.testing.scaling` as report lines."""
@@ -496,19 +528,22 @@ def _scaling(impl: Callable[..., Any], decl: Declaration, report: Report, varian
 
 
 def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declaration, opts: dict[str, Any],
-             timeout: float | None) -> CaseOutcome | None:
-    """:func:`~gma_ref.testing.case_runner.evaluate_case` with the candidate's output captured; ``None`` after a
-    timeout.
+             timeout: float | None, evaluate: Callable[..., CaseOutcome] = evaluate_case,
+             label: str | None = None) -> CaseOutcome | None:
+    """:func:`~gma_ref.testing.case_runner.evaluate_case` (or ``evaluate``, called the same way) with the
+    candidate's output captured; ``None`` after a timeout.
 
     An exception that escapes the case's evaluation (the harness failing on what the candidate
     returned) is a labelled ``harness`` failure; a case file's non-finite input is re-raised.
+    ``label`` (default: the case id) names the results of a failure and what the candidate printed.
     """
+    cid = label or case.case_id
     if isinstance(impl, IsolatedCandidate):
-        return _run_isolated(report, impl, case, decl, opts, timeout)
+        return _run_isolated(report, impl, case, decl, opts, timeout, evaluate, cid)
     res: CaseOutcome | None
     with captured_output() as printed:
         try:
-            res = with_timeout(lambda: evaluate_case(impl, case, decl, **opts), timeout)
+            res = with_timeout(lambda: evaluate(impl, case, decl, **opts), timeout)
         except CallTimeout:
             res = None
         except KeyboardInterrupt:
@@ -516,38 +551,34 @@ def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declara
         except BaseException as exc:  # noqa: BLE001 - see the docstring
             if isinstance(exc, NonFiniteInputError) and opts.get("arrays") is not None:
                 raise
-            res = CaseOutcome(case.case_id, [call_failure(case.case_id, "harness", "case", exc,
-                                                          opts.get("full_traceback", False),
-                                                          "the harness failed on what the implementation did: ")],
-                              None)
-    report.add_output(case.case_id, printed[0] if printed else "")
+            res = CaseOutcome(cid, [call_failure(cid, "harness", "case", exc, opts.get("full_traceback", False),
+                                                 "the harness failed on what the implementation did: ")], None)
+    report.add_output(cid, printed[0] if printed else "")
     return res
 
 
 def _run_isolated(report: Report, cand: IsolatedCandidate, case: Case, decl: Declaration, opts: dict[str, Any],
-                  timeout: float | None) -> CaseOutcome:
+                  timeout: float | None, evaluate: Callable[..., CaseOutcome], cid: str) -> CaseOutcome:
     """One case in the worker: a worker that dies or overruns ``timeout`` labels the case; the next gets a fresh one."""
     cand.begin_case(timeout)
     try:
-        res = evaluate_case(cand, case, decl, **opts)
+        res = evaluate(cand, case, decl, **opts)
     except WorkerLost as exc:
         if exc.kind == "timeout":
             detail = f"no result after {timeout:g} s: the worker was killed; a fresh worker runs the next case"
         else:
             detail = f"{exc.detail}; a fresh worker runs the next case"
-        res = CaseOutcome(case.case_id, [CheckResult(case.case_id, "call", "case", exc.kind, None,
-                                                     timeout if exc.kind == "timeout" else None, False,
-                                                     detail=detail)], None)
+        res = CaseOutcome(cid, [CheckResult(cid, "call", "case", exc.kind, None,
+                                            timeout if exc.kind == "timeout" else None, False, detail=detail)], None)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - the harness failing on what the worker sent
         if isinstance(exc, NonFiniteInputError) and opts.get("arrays") is not None:
             raise
-        res = CaseOutcome(case.case_id, [call_failure(case.case_id, "harness", "case", exc,
-                                                      opts.get("full_traceback", False),
-                                                      "the harness failed on what the implementation did: ")], None)
+        res = CaseOutcome(cid, [call_failure(cid, "harness", "case", exc, opts.get("full_traceback", False),
+                                             "the harness failed on what the implementation did: ")], None)
     finally:
-        report.add_output(case.case_id, cand.take_output())
+        report.add_output(cid, cand.take_output())
     return res
 
 
