@@ -111,7 +111,9 @@ def check(
         Explicit cases (their dtype is replaced by ``dtype``); default
         :func:`default_cases` plus ``n_cases`` :func:`generate_cases`.
     contract : bool
-        Also run the determinism and non-contiguous-input checks (first case of each variant).
+        Also run the determinism and non-contiguous-input checks (first case of each variant), and
+        confirm a declared fixed ε before the cases (:func:`~gma_ref.testing.declared.confirm_fixed_eps`:
+        a result ``declared-eps``, or a skip saying why it is not confirmed).
     tolerance : Tolerance, optional
         Override the calibrated τ (for experiments; the CLI never does).
     mode : ``'attention'`` or ``'layer'``, optional
