@@ -591,17 +591,27 @@ def refuse_degenerate(cases: list[Case], *, n_max: int | None = None, k_max: int
 
 
 def envelope_limits(default: dict[str, int], *, n_max: int | None = None, k_max: int | None = None,
-                    d_max: int | None = None, eps: float | None = None, eps_sigma: float | None = None) -> list[str]:
+                    d_max: int | None = None, eps: float | None = None, eps_sigma: float | None = None,
+                    n_multiple: int = 1, k_multiple: int = 1, d_multiple: int = 1, tied_head_width: bool = False,
+                    baseline: str = "default") -> list[str]:
     """The declared limits that remove part of the ``default`` envelope (:func:`case_envelope`), in words.
 
-    E.g. ``['n_max = 100 (default N up to 257)', 'eps_sigma = 0.0001 fixed (default: each case\'s, 1e-4 to 0.3)']``.
+    E.g. ``['n_max = 100 (default N up to 257)', 'eps_sigma = 0.0001 fixed (default: each case\'s, 1e-4 to 0.3)']``;
+    a size multiple above 1 (``'n_multiple = 16 (N rounded up to a multiple of 16)'``) and a tied head width are
+    named too. ``baseline`` names the envelope the limits are measured against (``'requested'`` for explicit cases).
     """
     out = []
     for name, val, keys, label in (("n_max", n_max, ("n",), "N"), ("k_max", k_max, ("k",), "K"),
                                    ("d_max", d_max, ("d_r", "d_v"), "d_r, d_v")):
         top = max(default.get(k, 0) for k in keys)
         if val is not None and val < top:
-            out.append(f"{name} = {val} (default {label} up to {top})")
+            out.append(f"{name} = {val} ({baseline} {label} up to {top})")
+    for name, val, label in (("n_multiple", n_multiple, "N"), ("k_multiple", k_multiple, "K"),
+                             ("d_multiple", d_multiple, "d_r, d_v")):
+        if val > 1:
+            out.append(f"{name} = {val} ({label} rounded up to a multiple of {val})")
+    if tied_head_width:
+        out.append("tied_head_width = True (layer cases with d_r = d_v = d_model / H)")
     if eps is not None:
         out.append(f"eps = {eps:g} fixed (default: each case's, 1e-12 to 1e-3)")
     if eps_sigma is not None:

@@ -73,8 +73,10 @@ class _Facts:
 
     def __init__(self, report: ReportLike) -> None:
         self.report = report
-        self.failures: list[Any] = report.failures
-        self.failed = report.failed_cases()
+        # a declared property found false (check 'declaration') says so itself; the rules read the cases
+        self.failures: list[Any] = [r for r in report.failures if r.check != "declaration"]
+        ids = {r.case_id for r in self.failures}
+        self.failed = [c for c in report.failed_cases() if c in ids]
         self.passed = [c for c in dict.fromkeys(report.case_ids) if c not in set(self.failed)]
         self.low_precision = report.dtype in ("bfloat16", "float16")
 
@@ -174,6 +176,8 @@ def diagnose(report: ReportLike) -> list[str]:
     if not report.failures:
         return []
     facts = _Facts(report)
+    if not facts.failures:
+        return []
     for rule in _EXCLUSIVE:
         said = rule(facts)
         if said is not None:

@@ -141,7 +141,10 @@ class Report:
     #: The largest sizes of the cases planned: ``n``, ``k``, ``d_r``, ``d_v``, ``heads``, ``batch``, ``chunks``
     #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed.
     envelope: dict[str, int] = field(default_factory=dict)
-    #: Declared limits that remove part of the default envelope, e.g. ``'n_max = 100 (default N up to 257)'``.
+    #: Every declared property that changes the verdict, in words: limits that remove part of the default envelope
+    #: (``'n_max = 100 (default N up to 257)'``), a fixed ε or ε_σ, size multiples, a tied head width, and
+    #: ``flush_subnormals`` (declared, or applied after the probe). Whether a fixed ε was confirmed is a result
+    #: of its own (check ``'declaration'``, case id ``'declared-eps'``).
     envelope_limits: list[str] = field(default_factory=list)
     #: What the author should change before reading the rest (e.g. the declaration to attach); printed first.
     advice: list[str] = field(default_factory=list)
@@ -215,10 +218,13 @@ class Report:
             why = "; ".join(f"{s.what}: {s.reason}" for s in self.skipped if s.requested)
             why = why or "; ".join(f"{s.what}: {s.reason}" for s in self.skipped[:3]) or "no case was run"
             lines.append(f"nothing was checked ({why})")
-        n_fail = len(self.failed_cases())
+        cases = [cid for cid, rs in by_case.items() if any(r.check != "declaration" for r in rs)]
+        n_fail = len([cid for cid in self.failed_cases() if cid in cases])
+        declared = "".join(f"declared {r.tensor} {'confirmed' if r.passed else 'FALSE'}, " for r in self.results
+                           if r.check == "declaration")
         verdict = "INTERRUPTED" if self.interrupted else ("PASS" if self.passed else "FAIL")
-        lines.append(f"{verdict}: {len(by_case) - n_fail}/{len(by_case)} cases passed, {len(self.failures)} failed "
-                     f"checks, {len(self.skipped)} skipped, {self.elapsed_s:.1f} s" + self._envelope_text())
+        lines.append(f"{verdict}: {len(cases) - n_fail}/{len(cases)} cases passed, {len(self.failures)} failed "
+                     f"checks, {len(self.skipped)} skipped, {declared}{self.elapsed_s:.1f} s" + self._envelope_text())
         return printable("\n".join(lines))  # nothing a candidate printed or raised can move the cursor
 
     def _envelope_text(self) -> str:

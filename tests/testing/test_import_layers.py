@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "emulated": 2, "emulated_layer": 3, "emulated_long": 3, "rounding_family": 3,
     "report": 8,
     "case_runner": 9,
-    "repro": 10, "calibration": 10, "assertions": 10, "scaling": 10,
+    "repro": 10, "calibration": 10, "assertions": 10, "scaling": 10, "declared": 10,
     "runner": 11,
     "pytest_plugin": 12, "triton_interpreter": 12,
     "__init__": 99,
