@@ -2,7 +2,8 @@
 
 The JAX tests skip without JAX (the ``jax`` extra); .ci/run installs it and reruns them. They run the
 independent JAX GMA of tests/jax_gma.py on the tiny_grad cases (where XLA's flushing matters) and the
-first case of each variant, in float32 and float64, with gradients by ``jax.vjp``.
+first case of each variant, in float32 and float64, with gradients by ``jax.vjp``. A correct PyTorch
+implementation passes at every dtype; with CuPy and a GPU the reference runs on the GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gma_ref.testing import Declaration, check, default_cases
 from gma_ref.testing.probes import probe_flushes_subnormals
 
 from ..planted_impls import make_torch_impl
+from ..support.oracle_helpers import K32 as _K
 
 
 def _subset(dtype: str) -> list:
@@ -131,3 +133,37 @@ def test_an_isolated_jax_kernel_is_probed_in_its_worker(tmp_path, monkeypatch):
     assert report.passed and report.isolated, report.format()
     assert any("flushes subnormals" in n and "probed" in n for n in report.notes), report.notes
     assert had_jax or "jax" not in sys.modules
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+def test_torch_correct_implementation_passes(dtype):
+    """A correct PyTorch implementation passes forward and autograd gradients at every dtype it has."""
+    pytest.importorskip("torch")
+    report = check(make_torch_impl(), dtype=dtype, grad=True)
+    assert report.passed, report.format()
+
+
+@pytest.mark.slow
+def test_torch_200_cases_float32_and_bfloat16():
+    """The correct PyTorch implementation passes >= 200 generated cases in float32 and bfloat16."""
+    pytest.importorskip("torch")
+    for dtype in ("float32", "bfloat16"):
+        report = check(make_torch_impl(), dtype=dtype, grad=True, n_cases=200, contract=False)
+        assert report.passed, report.format()
+
+
+def test_cupy_reference_on_gpu():
+    """With CuPy and a GPU, the reference runs on the GPU (CuPy) for a CuPy implementation."""
+    from ..conftest import CUPY_SKIP_REASON
+
+    if CUPY_SKIP_REASON is not None:
+        pytest.skip(f"CuPy tests skipped: {CUPY_SKIP_REASON}")
+    import cupy
+
+    def cupy_impl(*args, **kw):
+        host = [cupy.asnumpy(a) for a in args]
+        return cupy.asarray(_K(*host, **kw))
+
+    cupy_impl.gma_declaration = Declaration(namespace="cupy", devices=("cuda",))
+    report = check(cupy_impl)
+    assert report.reference_backend == "cupy" and report.passed, report.format()

@@ -1,0 +1,1 @@
+"""Modules the tests import: helpers, known-good and planted implementations, exact arithmetic."""
