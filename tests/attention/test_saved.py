@@ -17,7 +17,7 @@ import gma_ref
 from gma_ref.attention import FORMS, AttentionSaved, gma_attention, gma_attention_backward
 from gma_ref.mixture import log_priors_from_logits, variances_from_omega
 from gma_ref.posterior import responsibilities
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 K, D_R, D_V = 3, 2, 4
 _VARIANTS = [(False, form) for form in FORMS[False]] + [(True, form) for form in FORMS[True]]

@@ -7,7 +7,7 @@ import pytest
 from gma_ref.testing import Case, Declaration, check, default_cases, torch_autograd
 from gma_ref.testing.cases import case_arrays
 
-from ..planted_impls import make_torch_impl
+from ..support.planted_impls import make_torch_impl
 
 
 def test_torch_autograd_adapter_returns_every_gradient():

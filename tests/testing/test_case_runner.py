@@ -19,9 +19,9 @@ from gma_ref.testing import CaseOutcome, NotCheckable, check, default_cases, eva
 from gma_ref.testing.compare import NU_MAX
 from gma_ref.testing.emulated import NumpyKernel
 
-from ..planted_impls import StrictCausalMask
 from ..support.oracle_helpers import K32 as _K
 from ..support.oracle_helpers import declared as _wrap
+from ..support.planted_impls import StrictCausalMask
 
 
 def _ill_conditioned(kernel: NumpyKernel) -> tuple[CaseOutcome, object]:

@@ -29,16 +29,17 @@ def test_check_help_has_no_rest_markup():
 def test_cli_exit_codes(capsys, tmp_path):
     """gma-ref check exits 0 on a correct kernel, 1 on a planted bug, 3 when the target cannot be loaded."""
     assert cli_main(["gma_ref.testing.emulated:NumpyKernel", "--grad"]) == 0
-    assert cli_main(["tests.planted_impls:StrictCausalMask", "--variant", "causal", "--repro", str(tmp_path)]) == 1
+    assert cli_main(["tests.support.planted_impls:StrictCausalMask", "--variant", "causal", "--repro",
+                     str(tmp_path)]) == 1
     assert cli_main(["no_such_module:f"]) == 3
-    assert cli_main(["tests.planted_impls:StrictCausalMask", "--variant", "cross", "--json"]) == 0
+    assert cli_main(["tests.support.planted_impls:StrictCausalMask", "--variant", "cross", "--json"]) == 0
     out = capsys.readouterr().out
     assert json.loads(out[out.index("{"):])["passed"] is True
 
 
 def test_cli_module_entry_point():
     """python -m gma_ref.check_cli works standalone."""
-    proc = subprocess.run([sys.executable, "-m", "gma_ref.check_cli", "tests.planted_impls:MissingLogDet",
+    proc = subprocess.run([sys.executable, "-m", "gma_ref.check_cli", "tests.support.planted_impls:MissingLogDet",
                            "--variant", "bidirectional", "--no-repro"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "FAIL" in proc.stdout
 
@@ -93,7 +94,7 @@ def test_progress_callback_and_progress_line(capsys):
 
 def test_cli_constraint_flags(capsys):
     """--eps, --n-multiple, --k-multiple, --d-multiple, --d-max declare the constraints from the shell."""
-    target = "tests.planted_impls:ConstrainedKernel"
+    target = "tests.support.planted_impls:ConstrainedKernel"
     assert cli_main([target, "--grad", "--variant", "causal", "--no-repro"]) == 1
     capsys.readouterr()
     assert cli_main([target, "--grad", "--variant", "causal", "--eps", "1e-10", "--n-multiple", "16",

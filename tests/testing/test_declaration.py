@@ -22,7 +22,7 @@ def test_declaration_validates_constraints():
 
 def test_constrained_kernel_passes_through_its_declaration_alone():
     """A kernel with a fixed eps and shape multiples fails every case undeclared and passes once it declares them."""
-    from ..planted_impls import ConstrainedKernel, constrained_kernel
+    from ..support.planted_impls import ConstrainedKernel, constrained_kernel
 
     undeclared = check(ConstrainedKernel("float32"), grad=True)
     assert not undeclared.passed and all(r.metric == "raised" for r in undeclared.failures)

@@ -1,7 +1,7 @@
 """Frameworks as they are: the subnormal probe, JAX's flushing applied by the oracle, x64, checked declarations.
 
 The JAX tests skip without JAX (the ``jax`` extra); .ci/run installs it and reruns them. They run the
-independent JAX GMA of tests/jax_gma.py on the tiny_grad cases (where XLA's flushing matters) and the
+independent JAX GMA of tests/support/jax_gma.py on the tiny_grad cases (where XLA's flushing matters) and the
 first case of each variant, in float32 and float64, with gradients by ``jax.vjp``. A correct PyTorch
 implementation passes at every dtype; with CuPy and a GPU the reference runs on the GPU.
 """
@@ -13,8 +13,8 @@ import pytest
 from gma_ref.testing import Declaration, check, default_cases
 from gma_ref.testing.probes import probe_flushes_subnormals
 
-from ..planted_impls import make_torch_impl
 from ..support.oracle_helpers import K32 as _K
+from ..support.planted_impls import make_torch_impl
 
 
 def _subset(dtype: str) -> list:
@@ -53,7 +53,7 @@ def test_probe_jax_cpu_flushes(jax_x64):
 def test_jax_gma_passes_with_documented_declaration(jax_x64, dtype):
     """The independent JAX GMA passes (tiny_grad included) with Declaration(namespace='jax', grad=True); the
     report says the probed flushing set the tolerance."""
-    from ..jax_gma import make_jax_gma
+    from ..support.jax_gma import make_jax_gma
 
     report = check(make_jax_gma(), dtype=dtype, cases=_subset(dtype))
     assert report.passed, report.format()
@@ -62,7 +62,7 @@ def test_jax_gma_passes_with_documented_declaration(jax_x64, dtype):
 
 def test_jax_planted_bug_is_flagged(jax_x64):
     """A strict causal mask planted in the JAX GMA fails."""
-    from ..jax_gma import make_jax_gma
+    from ..support.jax_gma import make_jax_gma
 
     report = check(make_jax_gma(bug="strict_causal"), variants=("causal",), cases=_subset("float32")[1:2])
     assert not report.passed
@@ -71,7 +71,7 @@ def test_jax_planted_bug_is_flagged(jax_x64):
 def test_jax_float64_without_x64_is_one_clear_error():
     """float64 with x64 disabled: nothing is run, one requested skip names jax_enable_x64 (exit 1)."""
     jax = pytest.importorskip("jax")
-    from ..jax_gma import make_jax_gma
+    from ..support.jax_gma import make_jax_gma
 
     before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", False)
@@ -126,7 +126,7 @@ def test_an_isolated_jax_kernel_is_probed_in_its_worker(tmp_path, monkeypatch):
 
     (tmp_path / "iso_jax_gma.py").write_text(
         "import jax\njax.config.update('jax_enable_x64', True)\n"
-        "from tests.jax_gma import make_jax_gma\ngma = make_jax_gma()\n", encoding="utf-8")
+        "from tests.support.jax_gma import make_jax_gma\ngma = make_jax_gma()\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     had_jax = "jax" in sys.modules
     report = check("iso_jax_gma:gma", dtype="float64", cases=_subset("float64")[:2])

@@ -32,8 +32,8 @@ from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.names import GRAD_NAMES
 from gma_ref.testing.reference import Reference, _grad_grains, _rms, _rss, _rss_mm, reference
 
-from ..planted_impls import make_torch_impl
 from ..support.oracle_helpers import routed_mass as _routed_mass
+from ..support.planted_impls import make_torch_impl
 
 INPUTS = ("q", "k", "v", "means", "omega", "prior_logits")
 
@@ -511,7 +511,7 @@ def test_float64_tiny_routed_mass_is_no_false_alarm_and_not_blind(seed):
 
     from gma_ref.testing.reference import reference
 
-    from ..exact_gma import exact_gma
+    from ..support.exact_by_equations import exact_gma
 
     case = Case("causal", 1, 1, 1, 1, 12, 128, 4, dtype="float64", seed=seed)
     assert float(_routed_mass(case).max()) < 1e-160
@@ -557,7 +557,7 @@ def test_float32_subnormal_gradients_no_false_alarm():
 
     from gma_ref.testing.reference import reference
 
-    from ..exact_gma import exact_gma
+    from ..support.exact_by_equations import exact_gma
 
     ref = reference(xp, {n: a[n] for n in ("q", "k", "v", "means", "omega", "prior_logits")}, causal=False,
                     eps=case.eps, eps_sigma=case.eps_sigma, d_out=a["d_out"])

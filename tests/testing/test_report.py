@@ -16,7 +16,7 @@ from ..support.oracle_helpers import declared as _wrap
 
 def test_report_format_and_json():
     """The report names case, tensor, metric, worst element and index; --json is valid JSON."""
-    from ..planted_impls import StrictCausalMask
+    from ..support.planted_impls import StrictCausalMask
 
     r = check(StrictCausalMask(), variants=("causal",), grad=True)
     text = r.format()

@@ -11,7 +11,7 @@ def test_failing_case_is_shrunk_and_written_as_a_reproducer(tmp_path, capsys):
     """A failing case is shrunk while it fails; the .npz re-runs just that case (fails the bug, passes the fix)."""
     from gma_ref.testing.repro import load_case_file
 
-    from ..planted_impls import StrictCausalMask
+    from ..support.planted_impls import StrictCausalMask
 
     report = check(StrictCausalMask(), grad=True, repro=str(tmp_path))
     assert report.reproducers and len(report.reproducers) <= 3
@@ -23,7 +23,7 @@ def test_failing_case_is_shrunk_and_written_as_a_reproducer(tmp_path, capsys):
     assert command == f"gma-ref check {report.implementation} --case-file {path}"
     assert not check(StrictCausalMask(), case_file=path).passed
     assert check(NumpyKernel("float32"), case_file=path).passed
-    assert cli_main(["tests.planted_impls:StrictCausalMask", "--case-file", path]) == 1
+    assert cli_main(["tests.support.planted_impls:StrictCausalMask", "--case-file", path]) == 1
     assert cli_main(["gma_ref.testing.emulated:NumpyKernel", "--case-file", path]) == 0
     assert cli_main(["gma_ref.testing.emulated:NumpyKernel", "--case-file", str(tmp_path / "none.npz")]) == 3
     capsys.readouterr()
@@ -33,7 +33,7 @@ def test_reproducer_respects_the_declaration(tmp_path):
     """Shrinking keeps every size admissible under the declaration (multiples, fixed eps)."""
     from gma_ref.testing.repro import load_case_file
 
-    from ..planted_impls import ConstrainedKernel, StrictCausalMask, constrained_kernel
+    from ..support.planted_impls import ConstrainedKernel, StrictCausalMask, constrained_kernel
 
     class ConstrainedStrictMask(ConstrainedKernel, StrictCausalMask):
         pass
@@ -51,7 +51,7 @@ def test_reproducer_respects_the_declaration(tmp_path):
 
 def test_layer_reproducer(tmp_path):
     """Layer cases shrink and round-trip too (y = None for self-attention)."""
-    from ..planted_impls import LayerSelfInputGradQueryOnly
+    from ..support.planted_impls import LayerSelfInputGradQueryOnly
 
     report = check(LayerSelfInputGradQueryOnly(), grad=True, variants=("causal",), repro=str(tmp_path))
     assert report.reproducers

@@ -94,5 +94,6 @@ def test_traceback_option_shows_every_frame(capsys):
     assert "ValueError: shape mismatch" in short and "_inner_helper" in short and "Traceback" not in short
     full = check(_wrap(calls_helper), variants=("cross",), full_traceback=True).failures[0].detail
     assert full.startswith("Traceback (most recent call last)") and "calls_helper" in full and "_inner_helper" in full
-    assert cli_main(["tests.planted_impls:ConstrainedKernel", "--variant", "cross", "--traceback", "--no-repro"]) == 1
+    assert cli_main(["tests.support.planted_impls:ConstrainedKernel", "--variant", "cross", "--traceback",
+                     "--no-repro"]) == 1
     assert "Traceback (most recent call last)" in capsys.readouterr().out
