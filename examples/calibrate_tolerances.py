@@ -9,7 +9,7 @@ Run from the repository root::
 
 For every dtype, each correct implementation available here (the NumPy kernel
 with emulated storage, :class:`gma_ref.testing.emulated.NumpyKernel`, and the PyTorch
-implementation of tests/planted_impls.py when torch is installed) runs over the
+implementation of tests/support/planted_impls.py when torch is installed) runs over the
 default cases plus ``--cases`` generated ones with τ = 1, so every error figure
 is in units of ν = u_store + u_acc·κ + t_store·λ. The suggested τ is
 ``--multiple`` × the largest figure seen, rounded up to a power of two. With
@@ -95,7 +95,7 @@ def main() -> None:
     impls = []
     have_torch = importlib.util.find_spec("torch") is not None
     if have_torch:
-        from tests.planted_impls import make_torch_impl
+        from tests.support.planted_impls import make_torch_impl
 
         impls.append(("torch", make_torch_impl))
     print("| dtype | implementation | cases checked | skipped (ill-cond.) | max norm/ν | max elem/ν "
@@ -133,7 +133,7 @@ def main() -> None:
         t = TOLERANCES[dtype]
         print(f"| {dtype} | {wn:.3g} | {we:.3g} | {sug.norm:g} | {sug.elem:g} | {t.norm:g}, {t.elem:g} |")
     if args.bugs:
-        from tests.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS, FlaNormaliseBackward
+        from tests.support.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS, FlaNormaliseBackward
 
         print()
         print("| implementation | kind | dtype | failed cases | largest error / threshold | first failing check |")

@@ -60,7 +60,7 @@ that round differently (:mod:`gma_ref.testing.rounding_family`) at the default �
 (D ≥ 1e-6), where that kernel stays a factor ~2 inside the bound over the default and 200
 generated cases (m = 64 leaves it at 0.89 of it in float64; m = 16, which suffices for the
 default cases alone, fails one generated case at 3.2×); at fla's ε = 1e-10 (D ≈ 6e-9) the
-same form fails it by ~2e2 in float32 (tests/planted_impls.py ``FlaNormaliseBackward``).
+same form fails it by ~2e2 in float32 (tests/support/planted_impls.py ``FlaNormaliseBackward``).
 The line between bounded noise and amplified underflow is thus drawn by m, and
 moves with it as 1/m. So the bound is::
 

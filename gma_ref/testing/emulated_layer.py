@@ -24,7 +24,7 @@ its backward is ∂O_h = ∂gated ⊙ g, ∂a = (Σ_channels ∂gated ⊙ O_h) �
 
 It serves as the worked example of the layer convention, the correct
 implementation that calibrates the layer tolerances, and the base class of the
-planted layer bugs (tests/planted_impls.py), each of which overrides one step.
+planted layer bugs (tests/support/planted_impls.py), each of which overrides one step.
 NumPy-specific on purpose: it emulates a kernel, it is not reference array code.
 """
 

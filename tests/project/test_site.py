@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._cdp import Browser, find_chromium
+from tests.support._cdp import Browser, find_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE_PAGES = 13

@@ -460,3 +460,33 @@ def test_without_a_grain_there_is_no_granularity_allowance():
     assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
     assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
     assert not c.passed and compare_tensor("d", a, r, dtype="float32", grain=4.0).passed
+
+
+def test_compare_tensor_metric():
+    """compare_tensor: exact passes; an error at the bound fails just above it; NaN fails."""
+    r = np.linspace(-1, 1, 101).reshape(1, 101)
+    assert compare_tensor("x", r.copy(), r, dtype="float32").passed
+    bad = r.copy()
+    bad[0, 7] += 1e-3
+    c = compare_tensor("x", bad, r, dtype="float32")
+    assert not c.passed and c.worst_index == (0, 7)
+    nan = r.copy()
+    nan[0, 3] = np.nan
+    c = compare_tensor("x", nan, r, dtype="float64")
+    assert not c.passed and c.nonfinite == 1
+
+
+def test_floor_protects_cancelled_reference():
+    """A reference that is ~0 by cancellation is compared at its floor scale, not relative to ~0."""
+    r = np.full(10, 1e-20)
+    a = r + 1e-9
+    assert not compare_tensor("d", a, r, dtype="float32").passed
+    assert compare_tensor("d", a, r, dtype="float32", floor=1.0).passed
+
+
+def test_norm_metric_never_underflows():
+    """Tensors of size ~1e-200 still give the right relative norm error (scaled norms, no squaring to 0)."""
+    r = np.full((4, 5), 3e-200)
+    c = compare_tensor("t", r * (1 + 1e-4), r, dtype="float64")
+    assert 0.9e-4 < c.norm_error < 1.1e-4 and not c.passed
+    assert compare_tensor("t", r, r, dtype="float64").passed

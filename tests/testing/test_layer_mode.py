@@ -16,7 +16,7 @@ from gma_ref.testing.compare import LAYER_TOLERANCES
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.emulated_layer import NumpyLayer
 
-from ..planted_impls import LAYER_BUGS, LAYER_CONTROLS, make_torch_layer_impl
+from ..support.planted_impls import LAYER_BUGS, LAYER_CONTROLS, make_torch_layer_impl
 
 # --------------------------------------------------------------------------- cases
 
@@ -179,17 +179,17 @@ def test_cli_layer_mode_exit_codes(capsys):
     """gma-ref check --mode layer: 0 on the correct layer, 1 on a planted layer bug or an attention kernel."""
     assert cli_main(["gma_ref.testing.emulated_layer:NumpyLayer", "--mode", "layer", "--grad"]) == 0
     assert cli_main(["gma_ref.testing.emulated_layer:NumpyLayer"]) == 0  # declared mode="layer"
-    assert cli_main(["tests.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant",
+    assert cli_main(["tests.support.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant",
                      "causal", "--no-repro"]) == 1
     assert cli_main(["gma_ref.testing.emulated:NumpyKernel", "--mode", "layer"]) == 1
     capsys.readouterr()
     # the self-attention bug is invisible to cross-attention, where d_x has no key/value path
-    assert cli_main(["tests.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant", "cross",
+    assert cli_main(["tests.support.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant", "cross",
                      "--json"]) == 0
     out = capsys.readouterr().out
     data = json.loads(out[out.index("{"):])
     assert data["passed"] is True and data["mode"] == "layer"
     assert data["cases"][0].startswith("layer-cross-")
-    assert cli_main(["tests.planted_impls:LayerHeadsDvMajor", "--mode", "layer", "--no-repro"]) == 1
+    assert cli_main(["tests.support.planted_impls:LayerHeadsDvMajor", "--mode", "layer", "--no-repro"]) == 1
     text = capsys.readouterr().out
     assert "mode=layer" in text and "FAIL layer-bidirectional-B2-H3-N17-K4-dm12-dr5-dv6-f32-s0" in text

@@ -81,7 +81,7 @@ def test_an_nn_module_checked_through_functional_call():
     torch = pytest.importorskip("torch")
     from torch.func import functional_call
 
-    from ..planted_impls import torch_gma
+    from ..support.planted_impls import torch_gma
 
     class GMAMultiHead(torch.nn.Module):
         def __init__(self, d_model=12, heads=3, components=4, eps=1e-6, eps_sigma=1e-4):

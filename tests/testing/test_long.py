@@ -27,7 +27,7 @@ from gma_ref.testing.long import (
 )
 from gma_ref.testing.reference import reference
 from gma_ref.testing.runner import run_case
-from tests.planted_long import LONG_BUGS
+from tests.support.planted_long import LONG_BUGS
 
 from ..conftest import CUPY_SKIP_REASON
 

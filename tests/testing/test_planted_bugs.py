@@ -7,7 +7,7 @@ import pytest
 from gma_ref.testing import check
 from gma_ref.testing.emulated import NumpyKernel
 
-from ..planted_impls import (
+from ..support.planted_impls import (
     CONTROLS,
     FLOAT32_BUGS,
     FLOAT64_BUGS,

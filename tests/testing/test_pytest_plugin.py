@@ -1,7 +1,7 @@
 """The pytest plugin gma_ref.testing.pytest_plugin: one item per case; ids, -k, -x, --lf, strict xfail, JUnit XML.
 
 Each test runs pytest inside pytest (``pytester``) on a correct kernel (NumpyKernel) and a buggy one
-(tests/planted_impls.py StrictCausalMask: the causal mask j < i), loading the plugin with ``-p`` (the
+(tests/support/planted_impls.py StrictCausalMask: the causal mask j < i), loading the plugin with ``-p`` (the
 ``pytest11`` entry point does the same where gma-ref is installed).
 """
 
@@ -15,7 +15,7 @@ import pytest
 from gma_ref.testing import default_cases
 from gma_ref.testing.emulated import NumpyKernel
 
-from ..planted_impls import StrictCausalMask
+from ..support.planted_impls import StrictCausalMask
 
 pytest_plugins = ["pytester"]
 
@@ -23,7 +23,7 @@ pytest_plugins = ["pytester"]
 # other module (tools/mutate.py serves its mutants through an import hook that a rewrite would bypass)
 PLUGIN = ("-p", "gma_ref.testing.pytest_plugin", "--assert=plain", "--gma-no-tiling")
 GOOD = "gma_ref.testing.emulated:NumpyKernel"
-BAD = "tests.planted_impls:StrictCausalMask"
+BAD = "tests.support.planted_impls:StrictCausalMask"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -181,7 +181,7 @@ def test_parametrisation_helper_in_a_test_module(pytester):
     pytester.makepyfile(test_author=f"""
 import pytest
 from gma_ref.testing.pytest_plugin import check_case, gma_cases
-from tests.planted_impls import StrictCausalMask
+from tests.support.planted_impls import StrictCausalMask
 
 bad = StrictCausalMask()
 
@@ -243,7 +243,7 @@ def test_helper_maps_cases_to_the_declared_constraints():
     from gma_ref.testing import check
     from gma_ref.testing.pytest_plugin import check_case, gma_case_list
 
-    from ..planted_impls import ConstrainedKernel, constrained_kernel
+    from ..support.planted_impls import ConstrainedKernel, constrained_kernel
 
     kern = constrained_kernel()
     lst = gma_case_list(kern, variants=("causal",), grad=True)

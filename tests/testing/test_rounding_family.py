@@ -31,7 +31,7 @@ from gma_ref.testing import Declaration, check
 from gma_ref.testing.compare import GRAIN_MULTIPLE, SMALLEST_NORMAL, SUBNORMAL_SPACING, compare_tensor, granularity
 from gma_ref.testing.rounding_family import FAMILY, FlushToZeroKernel, InducedWeightsKernel
 
-from ..planted_impls import FlaNormaliseBackward
+from ..support.planted_impls import FlaNormaliseBackward
 
 DTYPES = ("float64", "float32", "bfloat16")
 
