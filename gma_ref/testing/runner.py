@@ -82,7 +82,7 @@ def check(
     case_file: str | None = None,
     in_process: bool | None = None,
     import_timeout: float | None = None,
-    tiling: bool = False,
+    tiling: bool = True,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
@@ -151,8 +151,8 @@ def check(
     tiling : bool
         Add the tiling cases to the default attention set (:func:`~gma_ref.testing.cases.tiling_cases`:
         sizes straddling the usual tile sizes, up to 8 heads and 4 batch entries, ε_σ up to 0.3).
-        ``gma-ref check`` and the pytest plugin add them unless told not to (``--no-tiling``,
-        ``--gma-no-tiling``). Ignored when ``cases`` is given.
+        On by default, as in ``gma-ref check`` and the pytest plugin (``--no-tiling``,
+        ``--gma-no-tiling``); ``False`` checks the edge cases alone. Ignored when ``cases`` is given.
     in_process : bool, optional
         With a ``'module:function'`` target, ``True`` imports and runs it in this process
         (for debugging). A scaling check always does (it runs each size in a child process).

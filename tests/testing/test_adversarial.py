@@ -234,7 +234,7 @@ def test_shrinking_starts_from_the_smallest_case_and_stops_at_a_hang(tmp_path):
     bounded step (not a whole --timeout per step) and stops shrinking for the run."""
     from ..support.planted_impls import StrictCausalMask
 
-    r = check(StrictCausalMask(), variants=("causal",), repro=str(tmp_path / "a"))
+    r = check(StrictCausalMask(), variants=("causal",), repro=str(tmp_path / "a"), tiling=False)
     case = load_case_file(r.reproducers[0]).case
     assert (case.batch, case.heads, case.n_q, case.n_components, case.d_r, case.d_v) == (1, 1, 1, 1, 1, 1)
     t0 = time.perf_counter()

@@ -82,7 +82,7 @@ def test_progress_callback_and_progress_line(capsys):
     from gma_ref.check_cli import _Progress
 
     calls = []
-    check(_K, variants=("causal",), progress=lambda *a: calls.append(a))
+    check(_K, variants=("causal",), progress=lambda *a: calls.append(a), tiling=False)
     assert [c[0] for c in calls] == list(range(1, 12)) and all(c[1] == 11 for c in calls)
     line = _Progress(after_s=0.0)
     line(3, 29, "causal-x", 4.2)

@@ -65,3 +65,15 @@ def test_the_command_lines_default_check_flags_every_tiling_bug(bug, capsys):
     assert main([target, "--no-repro", "--quiet"], exit_process=False) == 1
     assert main([target, "--no-repro", "--quiet", "--no-tiling", "--variant", "causal"], exit_process=False) == 0
     capsys.readouterr()
+
+
+def test_the_python_checks_default_includes_the_tiling_cases():
+    """``check(kernel)`` from Python runs the same default set as the command line: a tiling bug fails it, the
+    summary states the tiling envelope (H up to 8, B up to 4), and ``tiling=False`` checks the edge cases alone."""
+    bug = TILING_BUGS[0]("float32")
+    report = check(bug, grad=False, variants=("bidirectional",))
+    assert not report.passed, report.format()
+    last = report.format().splitlines()[-1]
+    assert "H<=8" in last and "B<=4" in last, last
+    edge = check(bug, grad=False, variants=("bidirectional",), tiling=False)
+    assert edge.passed and edge.envelope["heads"] < 8 and edge.envelope["batch"] < 4, edge.format()

@@ -13,7 +13,7 @@ def test_failing_case_is_shrunk_and_written_as_a_reproducer(tmp_path, capsys):
 
     from ..support.planted_impls import StrictCausalMask
 
-    report = check(StrictCausalMask(), grad=True, repro=str(tmp_path))
+    report = check(StrictCausalMask(), grad=True, repro=str(tmp_path), tiling=False)
     assert report.reproducers and len(report.reproducers) <= 3
     path = report.reproducers[0]
     loaded = load_case_file(path)
@@ -40,7 +40,7 @@ def test_reproducer_respects_the_declaration(tmp_path):
 
     kern = ConstrainedStrictMask("float32")
     kern.gma_declaration = constrained_kernel().gma_declaration
-    report = check(kern, grad=True, variants=("causal",), repro=str(tmp_path))
+    report = check(kern, grad=True, variants=("causal",), repro=str(tmp_path), tiling=False)
     assert report.reproducers
     for path in report.reproducers:
         case = load_case_file(path).case
@@ -53,6 +53,6 @@ def test_layer_reproducer(tmp_path):
     """Layer cases shrink and round-trip too (y = None for self-attention)."""
     from ..support.planted_impls import LayerSelfInputGradQueryOnly
 
-    report = check(LayerSelfInputGradQueryOnly(), grad=True, variants=("causal",), repro=str(tmp_path))
+    report = check(LayerSelfInputGradQueryOnly(), grad=True, variants=("causal",), repro=str(tmp_path), tiling=False)
     assert report.reproducers
     assert not check(LayerSelfInputGradQueryOnly(), case_file=report.reproducers[0]).passed

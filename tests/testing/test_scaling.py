@@ -30,7 +30,7 @@ def reports():
 @pytest.mark.parametrize("kern", [LinearKernel, PrefixSumKernel, MaterializedKernel])
 def test_the_three_kernels_are_numerically_correct(kern):
     """All three pass the short causal check: only their memory differs."""
-    assert check(kern(), variants=("causal",)).passed
+    assert check(kern(), variants=("causal",), tiling=False).passed
 
 
 def test_linear_kernel_passes(reports):
