@@ -667,7 +667,8 @@ def test_traceback_option_shows_every_frame(capsys):
 
 
 def test_oracle_guide_exit_status_table_matches_the_cli():
-    """docs/oracle.md states the exit statuses the CLI returns (0, 1, 2, 3, 4 usage, 130 interrupted, 143 terminated)
+    """docs/oracle/cli.md states the exit statuses the CLI returns (0, 1, 2, 3, 4 usage, 130 interrupted,
+    143 terminated)
     in one table."""
     import pathlib
     import re
@@ -675,7 +676,7 @@ def test_oracle_guide_exit_status_table_matches_the_cli():
     from gma_ref.check_cli import EXIT_INTERRUPTED, EXIT_LOAD, EXIT_USAGE
     from gma_ref.testing.runner import EXIT_INTERRUPTED as REPORT_INTERRUPTED
 
-    doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle.md").read_text()
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle" / "cli.md").read_text()
     rows = dict(re.findall(r"^\| (\d+) \| ([^|]+) \|$", doc, flags=re.M))
     from gma_ref.testing.report import EXIT_TERMINATED
 
@@ -702,7 +703,7 @@ def test_failing_case_is_shrunk_and_written_as_a_reproducer(tmp_path, capsys):
     assert loaded.case.batch == 1 and loaded.case.heads == 1 and loaded.case.n_q <= 8 and loaded.grad
     assert loaded.failures and loaded.arrays["q"].shape == (1, 1, loaded.case.n_q, loaded.case.d_r)
     command = open(path[:-4] + ".txt").readline().strip()
-    assert command == f"gma-ref check {report.implementation} --case-file {path}"
+    assert command.startswith(f"check(impl, case_file={path!r})")  # a callable: no module:attribute target
     assert not check(StrictCausalMask(), case_file=path).passed
     assert check(NumpyKernel("float32"), case_file=path).passed
     assert cli_main(["tests.planted_impls:StrictCausalMask", "--case-file", path]) == 1
@@ -827,7 +828,7 @@ def _have_torch():
     return importlib.util.find_spec("torch") is not None
 
 
-# --------------------------------------------------------------------------- the padding recipe of docs/oracle.md
+# ---------------------------------------------------------- the padding recipe of docs/oracle/calling-convention.md
 
 
 def _read(gq, gk, v, eps, causal):
