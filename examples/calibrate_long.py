@@ -1,4 +1,4 @@
-"""Tool: regenerate the long-mode tolerance table of docs/oracle.md ("Long sequences") and the long planted-bug margins.
+"""Tool: regenerate the long-mode tolerance table of docs/oracle/long-sequences.md and the long planted-bug margins.
 =====================================================================================================================
 
 Run from the repository root::

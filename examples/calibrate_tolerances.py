@@ -1,7 +1,7 @@
 """Tool: calibrating the oracle's tolerances
 =========================================
 
-Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
+Regenerate the tolerance table of docs/oracle/metric-and-tolerances.md (and the planted-bug margins).
 
 Run from the repository root::
 
