@@ -1,4 +1,4 @@
-"""Tool: regenerate the long-mode tolerance table of docs/oracle.md ("Long sequences") and the long planted-bug margins.
+"""Tool: regenerate the long-mode tolerance table of docs/oracle/long-sequences.md and the long planted-bug margins.
 =====================================================================================================================
 
 Run from the repository root::
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             good = check(LongKernel(dtype), scale="long", n_max=args.n_max, contract=False)
             print(f"| LongKernel (correct) | {dtype} | {len(good.failed_cases())}/{len(good.case_ids)} | "
-                  f"{worst(good):.3g} | {worst(check(LongKernel(dtype))):.3g} | {time.perf_counter() - t0:.0f} s |",
+                  f"{worst(good):.3g} | {worst(check(LongKernel(dtype), tiling=False)):.3g} | {time.perf_counter() - t0:.0f} s |",
                   flush=True)
             for cls in LONG_BUGS:
                 if dtype not in cls.hidden_in:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 rep = check(cls(dtype), scale="long", n_max=args.n_max, contract=False)
                 print(f"| {cls.__name__} | {dtype} | {len(rep.failed_cases())}/{len(rep.case_ids)} | {worst(rep):.3g} "
-                      f"| {worst(check(cls(dtype))):.3g} | {time.perf_counter() - t0:.0f} s |", flush=True)
+                      f"| {worst(check(cls(dtype), tiling=False)):.3g} | {time.perf_counter() - t0:.0f} s |", flush=True)
     return 0
 
 

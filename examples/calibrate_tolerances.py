@@ -1,7 +1,7 @@
 """Tool: calibrating the oracle's tolerances
 =========================================
 
-Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
+Regenerate the tolerance table of docs/oracle/metric-and-tolerances.md (and the planted-bug margins).
 
 Run from the repository root::
 
@@ -60,7 +60,8 @@ def grain_multiple(dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"),
     saved = compare.GRAIN_MULTIPLE
 
     def measure(pairs):
-        return {(cls, d): worst_ratio(check(cls(d), dtype=d, grad=True, n_cases=n_cases, contract=False))
+        return {(cls, d): worst_ratio(check(cls(d), dtype=d, grad=True, n_cases=n_cases, contract=False,
+                                                tiling=False))
                 for cls, d in pairs}
 
     pending = [(cls, d) for cls in FAMILY for d in dtypes]
@@ -140,7 +141,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         for cls in (*FLOAT32_BUGS, *FLOAT64_BUGS, FlaNormaliseBackward, *CONTROLS):
             k = cls()
-            r = check(k, dtype=k.storage, grad=True)
+            r = check(k, dtype=k.storage, grad=True, tiling=False)
             ratios = [x.value / x.threshold for x in r.results if x.metric in ("norm", "elem") and x.threshold]
             first = next((f"{x.case_id} {x.check} {x.tensor} {x.metric}" for x in r.failures), "-")
             kind = "control" if cls in CONTROLS else "bug"

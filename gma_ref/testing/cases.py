@@ -82,7 +82,7 @@ class Case:
     layer: x ``(B, N_q, d_model)``, context y ``(B, N_k, d_model)`` for cross, and
     the projections W_Q, W_K, W_V, W_O; see :func:`layer_case_arrays`). ``gate``
     (layer cases only: ``None``, ``'elementwise'`` or ``'headwise'``) adds the output
-    gate's ``gate_w``, ``gate_b`` (docs/oracle.md, "Gated layers").
+    gate's ``gate_w``, ``gate_b`` (docs/oracle/layer-mode.md, "Gated layers").
     """
 
     variant: str
@@ -284,7 +284,7 @@ def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", 
     """The default case set of ``gma-ref check``: 9 cases per variant (11 causal) covering the edge cases.
 
     ``tiling=True`` appends :func:`tiling_cases` (sizes straddling the usual tiles, H up
-    to 8, B up to 4, ε_σ up to 0.3; docs/oracle.md, "The default cases"). The edge cases:
+    to 8, B up to 4, ε_σ up to 0.3; docs/oracle/checks-and-cases.md, "The tiling cases"). The edge cases:
 
     Per variant: the base shape (``causal-B2-H3-N63-K7-dr5-dv60``, chunk 16 not
     dividing 63), N = 1 (cross: N_q = 1 and N_k = 1), K = 1, d_r = 1, large d_r

@@ -86,8 +86,8 @@ def _raised_everywhere(f: _Facts) -> str | None:
         return None
     first = f.failures[0].detail.split("\n", 1)[0][:200]
     return (f"every case raised ({first}): the implementation could not run on the oracle's inputs at all; "
-            "check the calling convention and the declared namespace and dtype (docs/oracle.md, "
-            "'1. Calling convention')")
+            "check the calling convention and the declared namespace and dtype "
+            "(docs/oracle/calling-convention.md)")
 
 
 def _nonfinite_everywhere(f: _Facts) -> str | None:

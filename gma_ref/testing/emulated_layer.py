@@ -1,7 +1,7 @@
 """A correct NumPy multi-head GMA *layer* with emulated low-precision storage — a layer-mode candidate.
 
 :class:`NumpyLayer` follows the layer calling convention of the harness
-(docs/oracle.md, "Layer mode")::
+(docs/oracle/layer-mode.md)::
 
     out = layer(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma[, chunk_size])
     grads = layer.vjp(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, d_out, *, causal, eps, eps_sigma)

@@ -126,10 +126,10 @@ def check(
     scale : ``'short'``, ``'long'`` or ``'scaling'``
         ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.long.long_cases`
         (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
-        the sum-length term in ν (docs/oracle.md, "Long sequences"). Ignored when ``cases`` is given.
+        the sum-length term in ν (docs/oracle/long-sequences.md). Ignored when ``cases`` is given.
         ``'scaling'``: no accuracy check; the growth of peak memory and time with N (up to ``n_max``) and
         with the width K = d_v, each size in a child process, fitted and judged on memory
-        (:mod:`~gma_ref.testing.scaling`, docs/oracle.md "Scaling check").
+        (:mod:`~gma_ref.testing.scaling`, docs/oracle/scaling.md).
     timeout : float, optional
         Seconds one case (all its calls) may take. A case that takes longer fails ("timeout").
         Isolated: the worker is killed and a fresh one runs the next case. In-process: the

@@ -107,13 +107,16 @@ def test_declaration_names_the_known_fields_and_extra_keys():
 
 
 def test_oracle_guide_states_the_code_constants():
-    """docs/oracle.md gives the granularity multiple m as the code has it, and says "an oracle"."""
+    """docs/oracle/metric-and-tolerances.md gives the granularity multiple m as the code has it, and the reference
+    says "an oracle"."""
     from pathlib import Path
 
     from gma_ref.testing.compare import GRAIN_MULTIPLE
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "oracle.md").read_text(encoding="utf-8")
+    oracle = Path(__file__).resolve().parents[2] / "docs" / "oracle"
+    text = (oracle / "metric-and-tolerances.md").read_text(encoding="utf-8")
     assert f"m = `GRAIN_MULTIPLE` = {GRAIN_MULTIPLE:g} " in text
+    assert "is an oracle" in (oracle / "index.md").read_text(encoding="utf-8")
     assert "is a oracle" not in text
 
 

@@ -2,7 +2,7 @@
 
 The gated layer is :mod:`gma_ref.layer` with ``gate='elementwise'`` (O_h ⊙ σ(X W_G,h + b_G,h)) or
 ``gate='headwise'`` (O_h · σ(X u_h + c_h)), applied before W_O; a gated candidate takes ``gate_w,
-gate_b`` after ``prior_logits`` and its VJP returns ``d_gate_w``, ``d_gate_b`` (docs/oracle.md,
+gate_b`` after ``prior_logits`` and its VJP returns ``d_gate_w``, ``d_gate_b`` (docs/oracle/layer-mode.md,
 "Gated layers").
 """
 
@@ -148,7 +148,7 @@ GATE_BUGS = [
 @pytest.mark.parametrize("bug,gate,tensor", GATE_BUGS, ids=[f"{b.__name__}-{g}" for b, g, _ in GATE_BUGS])
 def test_planted_gate_bug_is_flagged(bug, gate, tensor):
     """Each planted gate bug fails the default float32 gated layer check, on the tensor it breaks, by a wide
-    factor (worst normwise error / threshold > 10; measured in docs/oracle.md, "Gated layers")."""
+    factor (worst normwise error / threshold > 10; measured in docs/oracle/layer-mode.md, "Gated layers")."""
     report = check(bug("float32", gate=gate), dtype="float32", grad=True, tiling=False)
     assert not report.passed
     failed = {r.tensor for r in report.results if not r.passed}

@@ -1,4 +1,4 @@
-"""Layer mode of the conformance harness: the multi-head GMA layer with its projections (docs/oracle.md)."""
+"""Layer mode of the conformance harness: the multi-head GMA layer with its projections (docs/oracle/layer-mode.md)."""
 
 from __future__ import annotations
 

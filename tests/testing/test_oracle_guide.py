@@ -1,4 +1,4 @@
-"""What docs/oracle.md states and the code must match: the exit status table and the padding recipe."""
+"""What the oracle guide (docs/oracle/) states and the code must match: the exit status table and the padding recipe."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from gma_ref.testing.cases import case_arrays
 
 
 def test_oracle_guide_exit_status_table_matches_the_cli():
-    """docs/oracle.md states the exit statuses the CLI returns (0, 1, 2, 3, 4 usage, 130 interrupted, 143 terminated)
+    """docs/oracle/cli.md states the exit statuses the CLI returns (0, 1, 2, 3, 4 usage, 130 interrupted,
+    143 terminated)
     in one table."""
     import pathlib
     import re
@@ -19,7 +20,7 @@ def test_oracle_guide_exit_status_table_matches_the_cli():
     from gma_ref.check_cli import EXIT_INTERRUPTED, EXIT_LOAD, EXIT_USAGE
     from gma_ref.testing.runner import EXIT_INTERRUPTED as REPORT_INTERRUPTED
 
-    doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle.md").read_text()
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle" / "cli.md").read_text()
     rows = dict(re.findall(r"^\| (\d+) \| ([^|]+) \|$", doc, flags=re.M))
     from gma_ref.testing.report import EXIT_TERMINATED
 
