@@ -1,7 +1,7 @@
 """Tool: calibrating the oracle's tolerances
 =========================================
 
-Regenerate the tolerance table of docs/oracle.md (and the planted-bug margins).
+Regenerate the tolerance table of docs/oracle/metric-and-tolerances.md (and the planted-bug margins).
 
 Run from the repository root::
 
@@ -9,7 +9,7 @@ Run from the repository root::
 
 For every dtype, each correct implementation available here (the NumPy kernel
 with emulated storage, :class:`gma_ref.testing.emulated.NumpyKernel`, and the PyTorch
-implementation of tests/planted_impls.py when torch is installed) runs over the
+implementation of tests/support/planted_impls.py when torch is installed) runs over the
 default cases plus ``--cases`` generated ones with τ = 1, so every error figure
 is in units of ν = u_store + u_acc·κ + t_store·λ. The suggested τ is
 ``--multiple`` × the largest figure seen, rounded up to a power of two. With
@@ -60,7 +60,8 @@ def grain_multiple(dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"),
     saved = compare.GRAIN_MULTIPLE
 
     def measure(pairs):
-        return {(cls, d): worst_ratio(check(cls(d), dtype=d, grad=True, n_cases=n_cases, contract=False))
+        return {(cls, d): worst_ratio(check(cls(d), dtype=d, grad=True, n_cases=n_cases, contract=False,
+                                                tiling=False))
                 for cls, d in pairs}
 
     pending = [(cls, d) for cls in FAMILY for d in dtypes]
@@ -95,7 +96,7 @@ def main() -> None:
     impls = []
     have_torch = importlib.util.find_spec("torch") is not None
     if have_torch:
-        from tests.planted_impls import make_torch_impl
+        from tests.support.planted_impls import make_torch_impl
 
         impls.append(("torch", make_torch_impl))
     print("| dtype | implementation | cases checked | skipped (ill-cond.) | max norm/ν | max elem/ν "
@@ -133,14 +134,14 @@ def main() -> None:
         t = TOLERANCES[dtype]
         print(f"| {dtype} | {wn:.3g} | {we:.3g} | {sug.norm:g} | {sug.elem:g} | {t.norm:g}, {t.elem:g} |")
     if args.bugs:
-        from tests.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS, FlaNormaliseBackward
+        from tests.support.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS, FlaNormaliseBackward
 
         print()
         print("| implementation | kind | dtype | failed cases | largest error / threshold | first failing check |")
         print("|---|---|---|---|---|---|")
         for cls in (*FLOAT32_BUGS, *FLOAT64_BUGS, FlaNormaliseBackward, *CONTROLS):
             k = cls()
-            r = check(k, dtype=k.storage, grad=True)
+            r = check(k, dtype=k.storage, grad=True, tiling=False)
             ratios = [x.value / x.threshold for x in r.results if x.metric in ("norm", "elem") and x.threshold]
             first = next((f"{x.case_id} {x.check} {x.tensor} {x.metric}" for x in r.failures), "-")
             kind = "control" if cls in CONTROLS else "bug"

@@ -29,6 +29,11 @@ CUDA build of torch, Triton and ``cupy-cuda12x``. Run from the repository root::
     python examples/check_fla.py --long              # also the long cases (N up to 131072), forward
     python examples/check_fla.py --device cuda --long --n-max 1048576
 
+Each kernel is also a command-line target (from the repository root), which is how the
+reproducers of failing cases name it::
+
+    gma-ref check examples.check_fla:naive_chunk --dtype bfloat16
+
 Without fla (or, for ``--device cuda``, without CUDA/Triton/CuPy) it prints why and exits 0.
 Exit status 1 if any check failed.
 """
@@ -123,6 +128,18 @@ def make_fla_gma(name: str, device: str = "cpu") -> Any:
     return fla_gma
 
 
+def target(name: str) -> str:
+    """The command-line target of the kernel ``name`` (built by :func:`__getattr__` when loaded)."""
+    return f"examples.check_fla:{name}"
+
+
+def __getattr__(name: str) -> Any:
+    """``examples.check_fla:<kernel>``: the kernel as ``gma-ref check`` loads it (a reproducer's command names it)."""
+    if name in CPU_KERNELS or name in GPU_KERNELS:
+        return make_fla_gma(name, "cuda" if name in GPU_KERNELS else "cpu")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def unavailable(device: str) -> str | None:
     """Why the fla check cannot run on ``device`` here, or ``None``."""
     try:
@@ -141,18 +158,23 @@ def unavailable(device: str) -> str | None:
 
 
 def run(device: str = "cpu", kernels: tuple[str, ...] | None = None, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-        long: bool = False, n_max: int | None = None, long_grad: bool = False, verbose: bool = False
-        ) -> list[tuple[str, str, str, Any]]:
+        long: bool = False, n_max: int | None = None, long_grad: bool = False, verbose: bool = False,
+        repro: str | None = None) -> list[tuple[str, str, str, Any]]:
     """Check each kernel × dtype: the short default cases with gradients, then (``long``) the long cases.
 
     Returns rows ``(kernel, dtype, scale, report)``. Long cases are forward only unless
-    ``long_grad`` (the recurrent references keep a graph of every step).
+    ``long_grad`` (the recurrent references keep a graph of every step). ``repro``: write the
+    shrunk reproducers of failing short cases into ``repro/<kernel>/``; their command names the
+    kernel's target (:func:`target`).
     """
     rows = []
     for name in kernels or (GPU_KERNELS if device == "cuda" else CPU_KERNELS):
         impl = make_fla_gma(name, device)
         for dtype in dtypes:
-            rows.append((name, dtype, "short", check(impl, dtype=dtype, grad=True)))
+            where = os.path.join(repro, name) if repro else None
+            # The 29 edge cases (the figures of the oracle guide); fla's kernels take any N, K, d and heads.
+            rows.append((name, dtype, "short", check(impl, dtype=dtype, grad=True, repro=where, name=target(name),
+                                                     tiling=False)))
             if long:
                 rows.append((name, dtype, "long", check(impl, dtype=dtype, scale="long", n_max=n_max,
                                                         grad=long_grad and name != "naive_recurrent")))

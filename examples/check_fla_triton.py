@@ -24,10 +24,16 @@ Install: ``pip install -e ".[test,triton]"`` (triton 3.9.0, CPU torch, fla-core,
     python examples/check_fla_triton.py --repro repro/             # shrink failures into repro/<kernel>/
     python examples/check_fla_triton.py --reordered                # fla's normalise backward, reordered
 
-Result (docs/oracle.md §11): every kernel passes 10 of the 11 default causal cases in float32 and in
+Result (docs/oracle/triton-and-fla.md): every kernel passes 10 of the 11 default causal cases in float32 and in
 bfloat16; ``tiny_grad`` fails because fla's normalise backward computes −(do·o)/den² with the
 unnormalised o, and do·o underflows before 1/den² amplifies it. ``--reordered`` runs that backward
 as −(do/den)·(o/den) (:func:`reordered_backward`), and then all 11 pass.
+
+Each kernel is also a command-line target (from the repository root), which is how the
+reproducers of failing cases name it; loading one turns on every interpreter workaround for the rest
+of that process (the oracle's worker)::
+
+    gma-ref check examples.check_fla_triton:fused_chunk --case-file repro/fused_chunk/<case>.npz
 
 Without triton, fla or torch it prints why and exits 0. Exit status 1 if any check failed.
 """
@@ -46,7 +52,7 @@ import importlib.util  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from contextlib import contextmanager, nullcontext  # noqa: E402
+from contextlib import ExitStack, contextmanager, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -79,6 +85,31 @@ def make_triton_gma(name: str, dtype: str = "float32") -> Any:
     if name == "chunk" and dtype == "bfloat16":
         impl.gma_declaration = dataclasses.replace(impl.gma_declaration, k_multiple=2, d_multiple=2)
     return impl
+
+
+#: The interpreter workarounds a command-line target turns on, for the rest of its process.
+_TARGET_WORKAROUNDS = ExitStack()
+_TARGET_WORKAROUNDS_ON = False
+
+
+def target(name: str) -> str:
+    """The command-line target of the kernel ``name`` (built by :func:`__getattr__` when loaded)."""
+    return f"examples.check_fla_triton:{name}"
+
+
+def __getattr__(name: str) -> Any:
+    """``examples.check_fla_triton:<kernel>``: the kernel as ``gma-ref check`` loads it, with every workaround on.
+
+    The workarounds stay on for the rest of the process (the oracle's worker): the backward kernels
+    run after the call returns, under autograd. The declaration is the float32 one (for ``chunk``,
+    any K and d); a bfloat16 case file of ``chunk`` has even K and d already.
+    """
+    if name in KERNELS:
+        if not _TARGET_WORKAROUNDS_ON:
+            _TARGET_WORKAROUNDS.enter_context(interpreter_workarounds())
+            globals()["_TARGET_WORKAROUNDS_ON"] = True
+        return make_triton_gma(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def reordered_backward(ctx: Any, do: Any, dz_state: Any) -> tuple:
@@ -162,8 +193,12 @@ def run(kernels: tuple[str, ...] = KERNELS, dtypes: tuple[str, ...] = ("float32"
             for dtype in dtypes:
                 impl = make_triton_gma(name, dtype)
                 where = os.path.join(repro, name) if repro else None
-                rows.append((name, dtype, "short", check(impl, dtype=dtype, grad=True, repro=where,
-                                                         case_file=case_file)))
+                # A reproducer names the kernel's target only where the target computes the same thing:
+                # every workaround, no TF32 emulation, fla's own backward.
+                plain = workarounds == WORKAROUNDS and not tf32 and not reordered
+                # The edge cases alone: the interpreter runs a kernel hundreds of times slower than a GPU.
+                rows.append((name, dtype, "short", check(impl, dtype=dtype, grad=True, repro=where, tiling=False,
+                                                         case_file=case_file, name=target(name) if plain else None)))
                 if verbose:
                     print(rows[-1][3].format(), flush=True)
                 if long and name in LONG_KERNELS and case_file is None:

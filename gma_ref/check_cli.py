@@ -134,7 +134,7 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--import-timeout", type=_positive_float, default=None, metavar="S",
                    help="seconds the worker may take to import the implementation (default 120)")
     c = p.add_argument_group("declared constraints", "override the implementation's Declaration: the harness "
-                             "generates cases that satisfy them (docs/oracle.md)")
+                             "generates cases that satisfy them (docs/oracle/calling-convention.md)")
     c.add_argument("--eps", type=_positive_float, metavar="E", help="the kernel's fixed read stabiliser epsilon")
     c.add_argument("--eps-sigma", type=_positive_float, metavar="E", help="the kernel's fixed variance floor")
     for what, desc in (("n", "sequence lengths N_q, N_k"), ("k", "component counts K"),

@@ -52,7 +52,7 @@ EQUIVALENTS = ROOT / "tools" / "mutation-equivalents.txt"
 #: (scores_fast) answer to them.
 _SCORES_TESTS: list[str] = [
     "tests/posterior/test_equations.py",
-    "tests/posterior/test_softmax_backward_shift.py",
+    "tests/posterior/test_scores_cotangent.py",
     "tests/posterior/test_overflow.py",
     "tests/posterior/test_contract.py",
     "tests/scores_fast/test_guard.py",
@@ -60,7 +60,7 @@ _SCORES_TESTS: list[str] = [
     "tests/posterior/test_backward_checks.py",
     "tests/across_modules/test_adversarial_inputs.py",
     "tests/across_modules/test_backward_convention.py",
-    "tests/attention/test_residuals.py",
+    "tests/attention/test_saved.py",
     "tests/across_modules/test_bad_input.py",
     "tests/across_modules/test_gradients.py",
     "tests/verification/test_checks_sympy.py",
@@ -132,7 +132,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/attention.py": [
         "tests/attention/test_overflow_guard.py",
-        "tests/attention/test_residuals.py",
+        "tests/attention/test_saved.py",
         "tests/attention/test_entry.py",
         "tests/attention/test_validates_once.py",
         "tests/across_modules/test_empty_and_batched.py",

@@ -1,6 +1,6 @@
 """The oracle: check any GMA implementation against the float64 reference.
 
-Quick use (see docs/oracle.md)::
+Quick use (see docs/kernel-authors.md, and the reference in docs/oracle/)::
 
     from gma_ref.testing import Declaration, check
 

@@ -6,7 +6,7 @@ generated ones with τ = 1, so every error figure comes back in units of
 calibrated τ in :data:`~gma_ref.testing.compare.TOLERANCES` is a multiple
 (8× to 16×, rounded up to a power of two) of the largest normalised error seen
 over the correct implementations; ``examples/calibrate_tolerances.py``
-regenerates the table printed in docs/oracle.md. The figures include the
+regenerates the table printed in docs/oracle/metric-and-tolerances.md. The figures include the
 granularity allowance G (:mod:`gma_ref.testing.compare`) at the multiple in use,
 :data:`~gma_ref.testing.compare.GRAIN_MULTIPLE`; that multiple is calibrated
 separately, on the correct kernels of :mod:`gma_ref.testing.rounding_family`

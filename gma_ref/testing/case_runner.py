@@ -39,8 +39,8 @@ from .names import GRAD_NAMES, INPUT_NAMES, layer_input_names
 from .reference import layer_reference, reference
 from .report import CheckResult
 
-__all__ = ["CaseOutcome", "NotCheckable", "NonFiniteInputError", "evaluate_case", "run_case", "call_failure",
-           "resolve_vjp"]
+__all__ = ["CaseOutcome", "NotCheckable", "Unconfirmed", "NonFiniteInputError", "evaluate_case", "run_case",
+           "call_failure", "resolve_vjp", "prepare_run"]
 
 
 def call_failure(cid: str, check_name: str, tensor: str, exc: BaseException, full: bool, prefix: str = ""
@@ -164,9 +164,14 @@ def _check_finite_inputs(xp: Any, inputs: dict[str, Any], case: Case) -> None:
                              "(NaN or Inf, or a value beyond the dtype's range); the harness checks finite inputs only")
 
 
-def _prepare(impl: Any, case: Case, declaration: Declaration, vjp: Any, device: str, xp: Any,
-             tolerance: Tolerance | None, full_traceback: bool, arrays: dict[str, Any] | None) -> _Run:
-    """Round the inputs of ``case`` for the candidate, evaluate the reference on them, snapshot them."""
+def prepare_run(impl: Any, case: Case, declaration: Declaration, vjp: Any, device: str, xp: Any,
+                tolerance: Tolerance | None, full_traceback: bool, arrays: dict[str, Any] | None) -> _Run:
+    """Round the inputs of ``case`` for the candidate (in its worker when it has ``gma_prepare``), evaluate the
+    reference on them, snapshot them: the run the checks of one case (or of a declared property) call through.
+
+    Its ``cand`` holds the candidate's inputs, ``opts`` the call's keywords, ``ref`` the float64
+    :class:`~gma_ref.testing.reference.Reference`; ``call(impl, inputs)`` is one guarded call.
+    """
     layer = case.is_layer
     names = layer_input_names(case.gate) if layer else INPUT_NAMES
     if layer and tolerance is None:
@@ -224,18 +229,28 @@ class NotCheckable:
         return f"ill-conditioned at {self.dtype}: not checkable, skipped (nu = {self.nu:.3g} > {self.nu_max:.3g})"
 
 
+@dataclass(frozen=True)
+class Unconfirmed:
+    """Why a check of a declared property gave no verdict: the candidate's outputs cannot decide it
+    (:func:`gma_ref.testing.declared.confirm_fixed_eps`); listed as a skip, never passed."""
+
+    case_id: str
+    reason: str
+
+
 @dataclass
 class CaseOutcome:
     """What checking one case gave: its ``results``, the float64 ``reference``, or why it is not checkable.
 
-    ``not_checkable`` is ``None`` for a case that was checked; otherwise ``results`` is empty.
+    ``not_checkable`` is ``None`` for a case that was checked; otherwise ``results`` is empty
+    (:class:`NotCheckable`, or :class:`Unconfirmed` for the check of a declared property).
     :attr:`passed` is True when the case was checked and no result failed.
     """
 
     case_id: str
     results: list[CheckResult]
     reference: Any
-    not_checkable: NotCheckable | None = None
+    not_checkable: NotCheckable | Unconfirmed | None = None
 
     @property
     def passed(self) -> bool:
@@ -276,7 +291,7 @@ def evaluate_case(
     Raises ``ValueError`` (:class:`NonFiniteInputError`) when an input, rounded to the case's dtype, is not finite.
     """
     xp = reference_namespace(device) if xp is None else xp
-    run = _prepare(impl, case, declaration, vjp, device, xp, tolerance, full_traceback, arrays)
+    run = prepare_run(impl, case, declaration, vjp, device, xp, tolerance, full_traceback, arrays)
     nu = unit_scale(case.dtype, run.ref.kappa, run.ref.read_condition, run.ref.proj_condition,
                     declaration.flush_subnormals)
     if nu > NU_MAX:

@@ -82,7 +82,7 @@ class Case:
     layer: x ``(B, N_q, d_model)``, context y ``(B, N_k, d_model)`` for cross, and
     the projections W_Q, W_K, W_V, W_O; see :func:`layer_case_arrays`). ``gate``
     (layer cases only: ``None``, ``'elementwise'`` or ``'headwise'``) adds the output
-    gate's ``gate_w``, ``gate_b`` (docs/oracle.md, "Gated layers").
+    gate's ``gate_w``, ``gate_b`` (docs/oracle/layer-mode.md, "Gated layers").
     """
 
     variant: str
@@ -284,7 +284,7 @@ def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", 
     """The default case set of ``gma-ref check``: 9 cases per variant (11 causal) covering the edge cases.
 
     ``tiling=True`` appends :func:`tiling_cases` (sizes straddling the usual tiles, H up
-    to 8, B up to 4, ε_σ up to 0.3; docs/oracle.md, "The default cases"). The edge cases:
+    to 8, B up to 4, ε_σ up to 0.3; docs/oracle/checks-and-cases.md, "The tiling cases"). The edge cases:
 
     Per variant: the base shape (``causal-B2-H3-N63-K7-dr5-dv60``, chunk 16 not
     dividing 63), N = 1 (cross: N_q = 1 and N_k = 1), K = 1, d_r = 1, large d_r
@@ -591,17 +591,27 @@ def refuse_degenerate(cases: list[Case], *, n_max: int | None = None, k_max: int
 
 
 def envelope_limits(default: dict[str, int], *, n_max: int | None = None, k_max: int | None = None,
-                    d_max: int | None = None, eps: float | None = None, eps_sigma: float | None = None) -> list[str]:
+                    d_max: int | None = None, eps: float | None = None, eps_sigma: float | None = None,
+                    n_multiple: int = 1, k_multiple: int = 1, d_multiple: int = 1, tied_head_width: bool = False,
+                    baseline: str = "default") -> list[str]:
     """The declared limits that remove part of the ``default`` envelope (:func:`case_envelope`), in words.
 
-    E.g. ``['n_max = 100 (default N up to 257)', 'eps_sigma = 0.0001 fixed (default: each case\'s, 1e-4 to 0.3)']``.
+    E.g. ``['n_max = 100 (default N up to 257)', 'eps_sigma = 0.0001 fixed (default: each case\'s, 1e-4 to 0.3)']``;
+    a size multiple above 1 (``'n_multiple = 16 (N rounded up to a multiple of 16)'``) and a tied head width are
+    named too. ``baseline`` names the envelope the limits are measured against (``'requested'`` for explicit cases).
     """
     out = []
     for name, val, keys, label in (("n_max", n_max, ("n",), "N"), ("k_max", k_max, ("k",), "K"),
                                    ("d_max", d_max, ("d_r", "d_v"), "d_r, d_v")):
         top = max(default.get(k, 0) for k in keys)
         if val is not None and val < top:
-            out.append(f"{name} = {val} (default {label} up to {top})")
+            out.append(f"{name} = {val} ({baseline} {label} up to {top})")
+    for name, val, label in (("n_multiple", n_multiple, "N"), ("k_multiple", k_multiple, "K"),
+                             ("d_multiple", d_multiple, "d_r, d_v")):
+        if val > 1:
+            out.append(f"{name} = {val} ({label} rounded up to a multiple of {val})")
+    if tied_head_width:
+        out.append("tied_head_width = True (layer cases with d_r = d_v = d_model / H)")
     if eps is not None:
         out.append(f"eps = {eps:g} fixed (default: each case's, 1e-12 to 1e-3)")
     if eps_sigma is not None:

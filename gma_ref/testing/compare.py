@@ -21,7 +21,7 @@ half the smallest subnormal of the dtype (its smallest normal number for a kerne
 that declares ``flush_subnormals``) and λ the read condition of the case
 (:mod:`gma_ref.testing.reference`). τ (``TOLERANCES``) was set at a multiple of the largest value observed for
 correct implementations over ≥ 200 generated cases per dtype (see
-docs/oracle.md and :func:`gma_ref.testing.calibration.calibrate`).
+docs/oracle/metric-and-tolerances.md and :func:`gma_ref.testing.calibration.calibrate`).
 
 **The granularity term G.** The model ``fl(x ∘ y) = (x ∘ y)(1 + δ)``, |δ| ≤ u, behind
 u_acc · κ and the floors holds in the normal range only. In general (IEEE arithmetic)
@@ -60,7 +60,7 @@ that round differently (:mod:`gma_ref.testing.rounding_family`) at the default �
 (D ≥ 1e-6), where that kernel stays a factor ~2 inside the bound over the default and 200
 generated cases (m = 64 leaves it at 0.89 of it in float64; m = 16, which suffices for the
 default cases alone, fails one generated case at 3.2×); at fla's ε = 1e-10 (D ≈ 6e-9) the
-same form fails it by ~2e2 in float32 (tests/planted_impls.py ``FlaNormaliseBackward``).
+same form fails it by ~2e2 in float32 (tests/support/planted_impls.py ``FlaNormaliseBackward``).
 The line between bounded noise and amplified underflow is thus drawn by m, and
 moves with it as 1/m. So the bound is::
 
@@ -154,7 +154,7 @@ class Tolerance:
     elem: float
 
 
-#: τ per dtype (norm error, element error), in units of ν = u_store + u_acc·κ. See docs/oracle.md.
+#: τ per dtype (norm error, element error), in units of ν = u_store + u_acc·κ. See docs/oracle/metric-and-tolerances.md.
 TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(norm=64.0, elem=64.0),
     "float32": Tolerance(norm=16.0, elem=64.0),
@@ -165,12 +165,14 @@ TOLERANCES: dict[str, Tolerance] = {
 
 #: Multiple m of the propagated granularity allowance (G = m · grain · η_acc): the smallest power of two that leaves
 #: every correct kernel of gma_ref.testing.rounding_family below 1/2 of the threshold over the default and 200
-#: generated cases of float64, float32 and bfloat16 (docs/oracle.md, "The tolerance table and how it was derived").
+#: generated cases of float64, float32 and bfloat16 (docs/oracle/metric-and-tolerances.md, "The tolerance table
+#: and how it was derived").
 GRAIN_MULTIPLE: float = 128.0
 
 
 #: τ per dtype for layer mode (``check(..., mode='layer')``): the larger of :data:`TOLERANCES` and 8× the largest
-#: error/ν measured for correct layers over ≥ 200 layer cases (rounded up to a power of two). See docs/oracle.md.
+#: error/ν measured for correct layers over ≥ 200 layer cases (rounded up to a power of two).
+#: See docs/oracle/layer-mode.md.
 LAYER_TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(norm=64.0, elem=64.0),
     "float32": Tolerance(norm=16.0, elem=64.0),

@@ -6,7 +6,7 @@
 
 Both :mod:`~gma_ref.testing.reference` (short cases) and :mod:`~gma_ref.testing.long` (long
 cases) compute their tolerances from these; the definitions and their reasons are in
-:mod:`gma_ref.testing.reference`'s docstring and docs/oracle.md.
+:mod:`gma_ref.testing.reference`'s docstring and docs/oracle/metric-and-tolerances.md.
 """
 
 from __future__ import annotations

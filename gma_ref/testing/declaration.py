@@ -65,7 +65,7 @@ class Declaration:
         ``'attention'``: ``impl(q, k, v, means, omega, prior_logits, ...)`` → ``(B, H, N_q, d_v)``.
         ``'layer'``: the multi-head layer, ``impl(x, y, w_q, w_k, w_v, w_o, means, omega,
         prior_logits, ...)`` → ``(B, N_q, d_model)`` with ``y = None`` for self-attention
-        (docs/oracle.md, "Layer mode"). ``returns_state`` does not apply to layers.
+        (docs/oracle/layer-mode.md). ``returns_state`` does not apply to layers.
     tied_head_width : bool
         Layer mode: the layer's head width is tied, d_r = d_v = d_model / H (as in most
         multi-head layers); the layer cases are generated that way
@@ -73,7 +73,7 @@ class Declaration:
     gate : None, ``'elementwise'`` or ``'headwise'``
         Layer mode only: the layer's output gate (:mod:`gma_ref.layer`). A gated layer takes
         ``gate_w, gate_b`` after ``prior_logits`` and its VJP returns ``d_gate_w``, ``d_gate_b``
-        too; the layer cases are generated with that gate (docs/oracle.md, "Gated layers").
+        too; the layer cases are generated with that gate (docs/oracle/layer-mode.md, "Gated layers").
     eps, eps_sigma : float or None
         The read stabiliser ε and the variance floor ε_σ the kernel is built with. ``None``
         (default): any value, the harness passes each case's own. A float: the kernel's
@@ -90,7 +90,7 @@ class Declaration:
     flush_subnormals : bool
         The kernel flushes subnormal results to 0 and reads subnormal inputs as 0 (a common
         GPU setting): the tolerance's absolute granularity is then the smallest normal number
-        instead of half the smallest subnormal (docs/oracle.md, "The metric and the tolerances").
+        instead of half the smallest subnormal (docs/oracle/metric-and-tolerances.md).
 
     Raises ``TypeError`` for a flag (``grad``, ``returns_state``, ``accepts_chunk_size``,
     ``deterministic``, ``flush_subnormals``, ``tied_head_width``) that is not a bool, ``ValueError``

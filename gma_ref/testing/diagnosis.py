@@ -73,8 +73,10 @@ class _Facts:
 
     def __init__(self, report: ReportLike) -> None:
         self.report = report
-        self.failures: list[Any] = report.failures
-        self.failed = report.failed_cases()
+        # a declared property found false (check 'declaration') says so itself; the rules read the cases
+        self.failures: list[Any] = [r for r in report.failures if r.check != "declaration"]
+        ids = {r.case_id for r in self.failures}
+        self.failed = [c for c in report.failed_cases() if c in ids]
         self.passed = [c for c in dict.fromkeys(report.case_ids) if c not in set(self.failed)]
         self.low_precision = report.dtype in ("bfloat16", "float16")
 
@@ -84,8 +86,8 @@ def _raised_everywhere(f: _Facts) -> str | None:
         return None
     first = f.failures[0].detail.split("\n", 1)[0][:200]
     return (f"every case raised ({first}): the implementation could not run on the oracle's inputs at all; "
-            "check the calling convention and the declared namespace and dtype (docs/oracle.md, "
-            "'1. Calling convention')")
+            "check the calling convention and the declared namespace and dtype "
+            "(docs/oracle/calling-convention.md)")
 
 
 def _nonfinite_everywhere(f: _Facts) -> str | None:
@@ -174,6 +176,8 @@ def diagnose(report: ReportLike) -> list[str]:
     if not report.failures:
         return []
     facts = _Facts(report)
+    if not facts.failures:
+        return []
     for rule in _EXCLUSIVE:
         said = rule(facts)
         if said is not None:

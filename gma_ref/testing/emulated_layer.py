@@ -1,7 +1,7 @@
 """A correct NumPy multi-head GMA *layer* with emulated low-precision storage — a layer-mode candidate.
 
 :class:`NumpyLayer` follows the layer calling convention of the harness
-(docs/oracle.md, "Layer mode")::
+(docs/oracle/layer-mode.md)::
 
     out = layer(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma[, chunk_size])
     grads = layer.vjp(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, d_out, *, causal, eps, eps_sigma)
@@ -24,7 +24,7 @@ its backward is ∂O_h = ∂gated ⊙ g, ∂a = (Σ_channels ∂gated ⊙ O_h) �
 
 It serves as the worked example of the layer convention, the correct
 implementation that calibrates the layer tolerances, and the base class of the
-planted layer bugs (tests/planted_impls.py), each of which overrides one step.
+planted layer bugs (tests/support/planted_impls.py), each of which overrides one step.
 NumPy-specific on purpose: it emulates a kernel, it is not reference array code.
 """
 

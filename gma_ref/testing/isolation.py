@@ -11,7 +11,7 @@ worker takes the next case, and the report is always complete.
 
 What isolation does *not* give: the worker is an ordinary process of the same user, so a hostile
 candidate can still read and write files, use the network and the GPU. For untrusted code, run
-the whole check inside a container (docs/oracle.md, "Isolation").
+the whole check inside a container (docs/isolation.md).
 
 :class:`IsolatedCandidate` is callable like the implementation it stands for, on the handles
 (:class:`~gma_ref.testing.buffers.HostArray`) that :meth:`IsolatedCandidate.gma_prepare` returns,

@@ -11,7 +11,7 @@ by chunked prefix and suffix sums of squared terms and K × K Gram matrices. The
 output's floor is its root-sum-square magnitude (:func:`_out_floor`), not the
 short mode's RMS(v), which is ~√(N/K) too lenient for long averages.
 
-The tolerance model gains a **sum-length term** (docs/oracle.md, "Long sequences")::
+The tolerance model gains a **sum-length term** (docs/oracle/long-sequences.md)::
 
     ν_long = u_store + u_acc · (κ + ρ) + t_store · λ,    ρ = √(B · (N_q + N_k))
 
@@ -55,7 +55,7 @@ LONG_SIZES: tuple[int, ...] = (4096, 32768, 131072)
 LONG_THRESHOLD: int = 1 << 20
 #: τ per dtype in long mode (norm, element), in units of ν_long: 8× the largest error / ν_long of the correct
 #: implementations over the long and generated long cases (examples/calibrate_long.py), rounded up to a power
-#: of two, never above the short-case :data:`~gma_ref.testing.compare.TOLERANCES`. See docs/oracle.md.
+#: of two, never above the short-case :data:`~gma_ref.testing.compare.TOLERANCES`. See docs/oracle/long-sequences.md.
 LONG_TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(norm=16.0, elem=64.0),
     "float32": Tolerance(norm=4.0, elem=64.0),

@@ -19,7 +19,7 @@ The layers, bottom to top (each module imports only from layers below it; the te
     report                         CheckResult, Skip, Report
     case_runner                    checking one case (an outcome, or "not checkable")
     repro, calibration, assertions shrinking and case files; calibration; assert_gma_close;
-    scaling                        the complexity check
+    scaling, declared              the complexity check; declared properties confirmed (a fixed ε)
     runner                         check, assert_conforms
     pytest_plugin                  the pytest plugin (one test item per case)
 
@@ -57,7 +57,8 @@ GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in INPUT_NAMES)
 LAYER_INPUT_NAMES: tuple[str, ...] = ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")
 #: Gradient names returned by a layer VJP (``d_y`` only for cross-attention).
 LAYER_GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in LAYER_INPUT_NAMES)
-#: Argument names of a *gated* layer: the layer's, then the gate's weight and bias (docs/oracle.md, "Gated layers").
+#: Argument names of a *gated* layer: the layer's, then the gate's weight and bias
+#: (docs/oracle/layer-mode.md, "Gated layers").
 GATED_LAYER_INPUT_NAMES: tuple[str, ...] = (*LAYER_INPUT_NAMES, "gate_w", "gate_b")
 #: Gradient names returned by a gated layer's VJP.
 GATED_LAYER_GRAD_NAMES: tuple[str, ...] = tuple("d_" + n for n in GATED_LAYER_INPUT_NAMES)

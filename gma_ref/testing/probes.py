@@ -5,7 +5,7 @@ and float64 alike; NumPy and PyTorch on a CPU keep them. A correct kernel in a f
 cannot meet the gradual-underflow tolerance of the ``tiny_grad`` cases, so the oracle probes the
 framework it is given (:func:`probe_flushes_subnormals`, a tiny computation on the candidate's own
 device) and, where it flushes, applies the tolerance of ``flush_subnormals=True`` itself, saying so in
-the report (docs/oracle.md, "The metric and the tolerances").
+the report (docs/oracle/metric-and-tolerances.md).
 
 :func:`probe_flushes_subnormals` needs only the namespace and device names (no candidate), so it can
 run in whatever process the candidate runs in. Nothing here imports a framework at module import time.

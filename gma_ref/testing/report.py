@@ -1,7 +1,7 @@
 """The oracle's verdict: :class:`CheckResult` (one line), :class:`Skip`, :class:`Report` (all of a run).
 
 A report prints readably (:meth:`Report.format`) and as strict JSON (:meth:`Report.to_json`);
-:attr:`Report.exit_code` is the status the command line exits with (docs/oracle.md, "Exit status").
+:attr:`Report.exit_code` is the status the command line exits with (docs/oracle/cli.md, "Exit status").
 :class:`Interrupted` carries the partial report of a run stopped by ``KeyboardInterrupt``.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,13 +17,32 @@ from .capture import MAX_TEXT, printable, truncated
 from .declaration import Declaration
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "CheckResult", "json_safe", "Skip", "Report", "Interrupted",
-           "Terminated"]
+           "Terminated", "rerun_command"]
 
 
 #: :attr:`Report.exit_code` of a run stopped by ``KeyboardInterrupt`` (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
 #: :attr:`Report.exit_code` of a run stopped by SIGTERM (128 + 15), after the partial report.
 EXIT_TERMINATED = 143
+
+
+#: ``package.module:attribute``: a target that ``gma-ref check`` can import.
+_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def rerun_command(name: str, path: str) -> str:
+    """The command that re-runs the reproducer ``path`` of the implementation ``name``, as it can be typed.
+
+    ``name`` is the report's implementation name. A target the command line can import
+    (``package.module:attribute``) gives ``gma-ref check name --case-file path``. Any other name —
+    a callable checked in this process is named by its ``__qualname__``, which ``gma-ref check``
+    cannot load (it would exit 3) — gives the Python call that re-runs the file with the same
+    object, ``check(impl, case_file=path)``; ``check(..., name="package.module:attribute")`` names
+    a target for the command line instead.
+    """
+    if _TARGET.fullmatch(name):
+        return f"gma-ref check {name} --case-file {path}"
+    return f"check(impl, case_file={path!r})  # impl: {name}, a callable with no module:attribute target"
 
 
 @dataclass
@@ -141,7 +161,10 @@ class Report:
     #: The largest sizes of the cases planned: ``n``, ``k``, ``d_r``, ``d_v``, ``heads``, ``batch``, ``chunks``
     #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed.
     envelope: dict[str, int] = field(default_factory=dict)
-    #: Declared limits that remove part of the default envelope, e.g. ``'n_max = 100 (default N up to 257)'``.
+    #: Every declared property that changes the verdict, in words: limits that remove part of the default envelope
+    #: (``'n_max = 100 (default N up to 257)'``), a fixed ε or ε_σ, size multiples, a tied head width, and
+    #: ``flush_subnormals`` (declared, or applied after the probe). Whether a fixed ε was confirmed is a result
+    #: of its own (check ``'declaration'``, case id ``'declared-eps'``).
     envelope_limits: list[str] = field(default_factory=list)
     #: What the author should change before reading the rest (e.g. the declaration to attach); printed first.
     advice: list[str] = field(default_factory=list)
@@ -207,7 +230,7 @@ class Report:
         for s in self.skipped:
             lines.append(f"skip {s.what}: {s.reason}" + ("  [requested]" if s.requested else ""))
         for path in self.reproducers:
-            lines.append(f"reproducer {path}\n  re-run: gma-ref check {self.implementation} --case-file {path}")
+            lines.append(f"reproducer {path}\n  re-run: {rerun_command(self.implementation, path)}")
         for cid, text in self.candidate_output.items():
             lines.append(f"output of the implementation during {cid}:\n  | " + text.rstrip().replace("\n", "\n  | "))
         lines += [f"note {n}" for n in self.notes]
@@ -215,10 +238,13 @@ class Report:
             why = "; ".join(f"{s.what}: {s.reason}" for s in self.skipped if s.requested)
             why = why or "; ".join(f"{s.what}: {s.reason}" for s in self.skipped[:3]) or "no case was run"
             lines.append(f"nothing was checked ({why})")
-        n_fail = len(self.failed_cases())
+        cases = [cid for cid, rs in by_case.items() if any(r.check != "declaration" for r in rs)]
+        n_fail = len([cid for cid in self.failed_cases() if cid in cases])
+        declared = "".join(f"declared {r.tensor} {'confirmed' if r.passed else 'FALSE'}, " for r in self.results
+                           if r.check == "declaration")
         verdict = "INTERRUPTED" if self.interrupted else ("PASS" if self.passed else "FAIL")
-        lines.append(f"{verdict}: {len(by_case) - n_fail}/{len(by_case)} cases passed, {len(self.failures)} failed "
-                     f"checks, {len(self.skipped)} skipped, {self.elapsed_s:.1f} s" + self._envelope_text())
+        lines.append(f"{verdict}: {len(cases) - n_fail}/{len(cases)} cases passed, {len(self.failures)} failed "
+                     f"checks, {len(self.skipped)} skipped, {declared}{self.elapsed_s:.1f} s" + self._envelope_text())
         return printable("\n".join(lines))  # nothing a candidate printed or raised can move the cursor
 
     def _envelope_text(self) -> str:

@@ -11,7 +11,9 @@ declaration. The smallest failing case is written as
   case, the declaration, whether gradients were checked, the failing checks and
   the command that re-runs it;
 * ``DIR/<case_id>.txt`` — the same, readable, starting with the one-line command
-  ``gma-ref check mod:fn --case-file DIR/<case_id>.npz``.
+  (:func:`~gma_ref.testing.report.rerun_command`): ``gma-ref check mod:fn --case-file
+  DIR/<case_id>.npz`` when the implementation is named by a target the command line can
+  import, else the Python call ``check(impl, case_file=...)``.
 
 :func:`load_case_file` reads it back; ``check(impl, case_file=path)`` runs exactly
 that case. The file needs nothing but NumPy to read.
@@ -33,6 +35,7 @@ from .capture import captured_output
 from .case_runner import evaluate_case
 from .cases import Case, admissible_size, case_arrays, constrain_case, layer_case_arrays, tie_head_width
 from .declaration import Declaration
+from .report import rerun_command
 
 __all__ = ["CaseFile", "load_case_file", "write_reproducer", "shrink_case", "shrink_and_write"]
 
@@ -66,7 +69,7 @@ def write_reproducer(directory: str, case: Case, arrays: dict[str, Any], declara
     """
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, case.case_id + ".npz")
-    command = f"gma-ref check {name} --case-file {path}"
+    command = rerun_command(name, path)
     meta = {"case": asdict(case), "grad": bool(grad), "declaration": declaration.as_dict(), "implementation": name,
             "command": command, "failures": failures, "format": 1}
     present = {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items() if v is not None}

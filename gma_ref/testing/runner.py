@@ -82,7 +82,7 @@ def check(
     case_file: str | None = None,
     in_process: bool | None = None,
     import_timeout: float | None = None,
-    tiling: bool = False,
+    tiling: bool = True,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
@@ -111,7 +111,9 @@ def check(
         Explicit cases (their dtype is replaced by ``dtype``); default
         :func:`default_cases` plus ``n_cases`` :func:`generate_cases`.
     contract : bool
-        Also run the determinism and non-contiguous-input checks (first case of each variant).
+        Also run the determinism and non-contiguous-input checks (first case of each variant), and
+        confirm a declared fixed ε before the cases (:func:`~gma_ref.testing.declared.confirm_fixed_eps`:
+        a result ``declared-eps``, or a skip saying why it is not confirmed).
     tolerance : Tolerance, optional
         Override the calibrated τ (for experiments; the CLI never does).
     mode : ``'attention'`` or ``'layer'``, optional
@@ -124,10 +126,10 @@ def check(
     scale : ``'short'``, ``'long'`` or ``'scaling'``
         ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.long.long_cases`
         (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
-        the sum-length term in ν (docs/oracle.md, "Long sequences"). Ignored when ``cases`` is given.
+        the sum-length term in ν (docs/oracle/long-sequences.md). Ignored when ``cases`` is given.
         ``'scaling'``: no accuracy check; the growth of peak memory and time with N (up to ``n_max``) and
         with the width K = d_v, each size in a child process, fitted and judged on memory
-        (:mod:`~gma_ref.testing.scaling`, docs/oracle.md "Scaling check").
+        (:mod:`~gma_ref.testing.scaling`, docs/oracle/scaling.md).
     timeout : float, optional
         Seconds one case (all its calls) may take. A case that takes longer fails ("timeout").
         Isolated: the worker is killed and a fresh one runs the next case. In-process: the
@@ -149,8 +151,8 @@ def check(
     tiling : bool
         Add the tiling cases to the default attention set (:func:`~gma_ref.testing.cases.tiling_cases`:
         sizes straddling the usual tile sizes, up to 8 heads and 4 batch entries, ε_σ up to 0.3).
-        ``gma-ref check`` and the pytest plugin add them unless told not to (``--no-tiling``,
-        ``--gma-no-tiling``). Ignored when ``cases`` is given.
+        On by default, as in ``gma-ref check`` and the pytest plugin (``--no-tiling``,
+        ``--gma-no-tiling``); ``False`` checks the edge cases alone. Ignored when ``cases`` is given.
     in_process : bool, optional
         With a ``'module:function'`` target, ``True`` imports and runs it in this process
         (for debugging). A scaling check always does (it runs each size in a child process).
@@ -211,7 +213,9 @@ def check(
             "full_traceback": full_traceback, "arrays": None if file_case is None else file_case.arrays}
     shrinker = _Shrinker(impl, decl, repro, report, opts, timeout) if repro is not None and file_case is None else None
     try:
-        _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0)
+        if not contract or file_case is not None or _confirm_declared(report, impl, decl, active, case_list, opts,
+                                                                      timeout):
+            _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0)
     except KeyboardInterrupt as exc:
         report.interrupted = True
         report.interrupt_status = getattr(exc, "status", EXIT_INTERRUPTED)
@@ -383,6 +387,7 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
                tiling: bool = False) -> list[Case]:
     """The cases to run: given ones (in the dtype under test), or the default (and generated, long) sets."""
     dtype, layer = report.dtype, report.mode == "layer"
+    explicit = cases is not None
     if not decl.returns_state and not layer:
         report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
     if cases is None and scale == "long" and layer:
@@ -407,14 +412,27 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
         case_list = [c.with_dtype(dtype) for c in cases if c.variant in active and c.is_layer == layer]
     if layer and not from_file:  # the declared output gate (None: ungated) for every layer case
         case_list = [with_gate(c, decl.gate) for c in case_list]
+    requested = case_envelope(case_list)
     if decl.constrained and not from_file:
         case_list = _constrain(case_list, decl, report)
     report.envelope = case_envelope(case_list)
-    if cases is None and decl.constrained and active:
-        report.envelope_limits = envelope_limits(
-            case_envelope(defaults(active, dtype=dtype, seed=seed)), n_max=decl.n_max, k_max=decl.k_max,
-            d_max=decl.d_max, eps=decl.eps, eps_sigma=decl.eps_sigma)
+    if active and case_list and not from_file:
+        base = requested if explicit or scale == "long" else case_envelope(defaults(active, dtype=dtype, seed=seed))
+        report.envelope_limits = _declared_limits(report, decl, base, "requested" if explicit else "default")
     return case_list
+
+
+def _declared_limits(report: Report, decl: Declaration, base: dict[str, int], baseline: str) -> list[str]:
+    """Every declared property that changes the verdict, in words: the limits that cut the ``base`` envelope,
+    a fixed ε or ε_σ, size multiples, a tied head width, and the tolerance of ``flush_subnormals`` (declared, or
+    applied because the framework was probed flushing)."""
+    out = envelope_limits(base, n_max=decl.n_max, k_max=decl.k_max, d_max=decl.d_max, eps=decl.eps,
+                          eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple, k_multiple=decl.k_multiple,
+                          d_multiple=decl.d_multiple, tied_head_width=decl.tied_head_width, baseline=baseline)
+    if decl.flush_subnormals:
+        how = "declared" if report.declaration.flush_subnormals else "probed, not declared"
+        out.append(f"flush_subnormals = True ({how}: tolerance granularity the smallest normal number)")
+    return out
 
 
 def _explain_file_case(report: Report, file_case: Any, path: str, case_list: list[Case]) -> None:
@@ -459,6 +477,36 @@ def _run_cases(report: Report, impl: Callable[..., Any], decl: Declaration, case
             shrinker.add(case, res, time.perf_counter() - t_case)
 
 
+def _confirm_declared(report: Report, impl: Callable[..., Any], decl: Declaration, active: tuple[str, ...],
+                      case_list: list[Case], opts: dict[str, Any], timeout: float | None) -> bool:
+    """Confirm a declared fixed ε before the cases (:func:`~gma_ref.testing.declared.confirm_fixed_eps`), through
+    the machinery the cases use (in the worker when isolated); its result or why it is not confirmed goes into
+    ``report``. Returns ``False`` when it timed out in this process: the cases are then listed, not run."""
+    from .declared import EPS_CHECK_ID, confirm_fixed_eps, eps_confirmation_case
+
+    if decl.eps is None or not active or not case_list:
+        return True
+    what = f"declared eps = {decl.eps:g}"
+    if report.mode == "layer":
+        report.skipped.append(Skip(what, "not confirmed: a fixed eps is confirmed in attention mode only"))
+        return True
+    case, why = eps_confirmation_case(decl, active, report.dtype)
+    if case is None:
+        report.skipped.append(Skip(what, f"not confirmed: {why}"))
+        return True
+    res = _run_one(report, impl, case, decl, dict(opts, vjp=None), timeout, confirm_fixed_eps, EPS_CHECK_ID)
+    if res is None:
+        report.results.append(CheckResult(EPS_CHECK_ID, "call", "case", "timeout", None, timeout, False,
+                                          detail=f"confirming Declaration.eps: no result after {timeout:g} s "
+                                          "(the call was abandoned)"))
+        report.skipped += [Skip(f"case {c.case_id}", f"not run: {EPS_CHECK_ID} timed out") for c in case_list]
+        return False
+    if res.not_checkable is not None:
+        report.skipped.append(Skip(what, res.not_checkable.reason))
+    report.results += res.results
+    return True
+
+
 def _scaling(impl: Callable[..., Any], decl: Declaration, report: Report, variants: Sequence[str] | None,
              vjp: Any, grad: bool, n_max: int | None, timeout: float | None, t0: float) -> Report:
     """``scale='scaling'``: the memory and time sweeps of :mod:`~gma_ref.testing.scaling` as report lines."""
@@ -482,19 +530,22 @@ def _scaling(impl: Callable[..., Any], decl: Declaration, report: Report, varian
 
 
 def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declaration, opts: dict[str, Any],
-             timeout: float | None) -> CaseOutcome | None:
-    """:func:`~gma_ref.testing.case_runner.evaluate_case` with the candidate's output captured; ``None`` after a
-    timeout.
+             timeout: float | None, evaluate: Callable[..., CaseOutcome] = evaluate_case,
+             label: str | None = None) -> CaseOutcome | None:
+    """:func:`~gma_ref.testing.case_runner.evaluate_case` (or ``evaluate``, called the same way) with the
+    candidate's output captured; ``None`` after a timeout.
 
     An exception that escapes the case's evaluation (the harness failing on what the candidate
     returned) is a labelled ``harness`` failure; a case file's non-finite input is re-raised.
+    ``label`` (default: the case id) names the results of a failure and what the candidate printed.
     """
+    cid = label or case.case_id
     if isinstance(impl, IsolatedCandidate):
-        return _run_isolated(report, impl, case, decl, opts, timeout)
+        return _run_isolated(report, impl, case, decl, opts, timeout, evaluate, cid)
     res: CaseOutcome | None
     with captured_output() as printed:
         try:
-            res = with_timeout(lambda: evaluate_case(impl, case, decl, **opts), timeout)
+            res = with_timeout(lambda: evaluate(impl, case, decl, **opts), timeout)
         except CallTimeout:
             res = None
         except KeyboardInterrupt:
@@ -502,38 +553,34 @@ def _run_one(report: Report, impl: Callable[..., Any], case: Case, decl: Declara
         except BaseException as exc:  # noqa: BLE001 - see the docstring
             if isinstance(exc, NonFiniteInputError) and opts.get("arrays") is not None:
                 raise
-            res = CaseOutcome(case.case_id, [call_failure(case.case_id, "harness", "case", exc,
-                                                          opts.get("full_traceback", False),
-                                                          "the harness failed on what the implementation did: ")],
-                              None)
-    report.add_output(case.case_id, printed[0] if printed else "")
+            res = CaseOutcome(cid, [call_failure(cid, "harness", "case", exc, opts.get("full_traceback", False),
+                                                 "the harness failed on what the implementation did: ")], None)
+    report.add_output(cid, printed[0] if printed else "")
     return res
 
 
 def _run_isolated(report: Report, cand: IsolatedCandidate, case: Case, decl: Declaration, opts: dict[str, Any],
-                  timeout: float | None) -> CaseOutcome:
+                  timeout: float | None, evaluate: Callable[..., CaseOutcome], cid: str) -> CaseOutcome:
     """One case in the worker: a worker that dies or overruns ``timeout`` labels the case; the next gets a fresh one."""
     cand.begin_case(timeout)
     try:
-        res = evaluate_case(cand, case, decl, **opts)
+        res = evaluate(cand, case, decl, **opts)
     except WorkerLost as exc:
         if exc.kind == "timeout":
             detail = f"no result after {timeout:g} s: the worker was killed; a fresh worker runs the next case"
         else:
             detail = f"{exc.detail}; a fresh worker runs the next case"
-        res = CaseOutcome(case.case_id, [CheckResult(case.case_id, "call", "case", exc.kind, None,
-                                                     timeout if exc.kind == "timeout" else None, False,
-                                                     detail=detail)], None)
+        res = CaseOutcome(cid, [CheckResult(cid, "call", "case", exc.kind, None,
+                                            timeout if exc.kind == "timeout" else None, False, detail=detail)], None)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - the harness failing on what the worker sent
         if isinstance(exc, NonFiniteInputError) and opts.get("arrays") is not None:
             raise
-        res = CaseOutcome(case.case_id, [call_failure(case.case_id, "harness", "case", exc,
-                                                      opts.get("full_traceback", False),
-                                                      "the harness failed on what the implementation did: ")], None)
+        res = CaseOutcome(cid, [call_failure(cid, "harness", "case", exc, opts.get("full_traceback", False),
+                                             "the harness failed on what the implementation did: ")], None)
     finally:
-        report.add_output(case.case_id, cand.take_output())
+        report.add_output(cid, cand.take_output())
     return res
 
 

@@ -41,7 +41,7 @@ resident set's granularity (part of a small call lands in pages already resident
 reads low, and the slope over all sizes of a linear kernel can exceed 1: 1.20 here). So the
 exponent that decides is fitted on the larger half of the sizes run (at least three points), where
 the order shows; the exponent over all points is reported beside it. 1.5 sits half-way between
-the linear claim and a quadratic violation: measured here (docs/oracle.md, "Scaling check") the
+the linear claim and a quadratic violation: measured here (docs/oracle/scaling.md) the
 correct kernel fits 1.02–1.04, the two quadratic ones 1.96 and 2.00, so neither resident-set noise
 nor a quadratic term that is only beginning to dominate comes near it. An O(N log N) storage
 (slope ≈ 1.1) passes; the check is about powers.

@@ -34,7 +34,7 @@ from gma_ref.induced import attention_weights, gma_materialized, memory_slots, r
 from gma_ref.layer import GMALayerParams, gma_layer, init_layer_params
 from gma_ref.mixture import log_priors_from_logits, omega_from_variances, variances_from_omega
 from gma_ref.posterior import responsibilities
-from tests._helpers import from_numpy, to_numpy
+from tests.support._helpers import from_numpy, to_numpy
 
 N, K, D_R, D_V, D_MODEL, H = 5, 3, 2, 4, 6, 2
 

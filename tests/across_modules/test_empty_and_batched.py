@@ -23,7 +23,7 @@ from gma_ref.causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
-from tests._helpers import from_numpy, to_numpy
+from tests.support._helpers import from_numpy, to_numpy
 
 K, D_V = 3, 2
 

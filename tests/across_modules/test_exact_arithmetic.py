@@ -2,7 +2,7 @@
 
 The points: ε = 0 with routed mass u_i → 0 (down to 1e-30), K = 1, N = 1,
 N_k = 1, one-hot Γ (rows that see no mass at all), variances at the floor. The
-references (tests/exact.py) are rational arithmetic for the read/write core and
+references (tests/support/exact_by_differentiation.py) are rational arithmetic for the read/write core and
 100-digit mpmath for the pipeline and the layer. Each result is compared with
 the exact one relative to the size of the exact answer (its largest entry):
 finite differences would be useless here, the gradients reach 1e30.
@@ -41,7 +41,7 @@ from gma_ref.causal import (
 from gma_ref.induced import (
     gma_materialized_backward,
 )
-from tests.exact import as_float, attention_exact, core_exact, layer_exact, max_abs
+from tests.support.exact_by_differentiation import as_float, attention_exact, core_exact, layer_exact, max_abs
 
 GRADS = ("d_gamma_q", "d_gamma_k", "d_v")
 

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 import gma_ref as g
 from gma_ref.posterior import responsibilities
-from tests._helpers import from_numpy, rel_err, to_numpy
 from tests.across_modules.test_gradients import ALL_FORMS, FD_TOL, attention_inputs, fd_vjp, gammas_of, random_gamma
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 #: Latent/streaming/chunked vs materialized gradients in float64.
 FORM_TOL = 1e-12

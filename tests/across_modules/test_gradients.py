@@ -3,7 +3,7 @@ the paper leaves out: write/read, cross, causal prefix/streaming/chunked, materi
 
 Method. For an operation ``f`` and a random cotangent ``c`` the scalar loss is L = Σ c · f(inputs).
 Each named gradient of the backward is compared, array by array, with a central finite difference
-of L, using the per-array relative error ``max|fd − bw| / max|fd|`` (``tests._helpers.rel_err``).
+of L, using the per-array relative error ``max|fd − bw| / max|fd|`` (``tests.support._helpers.rel_err``).
 Every comparison must be ≤ ``FD_TOL`` = 1e-7.
 
 The finite differences use the fourth-order stencil (f(−2h) − 8f(−h) + 8f(h) − f(2h)) / 12h
@@ -33,7 +33,7 @@ import scipy.special
 
 import gma_ref as g
 from gma_ref.posterior import responsibilities
-from tests._helpers import rel_err
+from tests.support._helpers import rel_err
 
 #: Required agreement between finite differences and each backward gradient.
 FD_TOL = 1e-7

@@ -22,7 +22,7 @@ import pytest
 
 import gma_ref.attention as attention
 from gma_ref.attention import FORMS, gma_attention, gma_attention_backward
-from tests.exact import attention_exact, max_abs
+from tests.support.exact_by_differentiation import attention_exact, max_abs
 
 # (x, σ²) with d_r (x + 0)² / σ² equal to max/8 of the dtype exactly, x and σ² representable:
 #   float64: x = (2^53 − 1)·2^457, σ² = (2^53 − 1)·2^−54  (x² rounds, the quotient rounds back to T)

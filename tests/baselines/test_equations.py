@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gma_ref import baselines as bl
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 TOL = 1e-12
 

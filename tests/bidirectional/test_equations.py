@@ -18,7 +18,7 @@ from gma_ref.bidirectional import gma_bidirectional, gma_cross, query_mass, writ
 from gma_ref.induced import affinity, attention_weights, gma_materialized, memory_slots, read_weights
 from gma_ref.mixture import variances_from_omega
 from gma_ref.posterior import responsibilities
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 EPS_VALUES = [0.0, 1e-6, 0.1]
 

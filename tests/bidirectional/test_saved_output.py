@@ -18,7 +18,7 @@ from gma_ref.bidirectional import (
     write_memory,
 )
 from gma_ref.causal import gma_causal_chunked_backward
-from tests._helpers import from_numpy, rel_err
+from tests.support._helpers import from_numpy, rel_err
 
 
 def _simplex(rng: np.random.Generator, n: int, k: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from gma_ref.causal import (
 )
 from gma_ref.induced import attention_weights, gma_materialized
 from gma_ref.posterior import responsibilities
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 CAUSAL_FORMS = ["prefix", "streaming", "chunked", "materialized"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gma_ref.causal import CausalState, causal_step, gma_causal_chunked, gma_causal_streaming, initial_causal_state
-from tests._helpers import from_numpy, to_numpy
+from tests.support._helpers import from_numpy, to_numpy
 
 
 @pytest.mark.parametrize("name", ["float32", "float64"])

@@ -35,7 +35,7 @@ from derivations import (
     variances,
     write_read,
 )
-from tests._helpers import rel_err
+from tests.support._helpers import rel_err
 
 REPO = Path(__file__).resolve().parents[2]
 

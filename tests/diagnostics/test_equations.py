@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gma_ref import diagnostics as D
 
-from .._helpers import from_numpy, rel_err, to_numpy
+from ..support._helpers import from_numpy, rel_err, to_numpy
 
 
 def _random_gamma(rng, shape, conc=0.5):

@@ -14,7 +14,7 @@ import scipy.stats
 
 from gma_ref import extensions as E
 
-from .._helpers import from_numpy, rel_err, to_numpy
+from ..support._helpers import from_numpy, rel_err, to_numpy
 
 FD_TOL = 1e-7
 

@@ -19,7 +19,7 @@ from gma_ref.bidirectional import gma_bidirectional, gma_cross
 from gma_ref.causal import gma_causal_prefix
 from gma_ref.geometry import affine_rank, barycentric_weights, causal_barycentric_weights, collapse_residual
 from gma_ref.layer import GMALayerParams, gma_layer, init_layer_params
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 ks = st.integers(2, 4)
 seeds = st.integers(0, 2**31 - 1)

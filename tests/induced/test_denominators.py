@@ -22,7 +22,7 @@ from gma_ref.induced import (
     memory_slots,
     read_weights,
 )
-from tests._helpers import from_numpy, to_numpy
+from tests.support._helpers import from_numpy, to_numpy
 
 EPS_VALUES = [0.0, 1e-6, 0.25]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gma_ref.layer import GMALayerParams, gma_layer, init_layer_params
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 
 def _params_np(seed: int, d_model: int, h: int, k: int, d_r: int, d_v: int) -> dict[str, np.ndarray]:

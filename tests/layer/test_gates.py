@@ -2,8 +2,9 @@
 
 elementwise: O_h ⊙ σ(X W_G,h + b_G,h) per head before W_O; headwise: O_h · σ(X u_h + c_h), one
 gate per token and head. The oracle is the explicit per-head loop of tests/layer/test_equations.py with the gate
-applied entry by entry (1 / (1 + exp(−a)), written here); the exact reference is tests/exact.py at
-100 digits. Gradient tests push a random cotangent through both sides and check the forward first.
+applied entry by entry (1 / (1 + exp(−a)), written here); the exact reference is
+tests/support/exact_by_differentiation.py at 100 digits. Gradient tests push a random cotangent through both sides
+and check the forward first.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import numpy as np
 import pytest
 
 from gma_ref.layer import GATES, GMALayerParams, gma_layer, gma_layer_backward, init_layer_params
-from tests._helpers import from_numpy, rel_err, to_numpy
 from tests.across_modules.test_gradients import FD_TOL, assert_grads, fd_vjp
-from tests.exact import layer_exact, max_abs
 from tests.layer.test_equations import _oracle_head, _params_np
+from tests.support._helpers import from_numpy, rel_err, to_numpy
+from tests.support.exact_by_differentiation import layer_exact, max_abs
 
 GATED = ("elementwise", "headwise")
 

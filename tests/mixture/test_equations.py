@@ -18,7 +18,7 @@ from gma_ref.mixture import (
     sigmoid,
     variances_from_omega,
 )
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 DTYPES = ["float64", "float32"]
 # Machine-epsilon-scaled tolerances per dtype.

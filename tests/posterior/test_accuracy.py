@@ -22,7 +22,7 @@ import pytest
 
 import gma_ref.scores_fast as fast
 from gma_ref.posterior import responsibilities, scores, scores_backward, scores_cotangent
-from tests._helpers import from_numpy, to_numpy
+from tests.support._helpers import from_numpy, to_numpy
 
 _DPS = 40
 

@@ -28,8 +28,8 @@ from gma_ref.posterior import (
 )
 from gma_ref.scores_fast import expand as _expand
 from gma_ref.scores_fast import expanded_scores as _expanded_scores
-from tests._helpers import from_numpy, to_numpy
 from tests.posterior.test_accuracy import IMPLEMENTATIONS
+from tests.support._helpers import from_numpy, to_numpy
 
 N, K, D = 5, 3, 4
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gma_ref.posterior import log_gaussian_density, responsibilities, scores
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 
 def _mixture(rng: np.random.Generator, k: int, d_r: int, spread: float = 1.0):

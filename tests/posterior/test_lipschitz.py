@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gma_ref.posterior import responsibilities, scores_backward, scores_cotangent
-from tests._helpers import from_numpy, to_numpy
+from tests.support._helpers import from_numpy, to_numpy
 
 # --------------------------------------------------------------------------- helpers (test-only)
 

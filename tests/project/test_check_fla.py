@@ -45,7 +45,7 @@ def test_declarations_fix_eps_and_the_chunk_multiple() -> None:
 def test_fla_cpu_references_pass_the_default_causal_check() -> None:
     """fla's naive chunk and recurrent references pass forward and gradients through declarations alone.
 
-    One recorded failure (docs/oracle.md §10): naive_chunk in bfloat16 loses ∂L/∂V when the
+    One recorded failure (docs/oracle/triton-and-fla.md): naive_chunk in bfloat16 loses ∂L/∂V when the
     cotangent is near bfloat16's smallest normal (the ``tiny_grad`` case): its backward runs in
     bfloat16 and the cotangent divided by the read denominator underflows. Nothing else fails.
     """

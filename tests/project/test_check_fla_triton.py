@@ -3,7 +3,7 @@
 One test item per kernel and default causal case (float32, forward + gradients), so a failure
 names its case. Exactly one case is a known failure, marked strict xfail: ``tiny_grad``, where
 fla's normalise backward computes −(do·o)/den² with the unnormalised o, do·o underflows and 1/den²
-amplifies the loss (docs/oracle.md, "Checking a Triton kernel on a laptop"). Strict: if it starts
+amplifies the loss (docs/oracle/triton-and-fla.md, "Checking a Triton kernel on a laptop"). Strict: if it starts
 passing, or any other case fails, the suite fails. Skipped, with the reason, without triton, fla
 or torch (pip install -e '.[triton]').
 """

@@ -22,7 +22,7 @@ from gma_ref.attention import FORMS, gma_attention
 from gma_ref.layer import GMALayerParams, gma_layer
 from gma_ref.mixture import log_priors_from_logits, variances_from_omega
 from gma_ref.posterior import responsibilities
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gma_ref"
 

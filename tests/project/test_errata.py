@@ -134,13 +134,18 @@ def test_causal_outputs_of_a_truncated_sequence_agree_to_rounding():
 # --------------------------------------------------------------------------- counts (§3.4, App. B, §5.3)
 
 
-def test_explicit_association_costs_n2k_plus_n2dv_not_only_n2k():
-    """App. B: (Γ^Q(Γ^K)ᵀ)V_X costs N²K + N²d_v; the factor-100 example holds (2·10⁷ vs 2·10⁵)."""
+def test_app_b_sets_the_affinity_alone_against_the_whole_latent_order():
+    """App. B (A9): forming Γ^Q(Γ^K)ᵀ costs N²K, as stated; the whole explicit order (Γ^Q(Γ^K)ᵀ)V_X costs
+    N²K + N²d_v (Eq. 43), against 2NKd_v for the latent order (Eq. 48), so the comparison of N²K with 2NKd_v
+    understates the saving by the factor 1 + d_v/K: 1.5 at K = 128, d_v = 64, and 5 at K = 16. The
+    factor-100 example holds (2·10⁷ vs 2·10⁵)."""
     ex = chain_cost(1000, 10, 1000, 10)
     assert (ex.left_first, ex.right_first) == (2 * 10**7, 2 * 10**5)
-    n, k, d_v = 1024, 128, 64
-    assert gma_association_cost(n, k, d_v).explicit == n * n * k + n * n * d_v
-    assert gma_association_cost(n, k, d_v).associative == 2 * n * k * d_v
+    n, d_v = 1024, 64
+    for k, understated in ((128, 1.5), (16, 5.0)):
+        cost = gma_association_cost(n, k, d_v)
+        assert cost.explicit == n * n * k + n * n * d_v and cost.associative == 2 * n * k * d_v
+        assert (cost.explicit / cost.associative) / (n * n * k / cost.associative) == pytest.approx(understated)
 
 
 def test_nk_versus_n2_at_the_wikitext_context_length():
@@ -555,3 +560,269 @@ def test_bfloat16_scores_cannot_carry_the_responsibilities():
     assert found["centred"][1] == pytest.approx(0.05, abs=0.01)
     assert found["centred"][2] == pytest.approx(0.024, abs=2e-3)
     assert found["float32"][2] == 0.0
+
+
+# --------------------------------------------------------------------------- §4.3, the constant in the routing vectors
+
+
+def test_output_lipschitz_constant_in_the_routing_vectors_has_no_n_and_no_eps():
+    """§4.3 (A12): the N‖V‖/ε slope in γ^Q does not carry over to the routing vectors. The example of the test
+    above made of Gaussians (d_r = 1, μ = ±1, σ² = 1, the keys at 30, so γ^K_2 = 1 − 9e-27): over 45,001 query
+    positions the largest ∂O/∂q is 1/2 at N = 100, 200, 10⁴ and ε = 1e-2 … 1e-9, while at the same points the
+    slope along γ^Q is N/ε. On 40 random cases (cross, N_q = 4 ≠ N_k; and causal), ‖∂O_i/∂q_i‖₂ and
+    ‖∂O_i/∂K‖₂ stay below 4 max_j‖V_j‖ R/ε_σ, R = max ‖x − μ_k‖ over queries and keys, ε_σ = min σ²."""
+    from gma_ref.mixture import omega_from_variances, variances_from_omega
+
+    means, omega, alpha = np.array([[-1.0], [1.0]]), omega_from_variances(np.ones((2, 1)), eps_sigma=1e-4), np.zeros(2)
+    xs = np.linspace(-40, 5, 45_001)[:, None]
+    for n, eps in ((100, 1e-6), (200, 1e-6), (100, 1e-7), (100, 1e-2), (10_000, 1e-9)):
+        k, v, ones = np.full((n, 1), 30.0), np.ones((n, 1)), np.ones((xs.shape[0], 1))
+        grad = gma_ref.gma_attention_backward(xs, k, v, means, omega, alpha, ones, eps=eps)
+        assert 0.4999 < float(np.abs(grad.d_q).max()) <= 0.5
+        _, saved = gma_ref.gma_attention(xs, k, v, means, omega, alpha, eps=eps, return_saved=True)
+        d_gamma = gma_ref.gma_bidirectional_backward(saved.gamma_q, saved.gamma_k, v, ones, eps=eps).d_gamma_q
+        assert float(np.abs(d_gamma[:, 1] - d_gamma[:, 0]).max()) == pytest.approx(n / eps, rel=1e-3)
+
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for case in range(40):
+        causal = case % 4 == 3
+        n, k, d_r, d_v = int(rng.integers(2, 200)), int(rng.integers(2, 9)), int(rng.integers(1, 5)), 3
+        n_q, eps, scale = (n if causal else 4), 10.0 ** rng.uniform(-9, 0), rng.uniform(0.5, 6)
+        means, omega, alpha = scale * rng.normal(size=(k, d_r)), rng.normal(size=(k, d_r)), rng.normal(size=k)
+        q, kk, v = scale * rng.normal(size=(n_q, d_r)), scale * rng.normal(size=(n, d_r)), rng.normal(size=(n, d_v))
+        x = np.concatenate([q, kk])
+        radius = float(np.sqrt(((x[:, None] - means[None]) ** 2).sum(-1)).max())
+        bound = 4 * float(np.linalg.norm(v, axis=1).max()) * radius / float(variances_from_omega(omega).min())
+        for i in (0, n_q - 1):
+            rows_q, rows_k = [], []
+            for c in range(d_v):
+                d_out = np.zeros((n_q, d_v))
+                d_out[i, c] = 1.0
+                g = gma_ref.gma_attention_backward(q, kk, v, means, omega, alpha, d_out, eps=eps, causal=causal)
+                rows_q.append(g.d_q[i])
+                rows_k.append(g.d_k.ravel())
+            worst = max(worst, np.linalg.norm(rows_q, 2) / bound, np.linalg.norm(rows_k, 2) / bound)
+    assert worst < 1.0
+
+
+# --------------------------------------------------------------------------- App. D.3, Eq. 63 against Eq. 64
+
+
+def test_eq64_is_eq63_for_the_delta_of_eq18_but_not_for_a_modified_delta():
+    """App. D.3 (B1): the paper states Σ_k δ_ik = 0 (from the softmax Jacobian) before Eq. 64, and for δ of
+    Eq. 18 it holds to rounding, so Eq. 63 (g − π Σ_k g_k, g_m = Σ_i δ_im) equals Eq. 64 (g). For a δ that
+    the backward pass changes (clipped to ±c, one row masked) the two differ by −π_m Σ_i Σ_k δ_ik, and Eq. 63
+    is the one that matches finite differences of the log-softmax (the chain rule for any cotangent)."""
+    from gma_ref.mixture import log_priors_from_logits, log_priors_from_logits_backward, priors_from_logits
+    from gma_ref.posterior import scores_cotangent
+
+    rng = np.random.default_rng(12)
+    n, k = 64, 6
+    alpha = rng.normal(size=k)
+    gamma = rng.dirichlet(np.full(k, 0.7), n)
+    delta = scores_cotangent(gamma, rng.normal(size=(n, k)) * 3)
+    assert np.abs(delta.sum(axis=1)).max() < 1e-14  # rounding: Σ_k |δ_ik| is of order 1
+    eq63 = log_priors_from_logits_backward(alpha, delta.sum(0)).d_prior_logits
+    np.testing.assert_allclose(eq63, delta.sum(0), rtol=0, atol=1e-14)  # Eq. 64
+    pi = priors_from_logits(alpha)
+    for modified in (np.clip(delta, -0.05, 0.05), np.where(np.arange(n)[:, None] == 3, 0.0, delta) + 0.01):
+        total = float(modified.sum())
+        assert abs(total) > 1e-3
+        g = modified.sum(0)
+        eq63 = log_priors_from_logits_backward(alpha, g).d_prior_logits
+        np.testing.assert_allclose(eq63 - g, -pi * total, rtol=1e-12, atol=1e-15)
+        h = 1e-6  # the surrogate loss ⟨g, log π(α)⟩ has the gradient of Eq. 63
+        fd = [(float(g @ log_priors_from_logits(alpha + h * e)) - float(g @ log_priors_from_logits(alpha - h * e)))
+              / (2 * h) for e in np.eye(k)]
+        np.testing.assert_allclose(fd, eq63, rtol=1e-7, atol=1e-9)
+        assert np.abs(np.asarray(fd) - g).max() > 1e-4
+
+
+# --------------------------------------------------------------------------- K = 1 causally, and N = 1
+
+
+def test_k1_causal_is_a_running_mean_and_n1_gives_the_mixture_a_gradient_only_through_eps():
+    """B2: with K = 1 the causal layer (Eq. 8b) is the shrunk running mean Σ_{j≤i} V_j/(i + ε) and the mixture,
+    W_Q and W_K get exactly zero gradient. With N = 1 (any K) O_1 = u V_1/(u + ε), u = ⟨γ^Q_1, γ^K_1⟩: for ε = 0
+    it is V_1, with zero gradient for μ, ω, α, q and k; for ε > 0 they come only through the factor u/(u + ε), whose
+    derivative ε/(u + ε)² scales them (checked against ε = 1)."""
+    rng = np.random.default_rng(4)
+    n, d_r, d_v, eps = 40, 3, 2, 1e-6
+    q, k, v = rng.normal(size=(n, d_r)), rng.normal(size=(n, d_r)), rng.normal(size=(n, d_v))
+    means, omega, alpha = rng.normal(size=(1, d_r)), rng.normal(size=(1, d_r)), rng.normal(size=1)
+    for form in ("chunked", "prefix", "streaming"):
+        out = gma_ref.gma_attention(q, k, v, means, omega, alpha, causal=True, form=form, eps=eps)
+        np.testing.assert_allclose(out, np.cumsum(v, 0) / (np.arange(1, n + 1)[:, None] + eps), rtol=1e-13)
+    g = gma_ref.gma_attention_backward(q, k, v, means, omega, alpha, rng.normal(size=(n, d_v)), causal=True, eps=eps)
+    for name in ("d_q", "d_k", "d_means", "d_omega", "d_prior_logits"):
+        assert np.all(getattr(g, name) == 0), name
+
+    k_comp = 5
+    means, omega, alpha = rng.normal(size=(k_comp, d_r)), rng.normal(size=(k_comp, d_r)), rng.normal(size=k_comp)
+    q1, k1, v1 = rng.normal(size=(1, d_r)), rng.normal(size=(1, d_r)), rng.normal(size=(1, d_v))
+    d_out = np.ones((1, d_v))
+    out = gma_ref.gma_attention(q1, k1, v1, means, omega, alpha, eps=0.0)
+    np.testing.assert_allclose(out, v1, rtol=1e-15)
+    g0 = gma_ref.gma_attention_backward(q1, k1, v1, means, omega, alpha, d_out, eps=0.0)
+    for name in ("d_q", "d_k", "d_means", "d_omega", "d_prior_logits"):
+        assert np.all(getattr(g0, name) == 0), name
+    np.testing.assert_allclose(g0.d_v, d_out, rtol=1e-15)  # ∂O/∂V_1 = u/(u + 0) = 1
+    _, saved = gma_ref.gma_attention(q1, k1, v1, means, omega, alpha, eps=eps, return_saved=True)
+    u = float((saved.gamma_q * saved.gamma_k).sum())
+    small = gma_ref.gma_attention_backward(q1, k1, v1, means, omega, alpha, d_out, eps=eps)
+    with_eps_1 = gma_ref.gma_attention_backward(q1, k1, v1, means, omega, alpha, d_out, eps=1.0)
+    ratio = np.abs(small.d_means).max() / np.abs(with_eps_1.d_means).max()
+    assert 0 < np.abs(small.d_means).max() and ratio == pytest.approx(eps * (u + 1) ** 2 / (u + eps) ** 2, rel=1e-6)
+
+
+# --------------------------------------------------------------------------- Eq. 12, App. B and the backward pass
+
+
+class _Products:
+    """Matrix products with their multiply-adds counted (m×n @ n×p = m·n·p)."""
+
+    def __init__(self) -> None:
+        self.madds = 0
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        self.madds += a.shape[0] * a.shape[1] * b.shape[1]
+        return a @ b
+
+
+def test_a_training_step_does_three_times_the_forward_products_and_4_5_times_eq12():
+    """A11: Eq. 12 and App. B's O(2NK·d_r) count one forward pass. In the expanded form the scores cost two
+    N×d_r by d_r×K products per side (4NKd_r for both, twice the printed 2NKd_r), and the write and read
+    2NKd_v. The backward pass costs twice that: per side ∂L/∂x (two products), ∂L/∂μ and ∂L/∂σ² (δᵀx and δᵀx²),
+    8NKd_r for both sides; ∂L/∂Γ^Q, ∂L/∂Ṽ, ∂L/∂Γ^K and ∂L/∂V, 4NKd_v. Each product-form VJP is checked
+    against gma_ref's; the forward–backward total is 12NKd_r + 6NKd_v, 4.5 times Eq. 12's 2NKd_r + 2NKd_v
+    at d_r = d_v."""
+    from gma_ref.posterior import scores_backward
+
+    rng = np.random.default_rng(6)
+    n, k, d_r, d_v, eps = 50, 7, 4, 3, 1e-6
+    x, means, var = rng.normal(size=(n, d_r)), rng.normal(size=(k, d_r)), rng.uniform(0.5, 2.0, (k, d_r))
+    lp = np.log(rng.dirichlet(np.ones(k)))
+    mm = _Products()
+    prec = 1 / var
+    s = (lp - 0.5 * d_r * math.log(2 * math.pi) - 0.5 * np.log(var).sum(1) - 0.5 * (means**2 * prec).sum(1)
+         - 0.5 * mm(x**2, prec.T) + mm(x, (means * prec).T))
+    np.testing.assert_allclose(s, gma_ref.scores(x, means, var, lp), rtol=1e-12)
+    assert mm.madds == 2 * n * k * d_r
+    delta, mm.madds = rng.normal(size=(n, k)), 0
+    d_x = mm(delta, means * prec) - x * mm(delta, prec)
+    dtx, col = mm(delta.T, x), delta.sum(0)[:, None]
+    d_means = prec * (dtx - means * col)
+    d_var = 0.5 * prec**2 * (mm(delta.T, x**2) - 2 * means * dtx + means**2 * col) - 0.5 * prec * col
+    ref = scores_backward(x, means, var, lp, delta)
+    for mine, theirs in ((d_x, ref.d_x), (d_means, ref.d_means), (d_var, ref.d_variances)):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-10, atol=1e-12)
+    assert mm.madds == 4 * n * k * d_r
+
+    gq, gk, v, d_out = rng.dirichlet(np.ones(k), n), rng.dirichlet(np.ones(k), n), rng.normal(size=(n, d_v)), \
+        rng.normal(size=(n, d_v))
+    mm.madds = 0
+    memory, mass = mm(gk.T, v), gk.sum(0)
+    denom = gq @ mass + eps
+    out = mm(gq, memory) / denom[:, None]
+    assert mm.madds == 2 * n * k * d_v
+    mm.madds = 0
+    d_num = d_out / denom[:, None]
+    d_u = -(d_out * out).sum(1) / denom
+    d_gq = mm(d_num, memory.T) + np.outer(d_u, mass)
+    d_memory, d_mass = mm(gq.T, d_num), gq.T @ d_u
+    d_gk, d_values = mm(v, d_memory.T) + d_mass[None], mm(gk, d_memory)
+    ref = gma_ref.gma_bidirectional_backward(gq, gk, v, d_out, eps=eps)
+    for mine, theirs in ((d_gq, ref.d_gamma_q), (d_gk, ref.d_gamma_k), (d_values, ref.d_v)):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-10, atol=1e-12)
+    assert mm.madds == 4 * n * k * d_v
+
+    n, k, d = 1024, 128, 64
+    printed = routing_cost_total(n, k, d, d) - 4 * n * k - n * d  # 2NKd_r + 2NKd_v
+    step = 3 * (4 * n * k * d + 2 * n * k * d)  # forward + backward, products only
+    assert step == 12 * n * k * d + 6 * n * k * d and step / printed == pytest.approx(4.5, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- Eq. 34 at a zero entropy
+
+
+def test_nmi_is_0_over_0_when_an_entropy_is_0_and_has_no_limit_there():
+    """B7: with every token on one component (H(Z) = 0) or in one category (H(C) = 0), I(Z;C) = 0 as well and
+    Eq. 34 is 0/0; gma-ref returns 0. No value is the limit: moving one token of T to a second component
+    gives NMI = 1 for every T if that token's category is its own, but ≈ log 2/(1 + log T), which falls to 0
+    only logarithmically (0.047 at T = 10⁶), if it shares a category with half of the tokens."""
+    from gma_ref.diagnostics import mutual_information, normalized_mutual_information
+
+    one_component = np.array([[30, 50, 20], [0, 0, 0]])
+    one_category = np.array([[40], [35], [25]])
+    for counts in (one_component, one_category):
+        assert float(mutual_information(counts)) == 0.0
+        assert float(normalized_mutual_information(counts)) == 0.0  # gma-ref's convention for 0/0
+    for t in (10, 1000, 10**6):
+        own_category = np.array([[t - 1, 0], [0, 1]])
+        assert float(normalized_mutual_information(own_category)) == pytest.approx(1.0, rel=1e-9)
+        half = t // 2  # the lone token shares category 0 with half of the tokens
+        shared = np.array([[half - 1, t - half], [1, 0]])
+        nmi = float(normalized_mutual_information(shared))
+        assert 0 < nmi < 1
+        if t == 10**6:
+            assert nmi == pytest.approx(math.log(2) / (1 + math.log(t)), rel=1e-3)
+    with np.errstate(invalid="ignore", divide="ignore"):  # Eq. 34 as printed, in floating point
+        p_z = one_component.sum(1) / one_component.sum()
+        h_z = -np.sum(np.where(p_z > 0, p_z * np.log(np.where(p_z > 0, p_z, 1.0)), 0.0))
+        assert h_z == 0 and math.isnan(np.float64(0.0) / np.float64(h_z))
+
+
+# --------------------------------------------------------------------------- notation
+
+
+def test_top_k_over_all_k_components_selects_nothing():
+    """G1: 'top-k' (§2, §6, App. G) counts the entries kept; read as keeping the top K of K components it is no
+    selection at all: Eq. 41 with r = K returns the dense gates of Eq. 40 unchanged, while r < K zeroes K − r of
+    them per row and renormalises the rest."""
+    from gma_ref.extensions import moe_sparse_gates, top_r_mask
+
+    rng = np.random.default_rng(8)
+    k = 6
+    gates = rng.dirichlet(np.ones(k), 20)
+    assert np.all(top_r_mask(gates, k))
+    np.testing.assert_allclose(moe_sparse_gates(gates, k), gates, rtol=1e-15)
+    sparse = moe_sparse_gates(gates, 2)
+    assert np.all((sparse > 0).sum(1) == 2) and np.allclose(sparse.sum(1), 1.0)
+    assert np.abs(sparse - gates).max() > 0.1
+
+
+def test_context_length_n_k_count_n_k_and_mass_z_k_are_three_numbers():
+    """G2: N_k (App. E, the context length), n_k (Eq. 30, tokens hard-assigned to component k) and Z_k (Eq. 5,
+    the soft key mass of component k) differ. For 37 context tokens and K = 5: Σ_k Z_k = Σ_k n_k = N_k = 37,
+    but no n_k equals N_k and n_k ≠ Z_k."""
+    from gma_ref.diagnostics import hard_assignments
+
+    rng = np.random.default_rng(10)
+    n_ctx, k = 37, 5
+    gamma_k = rng.dirichlet(np.full(k, 0.8), n_ctx)
+    _, mass = gma_ref.write_memory(gamma_k, np.ones((n_ctx, 1)))
+    counts = contingency_counts(hard_assignments(gamma_k), np.zeros(n_ctx, dtype=int), n_components=k,
+                                n_categories=1)
+    n_per_component = counts.sum(1)
+    assert float(mass.sum()) == pytest.approx(n_ctx) and int(n_per_component.sum()) == n_ctx
+    assert np.all(n_per_component < n_ctx)
+    assert np.abs(n_per_component - mass).max() > 1.0
+
+
+def test_cross_attention_needs_a_common_routing_width_d_r_not_a_common_d_model():
+    """G3: App. E.4 forms Q_X = X W_Q and K_Y = Y W_K with X and Y both d_model wide and, through App. E.2, of
+    width d_k. The mixture needs only that Q_X and K_Y have its width d_r: a 7-wide context Y read by a 12-wide
+    X, with W_K, W_V of 7 rows, gives the output of Eq. 7 (checked against the N_q × N_k weights of App. E.4),
+    while routing vectors of widths 4 and 3 are refused."""
+    rng = np.random.default_rng(13)
+    n_q, n_k, d_x, d_y, d_r, d_v, k = 5, 9, 12, 7, 4, 3, 6
+    x, y = rng.normal(size=(n_q, d_x)), rng.normal(size=(n_k, d_y))
+    w_q, w_k, w_v = rng.normal(size=(d_x, d_r)), rng.normal(size=(d_y, d_r)), rng.normal(size=(d_y, d_v))
+    means, omega, alpha = rng.normal(size=(k, d_r)), rng.normal(size=(k, d_r)), rng.normal(size=k)
+    out, saved = gma_ref.gma_attention(x @ w_q, y @ w_k, y @ w_v, means, omega, alpha, return_saved=True)
+    weights = gma_ref.attention_weights(saved.gamma_q, saved.gamma_k, eps=1e-6)
+    assert out.shape == (n_q, d_v) and weights.shape == (n_q, n_k)
+    np.testing.assert_allclose(out, weights @ (y @ w_v), rtol=1e-12)
+    with pytest.raises(ValueError, match="d_r"):
+        gma_ref.gma_attention(x @ w_q, y @ w_k[:, :3], y @ w_v, means, omega, alpha)

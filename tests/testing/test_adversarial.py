@@ -1,6 +1,6 @@
 """Implementations that try to forge, crash or lose the oracle's verdict get the right one.
 
-Each candidate of ``tests/adversarial_impls.py`` is the correct NumPy kernel with one
+Each candidate of ``tests/support/adversarial_impls.py`` is the correct NumPy kernel with one
 misbehaviour. The command line runs in a subprocess (``python -m gma_ref.check_cli``,
 from the repository root) so that exit statuses, what reaches stdout and the
 process's shutdown are those a kernel author sees; the JSON report must parse as
@@ -23,7 +23,7 @@ from gma_ref.testing import Declaration, check, default_cases, load_case_file
 from gma_ref.testing.cases import case_arrays
 from gma_ref.testing.repro import write_reproducer
 
-from .. import adversarial_impls as adv
+from ..support import adversarial_impls as adv
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,8 @@ def _cli(*argv: str, cwd: pathlib.Path = ROOT, timeout: float = 180) -> subproce
 
 def _cli_json(name: str, *extra: str, **kw) -> tuple[int, dict, subprocess.CompletedProcess]:
     """Run one candidate on the bidirectional cases with --json; the exit status and the parsed report."""
-    proc = _cli(f"tests.adversarial_impls:{name}", "--variant", "bidirectional", "--json", "--quiet", *extra, **kw)
+    proc = _cli(f"tests.support.adversarial_impls:{name}", "--variant", "bidirectional", "--json", "--quiet", *extra,
+                **kw)
     try:
         report = _strict_json(proc.stdout)
     except ValueError as exc:
@@ -111,7 +112,7 @@ def test_keyboard_interrupt_stops_the_run_with_a_partial_report():
     assert "INTERRUPTED" in partial.format()
     status, report, _ = _cli_json("Interrupts", "--no-repro", "--in-process")
     assert status == 130 and report["interrupted"] is True and len(report["cases"]) == 3
-    proc = _cli("tests.adversarial_impls:Interrupts", "--variant", "bidirectional", "--no-repro", "--quiet",
+    proc = _cli("tests.support.adversarial_impls:Interrupts", "--variant", "bidirectional", "--no-repro", "--quiet",
                 "--in-process")
     assert proc.returncode == 130 and "INTERRUPTED: 3/3 cases passed" in proc.stdout
 
@@ -148,7 +149,7 @@ def test_printing_never_reaches_the_json_and_is_shown_in_the_report(capfd):
     assert status == 0 and report["passed"]
     texts = list(report["candidate_output"].values())
     assert len(texts) == 9 and all("the kernel says hello" in t and "raw write to fd 1" in t for t in texts)
-    proc = _cli("tests.adversarial_impls:Prints", "--variant", "bidirectional", "--no-repro", "--quiet")
+    proc = _cli("tests.support.adversarial_impls:Prints", "--variant", "bidirectional", "--no-repro", "--quiet")
     assert proc.returncode == 0 and "output of the implementation during" in proc.stdout
     capfd.readouterr()
     r = _bidirectional(adv.Prints())
@@ -231,9 +232,9 @@ def test_out_of_memory_is_named_and_not_shrunk_from_the_full_case(tmp_path):
 def test_shrinking_starts_from_the_smallest_case_and_stops_at_a_hang(tmp_path):
     """A failure that fails everywhere shrinks to the smallest case at once; a hang while shrinking costs one
     bounded step (not a whole --timeout per step) and stops shrinking for the run."""
-    from ..planted_impls import StrictCausalMask
+    from ..support.planted_impls import StrictCausalMask
 
-    r = check(StrictCausalMask(), variants=("causal",), repro=str(tmp_path / "a"))
+    r = check(StrictCausalMask(), variants=("causal",), repro=str(tmp_path / "a"), tiling=False)
     case = load_case_file(r.reproducers[0]).case
     assert (case.batch, case.heads, case.n_q, case.n_components, case.d_r, case.d_v) == (1, 1, 1, 1, 1, 1)
     t0 = time.perf_counter()
@@ -292,7 +293,7 @@ def test_case_file_inputs_must_stay_finite_at_the_dtype(case_file):
     kernel = NumpyKernel("float16")
     with pytest.raises(ValueError, match="input q is not finite after rounding to float16"):
         check(kernel, case_file=path, dtype="float16")
-    proc = _cli("tests.adversarial_impls:Float16", "--case-file", path, "--dtype", "float16", "--json")
+    proc = _cli("tests.support.adversarial_impls:Float16", "--case-file", path, "--dtype", "float16", "--json")
     report = _strict_json(proc.stdout)
     assert proc.returncode == 4 == report["exit_code"] and "not finite after rounding" in report["error"]
 
@@ -371,7 +372,7 @@ def test_unwritable_repro_dir_is_refused_before_any_case(tmp_path):
     with pytest.raises(ValueError, match="repro"):
         _bidirectional(impl, repro=str(blocker / "sub"))
     assert impl.calls == 0
-    proc = _cli("tests.adversarial_impls:MutatesInput", "--repro", str(blocker / "sub"), "--json")
+    proc = _cli("tests.support.adversarial_impls:MutatesInput", "--repro", str(blocker / "sub"), "--json")
     assert proc.returncode == 4 and "not a directory" in _strict_json(proc.stdout)["error"]
 
 

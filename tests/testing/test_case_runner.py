@@ -3,20 +3,27 @@
 A case that a dtype cannot resolve (its unit scale ν above NU_MAX: float16 and a query that sees
 almost no routed key mass) is neither passed nor failed but returned as a NotCheckable with its ν;
 the older run_case form reports the same as a one-element 'conditioning' list.
+
+The contract checks of a case: inputs left unmutated, finite outputs, dtype and shape, determinism,
+non-contiguous inputs, exceptions, returned state; a bad return value is a labelled failure.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from gma_ref.testing import CaseOutcome, Declaration, NotCheckable, default_cases, evaluate_case, run_case
+from gma_ref.testing import CaseOutcome, Declaration, NotCheckable, check, default_cases, evaluate_case, run_case
 from gma_ref.testing.case_runner import NonFiniteInputError, resolve_vjp
 from gma_ref.testing.cases import Case
 from gma_ref.testing.compare import NU_MAX, Tolerance
 from gma_ref.testing.emulated import NumpyKernel
 
-from ..planted_impls import StrictCausalMask
+from ..support.oracle_helpers import K32 as _K
+from ..support.oracle_helpers import declared as _wrap
+from ..support.planted_impls import StrictCausalMask
 
 
 def _ill_conditioned(kernel: NumpyKernel) -> tuple[CaseOutcome, object]:
@@ -104,8 +111,7 @@ def _by_metric(outcome: CaseOutcome, tensor: str = "out", check: str | None = No
 
 def _wrapped(fn, **declared) -> object:
     """``fn`` as a candidate with a NumPy float64 declaration (``declared`` overrides its fields)."""
-    fn.gma_declaration = Declaration(**{"dtypes": ("float64",), **declared})
-    return fn
+    return _wrap(fn, **{"dtypes": ("float64",), **declared})
 
 
 _K64 = NumpyKernel("float64")
@@ -175,6 +181,23 @@ def test_a_gradient_that_is_no_array_is_one_returned_failure() -> None:
     (r,) = [r for r in outcome.results if r.tensor == "d_k"]
     assert (r.check, r.metric, r.passed) == ("gradient", "returned", False)
     assert r.detail == "expected an array, got a str (no shape/dtype)"
+
+
+def test_a_returned_array_whose_metadata_raises_is_a_labelled_failure() -> None:
+    """An array-like whose dtype cannot even be named: one failure labelled with what was being read, not a
+    crash of the case."""
+    class BadDtype:
+        def __str__(self):
+            raise RuntimeError("no dtype here")
+
+    class Strange:
+        shape, ndim, dtype = (1, 1, 5, 3), 4, BadDtype()
+
+    strange = _wrapped(lambda *a, **kw: Strange())
+    outcome = evaluate_case(strange, _SMALL, strange.gma_declaration, contract=False)
+    (r,) = [r for r in outcome.results if r.tensor == "out"]
+    assert (r.check, r.metric, r.passed) == ("forward", "raised", False)
+    assert r.detail.startswith("reading the returned out: RuntimeError: no dtype here")
 
 
 def test_an_output_that_cannot_be_read_as_float64_is_a_returned_failure() -> None:
@@ -373,6 +396,17 @@ def test_a_different_second_result_fails_unless_declared_non_deterministic() -> 
         assert det.passed is not deterministic and det.detail == detail
 
 
+def test_a_deterministic_nan_is_equal_to_itself() -> None:
+    """Bitwise determinism counts a NaN returned twice at the same place as the same result."""
+    def with_nan(out):
+        out[0, 0, 0, 0] = np.nan
+        return out
+
+    outcome = evaluate_case(_calls(with_nan), _SMALL, Declaration(dtypes=("float64",)))
+    (det,) = [r for r in outcome.results if r.check == "determinism"]
+    assert det.passed and det.detail == ""
+
+
 def test_a_second_result_that_cannot_be_read_is_a_determinism_failure() -> None:
     """The second call returning something with no array behind it: a 'determinism' failure, not a crash."""
     class Unreadable:
@@ -423,7 +457,7 @@ def test_every_gradient_is_checked_and_a_missing_one_fails() -> None:
         return grads
 
     outcome = evaluate_case(_K64, _SMALL, _K64.gma_declaration, vjp=partial, contract=False)
-    (missing,) = [r for r in outcome.results if r.metric == "missing"]
+    (missing,) = [r for r in outcome.results if r.tensor == "d_omega"]  # nothing else is said of it
     assert (missing.check, missing.tensor, missing.passed) == ("gradient", "d_omega", False)
     assert missing.detail == f"vjp returned keys {sorted(set(names) - {'d_omega'})}"
     assert all(r.passed for r in outcome.results if r.tensor == "d_means")  # the others still checked
@@ -519,26 +553,29 @@ def test_the_figures_are_compare_tensors_on_the_references_conditions_floors_and
 @pytest.mark.parametrize("flush", [False, True])
 def test_the_reference_is_evaluated_on_the_rounded_inputs_with_the_dtypes_accuracy_model(flush) -> None:
     """The reference: float64 on the candidate's rounded inputs, with the dtype's stored-underflow t and smallest
-    normal in the floors, the case's chunk size, and the grains (reading a flushed cotangent costs one grain)."""
+    normal in the floors, the case's chunk size, and the grains (reading a flushed cotangent costs one grain).
+    In float16 with peaked responsibilities (K = 4, d_r = 8) the floors depend on t."""
     from gma_ref.testing.adapters import to_candidate
     from gma_ref.testing.cases import case_arrays
     from gma_ref.testing.compare import TINY_ACC, t_store
     from gma_ref.testing.reference import reference
 
-    case = _SMALL.with_dtype("float32")
-    k32 = NumpyKernel("float32")
-    decl = Declaration(dtypes=("float32",), grad=True, flush_subnormals=flush)
-    got = evaluate_case(k32, case, decl, vjp=k32.vjp, contract=False).reference
-    rounded = {n: to_candidate(a, "numpy", "float32").astype(np.float64) for n, a in case_arrays(case).items()}
+    case = Case("causal", batch=1, heads=1, n_q=5, n_k=5, n_components=4, d_r=8, d_v=3, dtype="float16",
+                chunk_size=2)
+    k16 = NumpyKernel("float16")
+    decl = Declaration(dtypes=("float16",), grad=True, flush_subnormals=flush)
+    got = evaluate_case(k16, case, decl, vjp=k16.vjp, contract=False).reference
+    rounded = {n: to_candidate(a, "numpy", "float16").astype(np.float64) for n, a in case_arrays(case).items()}
     d_out = rounded.pop("d_out")
-    want = reference(np, rounded, causal=True, eps=case.eps, eps_sigma=case.eps_sigma, d_out=d_out,
-                     chunk_size=case.chunk_size, underflow=t_store("float32", flush), tiny=TINY_ACC["float32"],
-                     grains=True, grain_in=float(flush))
+    kw = {"causal": True, "eps": case.eps, "eps_sigma": case.eps_sigma, "d_out": d_out, "grains": True,
+          "tiny": TINY_ACC["float16"], "grain_in": float(flush)}
+    want = reference(np, rounded, chunk_size=case.chunk_size, underflow=t_store("float16", flush), **kw)
     assert got.floors == want.floors and (got.kappa, got.read_condition) == (want.kappa, want.read_condition)
     for name, t in want.tensors.items():
         np.testing.assert_array_equal(got.tensors[name], t, err_msg=name)
     for name, g in want.grains.items():
         np.testing.assert_array_equal(got.grains[name], g, err_msg=name)
+    assert reference(np, rounded, chunk_size=case.chunk_size, underflow=0.0, **kw).floors != want.floors
 
 
 def test_a_case_longer_than_the_long_threshold_is_judged_with_the_long_tolerances() -> None:
@@ -610,3 +647,138 @@ def test_at_the_bottom_of_float64_the_grains_enter_the_figures() -> None:
                                read_condition=ref.read_condition, floor=ref.floors[name], grain=unlike)
         assert _figures(outcome, name) == (c.norm_error, c.norm_bound, c.elem_error, c.elem_bound)
         assert (c.norm_error, c.elem_error) != (other.norm_error, other.elem_error)  # the grain matters here
+
+
+# --------------------------------------------------------------------------- the contract through check()
+
+
+def test_mutating_inputs_fails():
+    """An implementation that writes into its inputs fails the unmutated check."""
+    def mutating(q, k, v, means, omega, prior_logits, **kw):
+        out = _K(q, k, v, means, omega, prior_logits, **kw)
+        v *= 2
+        return out
+
+    report = check(_wrap(mutating), variants=("bidirectional",), tiling=False)
+    assert any(r.metric == "unmutated-forward" and not r.passed for r in report.results)
+
+
+def test_nan_output_fails_even_if_norm_small():
+    """One NaN where the reference is finite fails the finite check (never quietly passed)."""
+    def nan_one(*a, **kw):
+        out = _K(*a, **kw).copy()
+        out[(0,) * out.ndim] = np.nan
+        return out
+
+    report = check(_wrap(nan_one), variants=("cross",), tiling=False)
+    assert any(r.metric == "finite" and not r.passed for r in report.results)
+
+
+def test_wrong_dtype_and_shape_fail():
+    """Returning float64 for float32 inputs, or a transposed output, fails the contract."""
+    r1 = check(_wrap(lambda *a, **kw: _K(*a, **kw).astype(np.float64)), variants=("causal",), tiling=False)
+    assert any(r.metric == "dtype" and not r.passed for r in r1.results)
+    r2 = check(_wrap(lambda *a, **kw: np.swapaxes(_K(*a, **kw), -1, -2)), variants=("bidirectional",), tiling=False)
+    assert any(r.metric == "shape" and not r.passed for r in r2.results)
+
+
+def test_nondeterminism_fails_unless_declared():
+    """Two different results for the same inputs fail, unless the implementation declares deterministic=False."""
+    state = {"n": 0}
+
+    def flaky(*a, **kw):
+        state["n"] += 1
+        out = _K(*a, **kw)
+        return out if state["n"] % 2 else np.nextafter(out, np.float32(np.inf))
+
+    r = check(_wrap(flaky), variants=("bidirectional",), tiling=False)
+    assert any(x.check == "determinism" and not x.passed for x in r.results)
+    r2 = check(_wrap(flaky, deterministic=False), variants=("bidirectional",), tiling=False)
+    det = [x for x in r2.results if x.check == "determinism"]
+    assert det and all(x.passed for x in det) and "differ" in det[0].detail
+
+
+def test_noncontiguous_inputs_must_work():
+    """An implementation that only handles C-contiguous inputs fails the layout check."""
+    def contiguous_only(q, *rest, **kw):
+        if not q.flags.c_contiguous:
+            raise ValueError("q must be contiguous")
+        return _K(q, *rest, **kw)
+
+    report = check(_wrap(contiguous_only), variants=("bidirectional",), tiling=False)
+    assert any(r.check == "layout" and not r.passed for r in report.results)
+
+
+def test_raising_implementation_is_reported():
+    """An exception is a failure with the exception in the detail."""
+    def boom(*a, **kw):
+        raise RuntimeError("kernel launch failed")
+
+    report = check(_wrap(boom), variants=("cross",), tiling=False)
+    assert not report.passed and "kernel launch failed" in report.format()
+
+
+def test_returned_state_is_checked():
+    """Declared state (memory, mass) is compared; a wrong mass fails."""
+    def with_state(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma):
+        kq = NumpyKernel("float32")
+        _, _, vv, _, _, _, _, _, gk = kq._prepare(q, k, v, means, omega, prior_logits, eps_sigma)
+        memory, mass = kq.write(gk, vv)
+        return kq(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma), memory, mass
+
+    assert check(_wrap(with_state, returns_state=True), tiling=False).passed
+
+    def bad_state(*a, **kw):
+        out, memory, mass = with_state(*a, **kw)
+        return out, memory, mass * 1.01
+
+    r = check(_wrap(bad_state, returns_state=True), tiling=False)
+    assert any(x.tensor == "mass" and not x.passed for x in r.results)
+
+
+def test_returned_state_as_the_cores_causal_state_type():
+    """The oracle takes the state as the core's causal forms return it, (out, CausalState(memory, mass)):
+    the right state passes, a wrong mass fails, and a pair whose second element is no state is refused."""
+    from gma_ref.causal import CausalState
+
+    def with_state(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma):
+        kq = NumpyKernel("float32")
+        _, _, vv, _, _, _, _, _, gk = kq._prepare(q, k, v, means, omega, prior_logits, eps_sigma)
+        memory, mass = kq.write(gk, vv)
+        out = kq(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma)
+        return out, CausalState(memory, mass)
+
+    assert check(_wrap(with_state, returns_state=True), variants=("cross", "causal"), tiling=False).passed
+
+    def bad_state(*a, **kw):
+        out, state = with_state(*a, **kw)
+        return out, state._replace(mass=state.mass * 1.01)
+
+    r = check(_wrap(bad_state, returns_state=True), variants=("cross",), tiling=False)
+    assert any(x.tensor == "mass" and not x.passed for x in r.results)
+    r = check(_wrap(lambda *a, **kw: (with_state(*a, **kw)[0], None), returns_state=True), variants=("cross",),
+              tiling=False)
+    assert not r.passed and "CausalState(memory, mass)" in r.format()
+
+
+@pytest.mark.parametrize("returned", [None, 3.0, "out", [1, 2], ("a", "b")], ids=repr)
+def test_bad_return_value_is_a_labelled_failure(returned):
+    """None, a non-array or a wrong tuple from the implementation is a labelled FAIL ('returned'), not a crash."""
+    report = check(_wrap(lambda *a, **kw: returned), variants=("causal",), tiling=False)
+    assert not report.passed and report.exit_code == 1
+    bad = [r for r in report.failures if r.metric == "returned"]
+    assert bad and all(r.case_id for r in bad), report.format()
+    json.loads(report.to_json())
+
+
+def test_wrong_state_tuple_and_bad_vjp_results_are_labelled_failures():
+    """returns_state with one array, a state entry that is None, and a vjp returning None or a string all FAIL."""
+    r1 = check(_wrap(lambda *a, **kw: _K(*a, **kw), returns_state=True), variants=("cross",), tiling=False)
+    assert any(r.metric == "returned" and "(out, memory, mass)" in r.detail for r in r1.failures)
+    r2 = check(_wrap(lambda *a, **kw: (_K(*a, **kw), None, None), returns_state=True), variants=("cross",),
+               tiling=False)
+    assert any(r.metric == "returned" and "memory" in r.detail for r in r2.failures)
+    for grads in (None, "grads", {"d_q": "x"}):
+        r3 = check(_wrap(lambda *a, **kw: _K(*a, **kw), grad=True), variants=("bidirectional",),
+                   vjp=lambda *a, g=grads, **kw: g, tiling=False)
+        assert any(r.metric == "returned" for r in r3.failures), r3.format()

@@ -1,4 +1,4 @@
-"""The conformance metric computes exactly the figures docs/oracle.md defines.
+"""The conformance metric computes exactly the figures docs/oracle/metric-and-tolerances.md defines.
 
 :func:`gma_ref.testing.compare.compare_tensor` is what decides whether a kernel passes, so each part of
 its definition is checked against a hand computation: the dtype constants (unit roundoff, half
@@ -29,7 +29,8 @@ from gma_ref.testing.compare import (
     unit_scale,
 )
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "oracle.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "oracle" / "metric-and-tolerances.md"
+LAYER_DOCS = DOCS.with_name("layer-mode.md")
 FINFO = {
     "float64": np.finfo(np.float64),
     "float32": np.finfo(np.float32),
@@ -48,13 +49,13 @@ def test_dtype_constants_are_half_epsilon_and_half_the_smallest_subnormal(dtype)
 
 
 def test_nu_max_is_the_documented_two_to_the_minus_seven():
-    """docs/oracle.md: a case with ν > NU_MAX = 2⁻⁷ is skipped as ill-conditioned."""
+    """docs/oracle/metric-and-tolerances.md: a case with ν > NU_MAX = 2⁻⁷ is skipped as ill-conditioned."""
     assert NU_MAX == 2.0**-7
     assert "`NU_MAX` = 2⁻⁷" in DOCS.read_text()
 
 
 def _doc_table(header: str) -> dict[str, tuple[float, float]]:
-    """τ norm and τ elem per dtype from the table that follows ``header`` in docs/oracle.md."""
+    """τ norm and τ elem per dtype from the table that follows ``header`` in docs/oracle/metric-and-tolerances.md."""
     text = DOCS.read_text()
     block = text[text.index(header):].split("\n\n")[1]
     out = {}
@@ -66,14 +67,14 @@ def _doc_table(header: str) -> dict[str, tuple[float, float]]:
 
 
 def test_attention_tolerances_are_the_documented_table():
-    """The τ in use equal the "Tolerances in use" table of docs/oracle.md."""
+    """The τ in use equal the "Tolerances in use" table of docs/oracle/metric-and-tolerances.md."""
     table = _doc_table("Tolerances in use")
     assert table == {d: (t.norm, t.elem) for d, t in TOLERANCES.items()}
 
 
 def test_layer_tolerances_are_the_documented_table_and_never_below_attention():
-    """LAYER_TOLERANCES equal docs/oracle.md's layer table and are ≥ the attention τ (documented)."""
-    text = DOCS.read_text()
+    """LAYER_TOLERANCES equal docs/oracle/layer-mode.md's table and are ≥ the attention τ (documented)."""
+    text = LAYER_DOCS.read_text()
     at = text.index("`gma_ref.testing.compare.LAYER_TOLERANCES`")
     rows = re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \| (\d+) \| (\d+) \|$", text[at:], flags=re.M)
     documented = {d: (float(n), float(e)) for d, n, e in rows if d in FINFO}
@@ -341,7 +342,8 @@ def test_granularity_is_the_dtype_and_its_compute_precision(dtype):
 
 
 def _grain_figures(a, r, *, dtype, grain, flush=False, read_condition=0.0):
-    """The two figures by docs/oracle.md: |a − r| ≤ τ (ν · scale + G), G = m · grain · η_acc (+ η_store flushing),
+    """The two figures by docs/oracle/metric-and-tolerances.md: |a − r| ≤ τ (ν · scale + G),
+    G = m · grain · η_acc (+ η_store flushing),
     i.e. the error over (scale + G / ν), with the scales of the norm and of the element error."""
     from gma_ref.testing.compare import GRAIN_MULTIPLE, SMALLEST_NORMAL, SUBNORMAL_SPACING
 
@@ -410,7 +412,7 @@ def test_flushing_adds_the_stored_granularity_to_the_allowance():
 
 
 def test_grain_multiple_is_the_documented_one():
-    """docs/oracle.md states the multiple m in use; the constant is that value."""
+    """docs/oracle/metric-and-tolerances.md states the multiple m in use; the constant is that value."""
     from gma_ref.testing.compare import GRAIN_MULTIPLE
 
     text = DOCS.read_text()
@@ -419,9 +421,9 @@ def test_grain_multiple_is_the_documented_one():
     assert not re.search(r"`GRAIN_MULTIPLE` = (?!128\b)\d+", text)
 
 
-#: The generated case on which GRAIN_MULTIPLE was calibrated (docs/oracle.md, "The tolerance table and how it was
-#: derived"): the largest error / threshold of the rounding family over the default and 200 generated cases, the
-#: induced-weights kernel's ∂k in float64 (generate_cases(200, dtype="float64", seed=1)[191]).
+#: The generated case on which GRAIN_MULTIPLE was calibrated (docs/oracle/metric-and-tolerances.md, "The tolerance
+#: table and how it was derived"): the largest error / threshold of the rounding family over the default and 200
+#: generated cases, the induced-weights kernel's ∂k in float64 (generate_cases(200, dtype="float64", seed=1)[191]).
 _GRAIN_CASE = dict(variant="cross", batch=1, heads=3, n_q=1, n_k=5, n_components=3, d_r=10, d_v=1, dtype="float64",
                    regime="tiny_grad", chunk_size=10, seed=100194)
 
@@ -438,7 +440,8 @@ def _induced_weights_worst(monkeypatch, multiple):
 
 
 def test_grain_multiple_is_the_smallest_power_of_two_leaving_the_family_below_half_the_threshold(monkeypatch):
-    """GRAIN_MULTIPLE's calibration (docs/oracle.md): the textbook induced-weights backward, a correct kernel, stays
+    """GRAIN_MULTIPLE's calibration (docs/oracle/metric-and-tolerances.md): the textbook induced-weights backward,
+    a correct kernel, stays
     below half the threshold on its worst calibration case with m, and not with m / 2 (measured 0.45 and 0.89); and
     not below a quarter (m is no larger than it needs to be)."""
     from gma_ref.testing.compare import GRAIN_MULTIPLE
@@ -460,3 +463,33 @@ def test_without_a_grain_there_is_no_granularity_allowance():
     assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
     assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
     assert not c.passed and compare_tensor("d", a, r, dtype="float32", grain=4.0).passed
+
+
+def test_compare_tensor_metric():
+    """compare_tensor: exact passes; an error at the bound fails just above it; NaN fails."""
+    r = np.linspace(-1, 1, 101).reshape(1, 101)
+    assert compare_tensor("x", r.copy(), r, dtype="float32").passed
+    bad = r.copy()
+    bad[0, 7] += 1e-3
+    c = compare_tensor("x", bad, r, dtype="float32")
+    assert not c.passed and c.worst_index == (0, 7)
+    nan = r.copy()
+    nan[0, 3] = np.nan
+    c = compare_tensor("x", nan, r, dtype="float64")
+    assert not c.passed and c.nonfinite == 1
+
+
+def test_floor_protects_cancelled_reference():
+    """A reference that is ~0 by cancellation is compared at its floor scale, not relative to ~0."""
+    r = np.full(10, 1e-20)
+    a = r + 1e-9
+    assert not compare_tensor("d", a, r, dtype="float32").passed
+    assert compare_tensor("d", a, r, dtype="float32", floor=1.0).passed
+
+
+def test_norm_metric_never_underflows():
+    """Tensors of size ~1e-200 still give the right relative norm error (scaled norms, no squaring to 0)."""
+    r = np.full((4, 5), 3e-200)
+    c = compare_tensor("t", r * (1 + 1e-4), r, dtype="float64")
+    assert 0.9e-4 < c.norm_error < 1.1e-4 and not c.passed
+    assert compare_tensor("t", r, r, dtype="float64").passed

@@ -18,8 +18,8 @@ from gma_ref.testing.diagnosis import case_regime, diagnose
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.report import CheckResult, Report
 
-from ..planted_causes import EpsHardCoded, NanOutput, ScaledOutput, StoragePrecisionKernel
-from ..planted_impls import CrossKeysTruncated, OmegaGradNoSigmoid, StrictCausalMask
+from ..support.planted_causes import EpsHardCoded, NanOutput, ScaledOutput, StoragePrecisionKernel
+from ..support.planted_impls import CrossKeysTruncated, OmegaGradNoSigmoid, StrictCausalMask
 
 
 def _fake_framework(name: str) -> types.ModuleType:

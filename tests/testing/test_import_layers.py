@@ -3,12 +3,15 @@
 The order is the one written in :mod:`gma_ref.testing.names`. A module that imports from its own
 layer or above — at module level or inside a function — would let a circle back in, and a private
 (``_name``) imported from another module would couple the two behind their public surface.
+Importing the oracle imports no framework (torch, jax, cupy).
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -30,7 +33,7 @@ LAYERS: dict[str, int] = {
     "emulated": 2, "emulated_layer": 3, "emulated_long": 3, "rounding_family": 3,
     "report": 8,
     "case_runner": 9,
-    "repro": 10, "calibration": 10, "assertions": 10, "scaling": 10,
+    "repro": 10, "calibration": 10, "assertions": 10, "scaling": 10, "declared": 10,
     "runner": 11,
     "pytest_plugin": 12, "triton_interpreter": 12,
     "__init__": 99,
@@ -84,3 +87,11 @@ def test_the_layer_checker_sees_an_upward_import(tmp_path: pathlib.Path) -> None
     src.write_text("def f():\n    from .runner import check\n    return check\n", encoding="utf-8")
     found = _relative_imports(src)
     assert found == [("runner", ["check"], 2)] and LAYERS["runner"] > LAYERS["cases"]
+
+
+def test_import_does_not_pull_frameworks():
+    """Importing gma_ref.testing imports neither torch, jax nor cupy."""
+    code = ("import sys, gma_ref, gma_ref.testing, gma_ref.check_cli; "
+            "print([m for m in ('torch', 'jax', 'cupy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.strip() == "[]"

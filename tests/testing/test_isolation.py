@@ -148,7 +148,7 @@ def test_an_import_that_hangs_or_fails_is_a_load_error(kernels) -> None:
     (kernels / "k_broken.py").write_text("raise RuntimeError('no such kernel here')\n", encoding="utf-8")
     t0 = time.monotonic()
     with pytest.raises(LoadError, match="did not finish importing within 1 s"):
-        check("k_hang:f", import_timeout=1.0)
+        check("k_hang:f", import_timeout=1.0, tiling=False)
     assert time.monotonic() - t0 < 20
     with pytest.raises(LoadError, match="RuntimeError: no such kernel here"):
         IsolatedCandidate("k_broken:f")
@@ -228,7 +228,8 @@ def test_cli_a_fake_json_report_and_exit0_give_a_failing_json_report(kernels) ->
             return off(*args, **kw)
         forged.gma_declaration = DECL
     """)
-    done = _cli("k_json:forged", "--json", "--no-repro", "-q", "--variant", "bidirectional", cwd=kernels)
+    done = _cli("k_json:forged", "--json", "--no-repro", "-q", "--variant", "bidirectional", "--no-tiling",
+                cwd=kernels)
     report = json.loads(done.stdout)
     assert done.returncode == 1 and report["passed"] is False and report["exit_code"] == 1
     assert any(r["metric"] == "crashed" for r in report["results"])
@@ -264,7 +265,8 @@ def test_cli_control_characters_printed_by_the_kernel_are_escaped(kernels) -> No
             return off(*args, **kw)
         ansi.gma_declaration = DECL
     """)
-    done = _cli("k_ansi:ansi", "--no-repro", "-q", "--variant", "bidirectional", cwd=kernels)
+    done = _cli("k_ansi:ansi", "--no-repro", "-q", "--variant", "bidirectional", "--no-tiling",
+                cwd=kernels)
     assert done.returncode == 1
     assert "\x1b" not in done.stdout and "\r" not in done.stdout
     assert "\\rPASS: 29/29 cases passed\\x1b[2K" in done.stdout

@@ -1,4 +1,4 @@
-"""Layer mode of the conformance harness: the multi-head GMA layer with its projections (docs/oracle.md)."""
+"""Layer mode of the conformance harness: the multi-head GMA layer with its projections (docs/oracle/layer-mode.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gma_ref.testing.compare import LAYER_TOLERANCES
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.emulated_layer import NumpyLayer
 
-from ..planted_impls import LAYER_BUGS, LAYER_CONTROLS, make_torch_layer_impl
+from ..support.planted_impls import LAYER_BUGS, LAYER_CONTROLS, make_torch_layer_impl
 
 # --------------------------------------------------------------------------- cases
 
@@ -80,7 +80,7 @@ def test_correct_layer_passes_200_generated_cases(dtype, n):
     """>= 200 checked layer cases per dtype pass (ill-conditioned ones, nu > NU_MAX, are listed as such)."""
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
-    report = check(NumpyLayer(dtype), dtype=dtype, grad=True, n_cases=n, contract=False)
+    report = check(NumpyLayer(dtype), dtype=dtype, grad=True, n_cases=n, contract=False, tiling=False)
     assert report.passed, report.format()
     assert len(report.case_ids) >= 200
     assert all(s.reason.startswith("ill-conditioned") for s in report.skipped if s.what.startswith("case"))
@@ -103,7 +103,7 @@ def test_float64_layer_exact_on_rounded_inputs():
         return gma_layer(params, up[0], up[1], **kw).astype(np.float32)
 
     exact.gma_declaration = Declaration(mode="layer")
-    report = check(exact)
+    report = check(exact, tiling=False)
     assert report.passed, report.format()
     assert max(r.value / r.threshold for r in report.results if r.metric == "norm") < 0.1
 
@@ -112,7 +112,7 @@ def test_float64_layer_exact_on_rounded_inputs():
 def test_torch_layer_passes(dtype):
     """A correct PyTorch layer (autograd gradients through the layer-mode adapter) passes."""
     pytest.importorskip("torch")
-    report = check(make_torch_layer_impl(), dtype=dtype, grad=True)
+    report = check(make_torch_layer_impl(), dtype=dtype, grad=True, tiling=False)
     assert report.passed, report.format()
 
 
@@ -122,7 +122,7 @@ def test_torch_layer_passes(dtype):
 @pytest.mark.parametrize("bug", LAYER_BUGS, ids=lambda c: c.__name__)
 def test_default_layer_check_flags_planted_bug(bug):
     """Every planted layer bug fails the default float32 layer check by a wide margin."""
-    report = check(bug(), grad=True)
+    report = check(bug(), grad=True, tiling=False)
     assert not report.passed, report.format()
     assert report.exit_code == 1
     worst = max(r.value / r.threshold for r in report.results if r.metric in ("norm", "elem") and r.threshold)
@@ -132,7 +132,7 @@ def test_default_layer_check_flags_planted_bug(bug):
 @pytest.mark.parametrize("control", LAYER_CONTROLS, ids=lambda c: c.__name__)
 def test_layer_rewrite_passes(control):
     """A correct layer written differently (one fused projection matmul, concatenation by reshape) passes."""
-    report = check(control(), grad=True)
+    report = check(control(), grad=True, tiling=False)
     assert report.passed, report.format()
 
 
@@ -150,7 +150,7 @@ def test_missing_layer_gradient_and_mutation_fail():
         return g
 
     no_wo.gma_declaration = Declaration(mode="layer", grad=True)
-    r = check(no_wo, vjp=vjp, variants=("causal",))
+    r = check(no_wo, vjp=vjp, variants=("causal",), tiling=False)
     assert any(x.tensor == "d_w_o" and x.metric == "missing" and not x.passed for x in r.results)
 
     def mutating(x, *rest, **kw):
@@ -159,7 +159,7 @@ def test_missing_layer_gradient_and_mutation_fail():
         return out
 
     mutating.gma_declaration = Declaration(mode="layer")
-    r = check(mutating, variants=("cross",))
+    r = check(mutating, variants=("cross",), tiling=False)
     assert any(x.metric == "unmutated-forward" and not x.passed for x in r.results)
 
 
@@ -168,7 +168,7 @@ def test_mode_mismatch_checks_nothing_and_fails():
     r = check(NumpyKernel("float32"), mode="layer")
     assert not r.passed and r.exit_code == 1
     assert any(s.what == "mode layer" and s.requested for s in r.skipped)
-    r2 = check(NumpyLayer("float32"), mode="attention")
+    r2 = check(NumpyLayer("float32"), mode="attention", tiling=False)
     assert not r2.passed and any(s.what == "mode attention" for s in r2.skipped)
 
 
@@ -179,17 +179,17 @@ def test_cli_layer_mode_exit_codes(capsys):
     """gma-ref check --mode layer: 0 on the correct layer, 1 on a planted layer bug or an attention kernel."""
     assert cli_main(["gma_ref.testing.emulated_layer:NumpyLayer", "--mode", "layer", "--grad"]) == 0
     assert cli_main(["gma_ref.testing.emulated_layer:NumpyLayer"]) == 0  # declared mode="layer"
-    assert cli_main(["tests.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant",
+    assert cli_main(["tests.support.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant",
                      "causal", "--no-repro"]) == 1
     assert cli_main(["gma_ref.testing.emulated:NumpyKernel", "--mode", "layer"]) == 1
     capsys.readouterr()
     # the self-attention bug is invisible to cross-attention, where d_x has no key/value path
-    assert cli_main(["tests.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant", "cross",
+    assert cli_main(["tests.support.planted_impls:LayerSelfInputGradQueryOnly", "--mode", "layer", "--variant", "cross",
                      "--json"]) == 0
     out = capsys.readouterr().out
     data = json.loads(out[out.index("{"):])
     assert data["passed"] is True and data["mode"] == "layer"
     assert data["cases"][0].startswith("layer-cross-")
-    assert cli_main(["tests.planted_impls:LayerHeadsDvMajor", "--mode", "layer", "--no-repro"]) == 1
+    assert cli_main(["tests.support.planted_impls:LayerHeadsDvMajor", "--mode", "layer", "--no-repro"]) == 1
     text = capsys.readouterr().out
     assert "mode=layer" in text and "FAIL layer-bidirectional-B2-H3-N17-K4-dm12-dr5-dv6-f32-s0" in text

@@ -37,10 +37,10 @@ def test_tied_head_width_declaration_makes_only_admissible_layer_cases():
     """Undeclared, a tied-width layer fails most default layer cases for a shape reason; with
     Declaration(tied_head_width=True) every case is admissible and it passes, the lost edge (d_r != d_v) listed."""
     layer = TiedLayer("float32")
-    undeclared = check(layer)
+    undeclared = check(layer, tiling=False)
     assert not undeclared.passed and len(undeclared.failed_cases()) >= 12
     layer.gma_declaration = replace(layer.gma_declaration, tied_head_width=True)
-    report = check(layer, grad=True)
+    report = check(layer, grad=True, tiling=False)
     assert report.passed, report.format()
     assert any("d_r != d_v" in s.reason for s in report.skipped)
 
@@ -58,7 +58,7 @@ def test_declared_reason_for_an_unsupported_variant_is_printed():
     kernel = NumpyKernel("float32")
     kernel.gma_declaration = Declaration(variants=("bidirectional",), extra={"unsupported": {
         "causal": "no mask in this kernel", "grad": "forward only"}})
-    report = check(kernel, variants=("bidirectional", "causal"), grad=True)
+    report = check(kernel, variants=("bidirectional", "causal"), grad=True, tiling=False)
     text = report.format()
     assert "skip variant causal: not declared: no mask in this kernel  [requested]" in text
     assert "not declared (grad=False): forward only" in text
@@ -81,7 +81,7 @@ def test_an_nn_module_checked_through_functional_call():
     torch = pytest.importorskip("torch")
     from torch.func import functional_call
 
-    from ..planted_impls import torch_gma
+    from ..support.planted_impls import torch_gma
 
     class GMAMultiHead(torch.nn.Module):
         def __init__(self, d_model=12, heads=3, components=4, eps=1e-6, eps_sigma=1e-4):
@@ -121,7 +121,7 @@ def test_an_nn_module_checked_through_functional_call():
     layer.gma_declaration = Declaration(
         mode="layer", namespace="torch", grad=True, variants=("bidirectional", "causal"), tied_head_width=True,
         eps=1e-6, eps_sigma=1e-4, extra={"unsupported": {"cross": "self-attention only"}})
-    report = check(layer)
+    report = check(layer, tiling=False)
     assert report.passed, report.format()
     assert "skip variant cross: not declared: self-attention only" in report.format()
 

@@ -1,6 +1,6 @@
 """The six tiling bugs of issue 22 pass the regime cases but fail the tiling cases; correct kernels pass both.
 
-Each bug (tests/planted_tiling.py) is wrong only for d_v > 64, K > 8, H ≥ 5, B ≥ 3, ε_σ ≠ 1e-4
+Each bug (tests/support/planted_tiling.py) is wrong only for d_v > 64, K > 8, H ≥ 5, B ≥ 3, ε_σ ≠ 1e-4
 or N > 2·64: shapes and parameters the regime cases (``default_cases()``) never have. The
 tiling cases (``default_cases(tiling=True)``) must flag each in float32 and float64, far above
 the threshold. The tiling cases are run alone here (the regime part is the same for every
@@ -16,7 +16,7 @@ from gma_ref.testing.cases import tiling_cases
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.rounding_family import FAMILY
 
-from ..planted_tiling import TILING_BUGS
+from ..support.planted_tiling import TILING_BUGS
 
 
 def _worst(report) -> float:
@@ -61,7 +61,19 @@ def test_the_command_lines_default_check_flags_every_tiling_bug(bug, capsys):
     with ``--no-tiling`` (the 29 edge cases only) the same kernel passes."""
     from gma_ref.check_cli import main
 
-    target = f"tests.planted_tiling:{bug.__name__}"
+    target = f"tests.support.planted_tiling:{bug.__name__}"
     assert main([target, "--no-repro", "--quiet"], exit_process=False) == 1
     assert main([target, "--no-repro", "--quiet", "--no-tiling", "--variant", "causal"], exit_process=False) == 0
     capsys.readouterr()
+
+
+def test_the_python_checks_default_includes_the_tiling_cases():
+    """``check(kernel)`` from Python runs the same default set as the command line: a tiling bug fails it, the
+    summary states the tiling envelope (H up to 8, B up to 4), and ``tiling=False`` checks the edge cases alone."""
+    bug = TILING_BUGS[0]("float32")
+    report = check(bug, grad=False, variants=("bidirectional",))
+    assert not report.passed, report.format()
+    last = report.format().splitlines()[-1]
+    assert "H<=8" in last and "B<=4" in last, last
+    edge = check(bug, grad=False, variants=("bidirectional",), tiling=False)
+    assert edge.passed and edge.envelope["heads"] < 8 and edge.envelope["batch"] < 4, edge.format()

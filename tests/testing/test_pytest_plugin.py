@@ -1,7 +1,7 @@
 """The pytest plugin gma_ref.testing.pytest_plugin: one item per case; ids, -k, -x, --lf, strict xfail, JUnit XML.
 
 Each test runs pytest inside pytest (``pytester``) on a correct kernel (NumpyKernel) and a buggy one
-(tests/planted_impls.py StrictCausalMask: the causal mask j < i), loading the plugin with ``-p`` (the
+(tests/support/planted_impls.py StrictCausalMask: the causal mask j < i), loading the plugin with ``-p`` (the
 ``pytest11`` entry point does the same where gma-ref is installed).
 """
 
@@ -15,7 +15,7 @@ import pytest
 from gma_ref.testing import default_cases
 from gma_ref.testing.emulated import NumpyKernel
 
-from ..planted_impls import StrictCausalMask
+from ..support.planted_impls import StrictCausalMask
 
 pytest_plugins = ["pytester"]
 
@@ -23,7 +23,7 @@ pytest_plugins = ["pytester"]
 # other module (tools/mutate.py serves its mutants through an import hook that a rewrite would bypass)
 PLUGIN = ("-p", "gma_ref.testing.pytest_plugin", "--assert=plain", "--gma-no-tiling")
 GOOD = "gma_ref.testing.emulated:NumpyKernel"
-BAD = "tests.planted_impls:StrictCausalMask"
+BAD = "tests.support.planted_impls:StrictCausalMask"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -43,7 +43,7 @@ def _failing_causal_ids() -> list[str]:
     """Ids of the causal default cases the strict-mask bug fails, found through the public check()."""
     from gma_ref.testing import check
 
-    report = check(StrictCausalMask(), variants=("causal",), grad=True)
+    report = check(StrictCausalMask(), variants=("causal",), grad=True, tiling=False)
     return report.failed_cases()
 
 
@@ -181,7 +181,7 @@ def test_parametrisation_helper_in_a_test_module(pytester):
     pytester.makepyfile(test_author=f"""
 import pytest
 from gma_ref.testing.pytest_plugin import check_case, gma_cases
-from tests.planted_impls import StrictCausalMask
+from tests.support.planted_impls import StrictCausalMask
 
 bad = StrictCausalMask()
 
@@ -203,7 +203,7 @@ def test_helper_case_list_matches_check_and_refuses_what_is_not_declared():
 
     k = NumpyKernel("float32")
     lst = gma_case_list(k, grad=True)
-    assert [c.case_id for c in lst] == check(k, grad=True).case_ids
+    assert [c.case_id for c in lst] == check(k, grad=True, tiling=False).case_ids
     assert [c.case_id for c in lst if c.contract] == [lst[0].case_id, lst[9].case_id, lst[20].case_id]
     assert all(c.grad and c.device == "cpu" and c.mode == "attention" for c in lst)
     long = gma_case_list(k, long=True, n_max=4096)
@@ -243,11 +243,11 @@ def test_helper_maps_cases_to_the_declared_constraints():
     from gma_ref.testing import check
     from gma_ref.testing.pytest_plugin import check_case, gma_case_list
 
-    from ..planted_impls import ConstrainedKernel, constrained_kernel
+    from ..support.planted_impls import ConstrainedKernel, constrained_kernel
 
     kern = constrained_kernel()
     lst = gma_case_list(kern, variants=("causal",), grad=True)
-    assert [c.case_id for c in lst] == check(kern, variants=("causal",), grad=True).case_ids
+    assert [c.case_id for c in lst] == check(kern, variants=("causal",), grad=True, tiling=False).case_ids
     assert all(c.case.eps == 1e-10 and c.case.n_q % 16 == 0 for c in lst)
     assert any(c.case.n_q == 112 and 112 % c.case.chunk_size for c in lst)  # N = 100, C = 7: still not dividing
     for c in lst[:3]:

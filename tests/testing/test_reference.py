@@ -7,6 +7,9 @@ every sum of the backward pass replaced by the root-sum-square of its terms) and
 checked here against a second, plain implementation written from the module's docstrings with
 einsum over index letters (no shared helper, no scaling trick), on small batched cases, causal
 and not; the scaled root-sum-squares are checked where an unscaled one would underflow.
+
+The oracle evaluates the reference on the candidate's rounded inputs, and at the edges of floating point
+(float64 routed mass ~1e-190, float32 subnormal gradients) it matches the exact (mpmath) values.
 """
 
 from __future__ import annotations
@@ -21,9 +24,16 @@ from gma_ref import gma_attention, gma_attention_backward
 from gma_ref.bidirectional import write_memory
 from gma_ref.mixture import log_priors_from_logits, sigmoid, variances_from_omega
 from gma_ref.posterior import responsibilities
+from gma_ref.testing import Case, Declaration, check, default_cases
+from gma_ref.testing.cases import case_arrays
+from gma_ref.testing.compare import compare_tensor
 from gma_ref.testing.conditioning import read_condition, score_condition
+from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.names import GRAD_NAMES
 from gma_ref.testing.reference import Reference, _grad_grains, _rms, _rss, _rss_mm, reference
+
+from ..support.oracle_helpers import routed_mass as _routed_mass
+from ..support.planted_impls import make_torch_impl
 
 INPUTS = ("q", "k", "v", "means", "omega", "prior_logits")
 
@@ -474,3 +484,91 @@ def test_each_row_is_scaled_by_its_own_largest_entry():
     np.testing.assert_allclose(_rss(xp, x.T, 0), [5e-200, 5e100], rtol=1e-14, atol=0)
     b = np.array([[1.0, 1e-100], [1.0, 1e-100]])  # columns of 1 and of 1e-100
     np.testing.assert_allclose(_rss_mm(xp, x, b), [[5e-200, 5e-300], [5e100, 5.0]], rtol=1e-14, atol=0)
+
+
+def test_reference_runs_on_the_rounded_inputs():
+    """A float32 candidate that is exact on its own rounded inputs scores ~0: input rounding is not blamed."""
+    def exact(q, k, v, means, omega, prior_logits, **kw):
+        up = [a.astype(np.float64) for a in (q, k, v, means, omega, prior_logits)]
+        return gma_attention(*up, **kw).astype(np.float32)
+
+    exact.gma_declaration = Declaration(dtypes=("float32",))
+    report = check(exact, tiling=False)
+    assert report.passed
+    assert max(r.value / r.threshold for r in report.results if r.metric == "norm") < 0.1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float64_tiny_routed_mass_is_no_false_alarm_and_not_blind(seed):
+    """float64 causal N = 1, K = 12, d_r = 128 with u ~ 1e-190: a correct kernel passes, a 1e-9-off one fails.
+
+    Against the exact (mpmath) values, under the harness's own metric and floors, both the
+    float64 reference and the kernel are correct; no norm metric is blind (each reports the
+    change), and every gradient not made of cancelling terms fails. (``out`` is compared at
+    the scale of the values, RMS(v), and d_k here is a 1e-6 remainder of cancelling terms.)
+    """
+    import array_api_compat.numpy as xp
+
+    from gma_ref.testing.reference import reference
+
+    from ..support.exact_by_equations import exact_gma
+
+    case = Case("causal", 1, 1, 1, 1, 12, 128, 4, dtype="float64", seed=seed)
+    assert float(_routed_mass(case).max()) < 1e-160
+    report = check(NumpyKernel("float64"), cases=[case], dtype="float64", grad=True)
+    assert report.passed, report.format()
+    a = case_arrays(case)
+    ins = {n: a[n] for n in ("q", "k", "v", "means", "omega", "prior_logits")}
+    opts = {"causal": True, "eps": case.eps, "eps_sigma": case.eps_sigma}
+    exact = exact_gma(a, **opts)
+    ref = reference(xp, ins, d_out=a["d_out"], tiny=2.0**-1022, **opts)
+    kern = NumpyKernel("float64")
+    got = dict(kern.vjp(*ins.values(), a["d_out"], **opts), out=kern(*ins.values(), **opts))
+    for name, value in exact.items():
+        for candidate in (got[name], ref.tensors[name]):
+            c = compare_tensor(name, candidate, value, dtype="float64", kappa=ref.kappa,
+                               read_condition=ref.read_condition, floor=ref.floors[name])
+            assert c.passed, (name, c)
+
+    class OffBy1e9(NumpyKernel):
+        def __call__(self, *args, **kw):
+            return super().__call__(*args, **kw) * (1 + 1e-9)
+
+        def vjp(self, *args, **kw):
+            return {n: g * (1 + 1e-9) for n, g in super().vjp(*args, **kw).items()}
+
+    off = check(OffBy1e9("float64"), cases=[case], dtype="float64", grad=True, contract=False)
+    failed_norm = {r.tensor for r in off.failures if r.metric == "norm"}
+    assert {"d_q", "d_v", "d_means", "d_omega", "d_prior_logits"} <= failed_norm, off.format()
+    assert all(r.value > 0 for r in off.results if r.metric == "norm")
+
+
+def test_float32_subnormal_gradients_no_false_alarm():
+    """A float32 case whose true gradients are subnormal: correct kernels pass; the reference matches mpmath."""
+    small = [c for c in default_cases(dtype="float32") if c.regime == "tiny_grad"]
+    for kernel in (NumpyKernel("float32"), make_torch_impl() if _have_torch() else None):
+        if kernel is not None:
+            report = check(kernel, cases=small, dtype="float32", grad=True)
+            assert report.passed, report.format()
+    case = Case("cross", 1, 2, 3, 4, 3, 2, 3, dtype="float32", regime="tiny_grad", seed=4)
+    a = case_arrays(case)
+    assert np.abs(a["d_out"]).max() < 2.0**-120
+    import array_api_compat.numpy as xp
+
+    from gma_ref.testing.reference import reference
+
+    from ..support.exact_by_equations import exact_gma
+
+    ref = reference(xp, {n: a[n] for n in ("q", "k", "v", "means", "omega", "prior_logits")}, causal=False,
+                    eps=case.eps, eps_sigma=case.eps_sigma, d_out=a["d_out"])
+    exact = exact_gma(a, causal=False, eps=case.eps, eps_sigma=case.eps_sigma)
+    grads = [n for n in exact if n != "out"]
+    assert any(np.any((np.abs(exact[n]) < 2.0**-126) & (exact[n] != 0)) for n in grads)  # subnormal in float32
+    for n in exact:
+        assert compare_tensor(n, ref.tensors[n], exact[n], dtype="float64").norm_error < 1e-12
+
+
+def _have_torch():
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None

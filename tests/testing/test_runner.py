@@ -1,13 +1,106 @@
-"""gma_ref.testing.runner: check() plans a run (declaration, skips, case list), runs the cases in process and
-reports; every case here is tiny and explicit, so each test takes a fraction of a second."""
+"""check (gma_ref.testing.runner): correct kernels pass, skips are listed, bad requests refused, timeouts and
+tracebacks reported."""
 
 from __future__ import annotations
 
 import pytest
 
+from gma_ref.check_cli import main as cli_main
 from gma_ref.testing import Case, Declaration, check
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.runner import assert_conforms, check_writable_dir
+
+from ..support.oracle_helpers import K32 as _K
+from ..support.oracle_helpers import declared as _wrap
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_correct_kernel_passes_default_check(dtype):
+    """The correct NumPy kernel with emulated storage passes the default check with gradients."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
+    report = check(NumpyKernel(dtype), dtype=dtype, grad=True)
+    assert report.passed, report.format()
+    assert report.exit_code == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_correct_kernel_passes_200_generated_cases(dtype):
+    """A correct low-precision implementation passes every one of >= 200 generated cases (ill-conditioned listed)."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
+    n = 340 if dtype == "float16" else 200
+    report = check(NumpyKernel(dtype), dtype=dtype, grad=True, n_cases=n, contract=False, tiling=False)
+    assert report.passed, report.format()
+    assert len(report.case_ids) >= 200
+    assert all(s.reason.startswith("ill-conditioned") for s in report.skipped if s.what.startswith("case"))
+
+
+def test_undeclared_items_are_skipped_and_listed():
+    """Undeclared variants/gradients are listed as skipped; explicitly requested ones give exit code 2."""
+    impl = _wrap(lambda *a, **kw: _K(*a, **kw), variants=("bidirectional",))
+    r = check(impl, tiling=False)
+    assert r.passed and r.exit_code == 0
+    assert {s.what for s in r.skipped} >= {"variant causal", "variant cross"}
+    r2 = check(impl, variants=("causal", "bidirectional"), grad=True, tiling=False)
+    assert r2.exit_code == 2 and "gradients" in {s.what for s in r2.skipped}
+
+
+def test_nothing_checked_is_a_failure():
+    """If nothing could be checked (dtype not declared) the report fails rather than passing vacuously."""
+    r = check(_K, dtype="float64", tiling=False)
+    assert not r.passed and r.exit_code == 1
+
+
+def test_check_rejects_bad_requests():
+    """A non-callable is a TypeError; unknown variant, dtype, device or mode names and n_cases < 0 are ValueErrors."""
+    with pytest.raises(TypeError, match="callable"):
+        check(42, tiling=False)
+    with pytest.raises(TypeError, match="Declaration"):
+        check(_K, {"dtypes": ("float32",)}, tiling=False)
+    for kw, what in (({"dtype": "float8"}, "dtype"), ({"variants": ("sideways",)}, "variant"),
+                     ({"device": "tpu"}, "device"), ({"mode": "block"}, "mode"), ({"n_cases": -1}, "n_cases"),
+                     ({"timeout": 0}, "timeout")):
+        with pytest.raises(ValueError, match=what):
+            check(_K, **kw)
+    with pytest.raises(TypeError, match="sequence"):
+        check(_K, variants="causal", tiling=False)
+
+
+def test_timeout_fails_the_case_and_stops_the_run():
+    """A case that takes longer than the timeout fails ('timeout') and the remaining cases are listed as not run."""
+    import threading
+    import time
+
+    def hangs(*a, **kw):
+        threading.Event().wait(30)
+
+    t0 = time.perf_counter()
+    report = check(_wrap(hangs), timeout=0.3, tiling=False)
+    assert time.perf_counter() - t0 < 10
+    assert [r.metric for r in report.failures] == ["timeout"] and report.exit_code == 1
+    assert sum("timed out" in s.reason for s in report.skipped) == 28
+
+
+def _inner_helper(q):
+    raise ValueError(f"shape mismatch {tuple(q.shape)}")
+
+
+def test_traceback_option_shows_every_frame(capsys):
+    """A raising call shows its own frame by default and the whole traceback with full_traceback / --traceback."""
+    def calls_helper(q, *a, **kw):
+        return _inner_helper(q)
+
+    short = check(_wrap(calls_helper), variants=("cross",), tiling=False).failures[0].detail
+    assert "ValueError: shape mismatch" in short and "_inner_helper" in short and "Traceback" not in short
+    full = check(_wrap(calls_helper), variants=("cross",), full_traceback=True, tiling=False).failures[0].detail
+    assert full.startswith("Traceback (most recent call last)") and "calls_helper" in full and "_inner_helper" in full
+    assert cli_main(["tests.support.planted_impls:ConstrainedKernel", "--variant", "cross", "--traceback",
+                     "--no-repro"]) == 1
+    assert "Traceback (most recent call last)" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- small explicit cases, in process
 
 _K64 = NumpyKernel("float64")
 _CASES = [Case("bidirectional", 1, 1, 4, 4, 2, 2, 3), Case("causal", 1, 1, 5, 5, 2, 2, 3, chunk_size=2),
@@ -16,8 +109,7 @@ _CASES = [Case("bidirectional", 1, 1, 4, 4, 2, 2, 3), Case("causal", 1, 1, 5, 5,
 
 def _wrapped(fn, **declared):
     """``fn`` as a candidate with a NumPy float64 declaration (``declared`` overrides its fields)."""
-    fn.gma_declaration = Declaration(**{"dtypes": ("float64",), **declared})
-    return fn
+    return _wrap(fn, **{"dtypes": ("float64",), **declared})
 
 
 def _skips(report) -> dict[str, object]:
@@ -163,7 +255,8 @@ def test_a_harness_failure_on_what_the_kernel_did_is_a_labelled_failure() -> Non
 
 
 def test_no_cases_given_means_the_default_set_and_n_cases_generated_ones() -> None:
-    """cases=None: the default cases of the declared variants plus n_cases generated ones (seed + 1)."""
+    """cases=None: the default cases of the declared variants (with the tiling cases unless tiling=False) plus
+    n_cases generated ones (seed + 1); the envelope is that of the cases run."""
     from gma_ref.testing import default_cases, generate_cases
 
     seen = []
@@ -172,31 +265,26 @@ def test_no_cases_given_means_the_default_set_and_n_cases_generated_ones() -> No
         seen.append(q.shape)
         raise RuntimeError("not run")
 
-    report = check(_wrapped(recording, variants=("cross",)), n_cases=2, seed=4, contract=False)
-    expected = default_cases(("cross",), dtype="float64", seed=4) + generate_cases(
-        2, variants=("cross",), dtype="float64", seed=5)
-    assert report.case_ids == [c.case_id for c in expected] and len(seen) == len(expected)
-    assert report.envelope and report.envelope["n"] == max(max(c.n_q, c.n_k) for c in expected)
+    impl = _wrapped(recording, variants=("cross",))
+    generated = generate_cases(2, variants=("cross",), dtype="float64", seed=5)
+    for tiling in (False, True):
+        report = check(impl, n_cases=2, seed=4, contract=False, tiling=tiling)
+        expected = default_cases(("cross",), dtype="float64", seed=4, tiling=tiling) + generated
+        assert report.case_ids == [c.case_id for c in expected]
+        assert report.envelope["n"] == max(max(c.n_q, c.n_k) for c in expected)
+    assert len(seen) == len(report.case_ids) + len(default_cases(("cross",))) + 2
 
 
-def test_bad_requests_are_refused_before_any_case_runs() -> None:
-    """Every malformed argument is a TypeError or ValueError naming it."""
-    with pytest.raises(TypeError, match="callable"):
-        check(42)
-    with pytest.raises(TypeError, match="Declaration"):
-        check(_K64, {"dtypes": ("float64",)})
-    with pytest.raises(TypeError, match="sequence of names"):
-        check(_K64, variants="causal")
-    for kw, what in (({"dtype": "float8"}, "unknown dtype"), ({"variants": ("sideways",)}, "unknown variant"),
-                     ({"device": "tpu"}, "unknown device"), ({"mode": "block"}, "unknown mode"),
-                     ({"n_cases": -1}, "n_cases"), ({"n_cases": True}, "n_cases"), ({"n_cases": 1.0}, "n_cases"),
-                     ({"timeout": 0}, "timeout"), ({"timeout": "1"}, "timeout"), ({"scale": "huge"}, "scale"),
+def test_a_count_or_timeout_of_the_wrong_kind_is_refused_and_the_limits_are_inclusive() -> None:
+    """n_cases must be an int (not a bool or float) >= 0; timeout a positive number; scale one of its three names;
+    in_process=False needs a target. 0 cases and any positive timeout are accepted."""
+    for kw, what in (({"n_cases": True}, "n_cases"), ({"n_cases": 1.0}, "n_cases"), ({"timeout": "1"}, "timeout"),
+                     ({"timeout": -1.0}, "timeout"), ({"scale": "huge"}, "scale"),
                      ({"in_process": False}, "in_process=False")):
         with pytest.raises(ValueError, match=what):
             check(_K64, **kw)
-    for ok in ({"n_cases": 0, "cases": _CASES[:1]}, {"timeout": 30, "cases": _CASES[:1]},
-               {"timeout": 30.0, "cases": _CASES[:1], "device": "cpu", "mode": "attention"}):
-        assert check(_K64, grad=False, contract=False, **ok).passed
+    for ok in ({"n_cases": 0}, {"timeout": 30}, {"timeout": 30.0, "device": "cpu", "mode": "attention"}):
+        assert check(_K64, cases=_CASES[:1], grad=False, contract=False, **ok).passed
 
 
 def test_check_writable_dir_refuses_a_file_or_a_read_only_parent(tmp_path, monkeypatch) -> None:

@@ -157,10 +157,10 @@ def test_declared_limits_cutting_the_envelope_are_printed():
     from dataclasses import replace
 
     last = check(kernel, replace(kernel.gma_declaration, n_max=64), grad=False,
-                 variants=("bidirectional",)).format().splitlines()[-1]
+                 variants=("bidirectional",), tiling=False).format().splitlines()[-1]
     assert "limited by" not in last and "envelope N<=63" in last  # the default set reaches N = 63
     last = check(kernel, replace(kernel.gma_declaration, n_max=32), grad=False,
-                 variants=("bidirectional",)).format().splitlines()[-1]
+                 variants=("bidirectional",), tiling=False).format().splitlines()[-1]
     assert last.endswith("; limited by the declaration: n_max = 32 (default N up to 63)") and "N<=32" in last
 
 

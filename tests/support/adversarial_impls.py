@@ -4,7 +4,7 @@ Each is the correct NumPy kernel (:class:`gma_ref.testing.emulated.NumpyKernel`,
 with one misbehaviour: it exits, prints, keeps its output in one persistent
 buffer, mutates an input, returns a view, hangs, runs out of memory, raises an
 exception that cannot be printed, or returns the wrong type. They are imported
-by ``gma-ref check tests.adversarial_impls:Name`` in
+by ``gma-ref check tests.support.adversarial_impls:Name`` in
 ``tests/testing/test_adversarial.py``.
 """
 

@@ -1,9 +1,9 @@
-"""The backward reuses the forward's work, and refuses residuals that do not fit.
+"""The backward reuses the forward's work, and refuses saved arrays that do not fit.
 
-``gma_attention(..., return_saved=True)`` returns ``(out, AttentionSaved)``; passing them
-to ``gma_attention_backward(..., residuals=)`` gives the gradients it gives without them (to
+``gma_attention(..., return_saved=True)`` returns ``(out, AttentionSaved)``; passing it
+to ``gma_attention_backward(..., saved=)`` gives the gradients it gives without it (to
 rounding), for every form, cross-attention, broadcast batch/head axes, under every array
-namespace, and where the scores' rounding guard sends rows to the element-wise form. Residuals
+namespace, and where the scores' rounding guard sends rows to the element-wise form. Saved arrays
 of the wrong type, dtype or shape, with NaN, or from other inputs, parameters or options raise a
 ``TypeError``/``ValueError`` naming the field.
 """
@@ -17,7 +17,7 @@ import gma_ref
 from gma_ref.attention import FORMS, AttentionSaved, gma_attention, gma_attention_backward
 from gma_ref.mixture import log_priors_from_logits, variances_from_omega
 from gma_ref.posterior import responsibilities
-from tests._helpers import from_numpy, rel_err, to_numpy
+from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 K, D_R, D_V = 3, 2, 4
 _VARIANTS = [(False, form) for form in FORMS[False]] + [(True, form) for form in FORMS[True]]

@@ -2,7 +2,7 @@
 
 Bidirectional, causal and cross attention in one function; gradients come from ``jax.vjp`` (the oracle's
 :func:`~gma_ref.testing.jax_vjp`). :func:`make_jax_gma` returns the kernel ``jax.jit``-compiled with the
-options static, declared as docs/oracle.md shows; ``bug="strict_causal"`` plants a strict causal mask
+options static, declared as docs/oracle/calling-convention.md shows; ``bug="strict_causal"`` plants a strict causal mask
 (token i does not read itself), which the oracle must flag.
 """
 
