@@ -160,11 +160,12 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/testing/reference.py": [
         "tests/testing/test_reference.py",
     ],
-    # One small float64 case per check (no worker process, no full case set): seconds per mutant.
+    # Its first tests take one small float64 case each (no worker process): seconds per mutant; the contract
+    # tests through check() after them run only for the mutants they reach.
     "gma_ref/testing/case_runner.py": ["tests/testing/test_case_runner.py"],
     # The case set's properties first; the tiling file also runs the harness over a few tiling cases.
     "gma_ref/testing/cases.py": ["tests/testing/test_cases.py", "tests/testing/test_tiling_cases.py"],
-    # check() in process on small explicit case lists; the CLI and the worker process are tested elsewhere.
+    # check() in process: the default and 200-case runs, then small explicit case lists.
     "gma_ref/testing/runner.py": ["tests/testing/test_runner.py"],
 }
 
