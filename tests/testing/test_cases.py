@@ -209,6 +209,7 @@ def test_constraints_map_every_size_and_fix_eps() -> None:
 def test_constraints_name_the_edges_they_cannot_keep() -> None:
     """N = 1, K = 1, d_r = 1 (and N_k = 1 for cross) edges moved to the smallest admissible size are noted."""
     assert constrain_case(Case("cross", 1, 1, 1, 2, 1, 1, 1))[1] == []  # nothing to move: no note
+    assert constrain_case(Case("cross", 1, 1, 2, 1, 2, 2, 2))[1] == []  # N_k = 1 kept: no note
     new, notes = constrain_case(Case("cross", 1, 1, 1, 1, 1, 1, 1), n_multiple=4, k_multiple=2,
                                 d_multiple=2)
     assert (new.n_q, new.n_k, new.n_components, new.d_r) == (4, 8, 2, 2)
@@ -227,6 +228,8 @@ def test_a_cross_case_keeps_different_lengths_where_it_can() -> None:
     assert (down.n_q, down.n_k, notes) == (24, 16, [])
     at_max, _ = constrain_case(Case("cross", 1, 1, 3, 5, 2, 2, 2), n_multiple=8, n_max=16)
     assert (at_max.n_q, at_max.n_k) == (8, 16)
+    one_below, notes = constrain_case(Case("cross", 1, 1, 5, 7, 2, 2, 2), n_max=2)  # N_k = 1 is still admissible
+    assert (one_below.n_q, one_below.n_k, notes) == (2, 1, [])
     stuck, notes = constrain_case(Case("cross", 1, 1, 3, 5, 2, 2, 2), n_multiple=8, n_max=8)
     assert (stuck.n_q, stuck.n_k) == (8, 8)
     assert notes == ["cross with N_q != N_k: only N = 8 is admissible"]
@@ -289,6 +292,17 @@ def test_envelope_limits_say_which_declared_limit_cuts_the_default_envelope() ->
         "d_max = 100 (default d_r, d_v up to 129)", "eps = 1e-08 fixed (default: each case's, 1e-12 to 1e-3)",
         "eps_sigma = 0.0001 fixed (default: each case's, 1e-4 to 0.3)"]
     assert envelope_limits({}, n_max=1) == []
+
+
+def test_envelope_limits_name_the_size_multiples_above_one_and_a_tied_head_width() -> None:
+    """A multiple of 1 changes no size and is not named; a larger one is, per axis; so is a tied head width; the
+    baseline names the envelope the limits cut."""
+    assert envelope_limits({"n": 64}, n_multiple=1, k_multiple=1, d_multiple=1) == []
+    assert envelope_limits({"n": 64}, n_max=32, n_multiple=16, k_multiple=2, d_multiple=8, tied_head_width=True,
+                           baseline="requested") == [
+        "n_max = 32 (requested N up to 64)", "n_multiple = 16 (N rounded up to a multiple of 16)",
+        "k_multiple = 2 (K rounded up to a multiple of 2)", "d_multiple = 8 (d_r, d_v rounded up to a multiple of 8)",
+        "tied_head_width = True (layer cases with d_r = d_v = d_model / H)"]
 
 
 def test_generated_cases_are_seeded_round_robin_and_edge_biased() -> None:
