@@ -218,12 +218,21 @@ class FlaNormaliseBackward(InducedWeightsKernel):
     ∂L/∂D = −Σ (do · o) / D² with that unnormalised o, in the storage dtype. With a
     cotangent at the subnormal edge (``tiny_grad``) and a query that sees little key mass
     (D ≈ u ≪ 1), do · o underflows and 1/D² (~1e16) amplifies the lost digits. Like fla it
-    is built with ε = 1e-10 and declares it; reordered as −Σ (do / D)(o / D) it is correct.
+    is built with ε = 1e-10, ignores the ε passed and declares it (the oracle confirms the declaration);
+    reordered as −Σ (do / D)(o / D) it is correct.
     """
+
+    FIXED_EPS = 1e-10
 
     def __init__(self, storage="float32", chunk_size=16):
         super().__init__(storage, chunk_size)
-        self.gma_declaration = replace(self.gma_declaration, eps=1e-10)
+        self.gma_declaration = replace(self.gma_declaration, eps=self.FIXED_EPS)
+
+    def __call__(self, *args, eps=None, **kw):
+        return super().__call__(*args, eps=self.FIXED_EPS, **kw)
+
+    def vjp(self, *args, eps=None, **kw):
+        return super().vjp(*args, eps=self.FIXED_EPS, **kw)
 
     def read_backward(self, gq, gk, v, g, eps, mask):
         a = (gq @ np.swapaxes(gk, -1, -2)) * mask

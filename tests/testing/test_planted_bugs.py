@@ -21,8 +21,6 @@ from ..support.planted_impls import (
 
 #: (bug, dtype) pairs in which the bug cannot be seen, and why; every other pair must be flagged.
 INVISIBLE = {
-    ("EpsInNumerator", "float16"): "ε = 1e-6 added to the numerator moves the output by ε/u_i, below float16's "
-                                   "resolution unless u_i ≪ 1, which float16 cannot resolve (ill-conditioned, skipped)",
     ("HalfPrecisionPrefix", "float16"): "a float16 kernel stores the carried state in float16 anyway",
     ("NanGuardZeroesTinyMass", "float16"): "float16 cannot hold a routed mass near 1e-12: the correct kernel reads 0 "
                                            "there too (those cases are skipped as ill-conditioned)",
