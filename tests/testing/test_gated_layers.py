@@ -20,6 +20,8 @@ from gma_ref.testing.emulated_layer import NumpyLayer
 from gma_ref.testing.names import GATED_LAYER_INPUT_NAMES, LAYER_INPUT_NAMES
 from gma_ref.testing.pytest_plugin import check_case, gma_case_list
 
+from ..support.planted_impls import GATE_BUGS
+
 GATES = ("elementwise", "headwise")
 
 
@@ -102,47 +104,6 @@ def test_correct_gated_layer_passes_default_check(dtype, gate):
 
 
 # --------------------------------------------------------------------------- planted gate bugs
-
-
-class GateAfterOutputProjection(NumpyLayer):
-    """The gate applied after W_O: out = (concat(O) W_O) · ḡ, ḡ the token's gate averaged over heads (and channels)."""
-
-    def output(self, heads, gate, w_o):
-        concat, out = super().output(heads, None, w_o)
-        return concat, self.store(out * gate.mean(axis=(1, 3))[..., None])
-
-
-class SigmoidDerivativePlus(NumpyLayer):
-    """The wrong sigmoid derivative σ(1 + σ) instead of σ(1 − σ) in the gate's backward."""
-
-    def gate_derivative(self, g):
-        return g * (1 + g)
-
-
-class GateBiasGradAveraged(NumpyLayer):
-    """The gate bias gradient averaged over the batch and tokens instead of summed."""
-
-    def gate_bias_grad(self, d_act):
-        return d_act.mean(axis=(0, 2))
-
-
-class GateInputGradMissing(NumpyLayer):
-    """∂X without the gate's path Σ_h ∂a_h W_G,hᵀ (the gate treated as a constant of X)."""
-
-    def gate_input_grad(self, d_act, gate_w):
-        return np.zeros((d_act.shape[0], d_act.shape[2], gate_w.shape[1]), dtype=d_act.dtype)
-
-
-GATE_BUGS = [
-    (GateAfterOutputProjection, "headwise", "out"),
-    (GateAfterOutputProjection, "elementwise", "out"),
-    (SigmoidDerivativePlus, "elementwise", "d_gate_w"),
-    (SigmoidDerivativePlus, "headwise", "d_gate_b"),
-    (GateBiasGradAveraged, "headwise", "d_gate_b"),
-    (GateBiasGradAveraged, "elementwise", "d_gate_b"),
-    (GateInputGradMissing, "elementwise", "d_x"),
-    (GateInputGradMissing, "headwise", "d_x"),
-]
 
 
 @pytest.mark.parametrize("bug,gate,tensor", GATE_BUGS, ids=[f"{b.__name__}-{g}" for b, g, _ in GATE_BUGS])
