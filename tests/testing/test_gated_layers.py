@@ -151,7 +151,8 @@ def test_ungated_layer_declaring_a_gate_fails_clearly(gate):
 @pytest.mark.parametrize("gate", GATES)
 def test_gated_layer_calibration_is_within_the_layer_tolerance(gate):
     """calibrate() generates gated cases for a gated layer; the correct one's normalised errors (measured max
-    0.76 ν in float32 over 225 cases) stay below a quarter of the calibrated layer τ, which therefore covers it."""
+    0.76 ν in float32 over 228 cases, docs/oracle/measured/gated.json) stay below a quarter of the calibrated
+    layer τ, which therefore covers it."""
     cal = calibrate(NumpyLayer("float32", gate=gate), "float32", n_cases=40)
     assert not cal.failures
     assert 0 < cal.max_norm() < LAYER_TOLERANCES["float32"].norm / 4
