@@ -25,6 +25,8 @@ docs/oracle/metric-and-tolerances.md, layer-mode.md and long-sequences.md includ
 * ``long`` — :func:`gma_ref.testing.calibration.calibrate_long` at ``LONG_CONFIG``: the long cases at N = 4096
   and a few generated ones, a configuration much smaller than ``examples/calibrate_long.py``'s default
   (N up to 131072), from which the long τ were set;
+* ``tiling`` — the correct kernels and the planted tiling bugs of tests/support/planted_tiling.py on the
+  tiling cases;
 * ``timings`` — the wall-clock time of the default checks of the NumPy kernel, ``NumpyLayer`` and the PyTorch
   implementation, and of one CLI run, with the load average of the machine;
 * ``long-bugs`` — the planted long-sequence bugs on the long test cases of tests/testing/test_long.py
@@ -303,6 +305,25 @@ def measure_long_bugs() -> dict[str, Any]:
                                    "H = 2, K = 3, d_r = 4, d_v = 8, chunk 4"}), "rows": rows}
 
 
+def measure_tiling() -> dict[str, Any]:
+    """The tiling cases: the correct kernels' largest error / threshold and the planted tiling bugs' ratios."""
+    from gma_ref.testing import check
+    from gma_ref.testing.cases import tiling_cases
+    from gma_ref.testing.emulated import NumpyKernel
+    from gma_ref.testing.rounding_family import FAMILY
+    from tests.support.planted_tiling import TILING_BUGS
+
+    correct = {}
+    for d in DTYPES:
+        for cls in (NumpyKernel, *(FAMILY if d != "float16" else ())):
+            correct[f"{cls.__name__} {d}"] = outcome(check(cls(d), dtype=d, grad=True, cases=tiling_cases(dtype=d)))
+        print(f"  correct {d}: {max(v['worst'] for k, v in correct.items() if k.endswith(d)):.3g}", flush=True)
+    bugs = {f"{cls.__name__} {d}": outcome(check(cls(d), dtype=d, grad=True, cases=tiling_cases(dtype=d)))
+            for cls in TILING_BUGS for d in ("float32", "float64")}
+    return {**provenance({"cases": "tiling_cases(dtype=...), forward + gradients"}), "correct": correct,
+            "bugs": bugs}
+
+
 def measure_timings() -> dict[str, Any]:
     """Wall-clock times of the default checks (contract checks included, as the CLI runs them) and of a CLI run."""
     import subprocess
@@ -342,7 +363,7 @@ def measure_timings() -> dict[str, Any]:
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "attention": measure_attention, "attention-bugs": measure_attention_bugs, "family": measure_family,
     "layer": measure_layer, "gated": measure_gated, "long": measure_long, "long-bugs": measure_long_bugs,
-    "timings": measure_timings,
+    "tiling": measure_tiling, "timings": measure_timings,
 }
 
 
@@ -549,6 +570,22 @@ def render_long_bugs(f: dict[str, Any]) -> dict[str, str]:
                      "short default check: largest error / threshold"], rows)}
 
 
+def render_tiling(f: dict[str, Any]) -> dict[str, str]:
+    rows = []
+    for d in DTYPES:
+        mine = {k.split()[0]: v for k, v in f["correct"].items() if k.endswith(f" {d}")}
+        family = [v["worst"] for k, v in mine.items() if k != "NumpyKernel"]
+        rows.append([d, f"{mine['NumpyKernel']['failed']}/{mine['NumpyKernel']['checked']} failed, "
+                     f"{ratio(mine['NumpyKernel']['worst'])}", ratio(max(family)) if family else "—"])
+    bugs = []
+    for name in dict.fromkeys(k.split()[0] for k in f["bugs"]):
+        bugs.append([name] + [f"{f['bugs'][f'{name} {d}']['failed']}/{f['bugs'][f'{name} {d}']['checked']}, "
+                              f"{ratio(f['bugs'][f'{name} {d}']['worst'])}" for d in ("float32", "float64")])
+    return {"tiling.md": head("tiling", f, "; the tiling cases, forward + gradients, largest error / threshold")
+            + table(["dtype", "NumpyKernel", "rounding family (largest)"], rows) + "\n"
+            + table(["planted tiling bug", "float32: failed cases, largest ratio", "float64"], bugs)}
+
+
 def render_timings(f: dict[str, Any]) -> dict[str, str]:
     lo, hi = f["config"]["load_average"]
     what = (f"; wall-clock seconds, forward + gradients with the contract checks, at a load average of {lo:g} "
@@ -560,7 +597,7 @@ def render_timings(f: dict[str, Any]) -> dict[str, str]:
 RENDER: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {
     "attention": render_attention, "attention-bugs": render_attention_bugs, "family": render_family,
     "layer": render_layer, "gated": render_gated, "long": render_long, "long-bugs": render_long_bugs,
-    "timings": render_timings,
+    "tiling": render_tiling, "timings": render_timings,
 }
 
 

@@ -145,7 +145,8 @@ def test_a_fresh_tiny_grad_run_and_its_reproducer_command(tmp_path: Path, monkey
 #: The page that includes each section's fragments.
 SECTION_PAGES = {"attention": "metric-and-tolerances.md", "attention-bugs": "metric-and-tolerances.md",
                  "family": "metric-and-tolerances.md", "layer": "layer-mode.md", "gated": "layer-mode.md",
-                 "long": "long-sequences.md", "long-bugs": "long-sequences.md", "timings": "cli.md"}
+                 "long": "long-sequences.md", "long-bugs": "long-sequences.md", "timings": "cli.md",
+                 "tiling": "checks-and-cases.md"}
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +263,17 @@ def test_the_planted_bug_tables_agree_with_the_planted_bug_tests(measured) -> No
     f16 = [r for r in measured["long-bugs"]["rows"] if r["dtype"] == "float16"]
     assert f"(float16 checks {f16[0]['long']['checked']} of the {len(_ci_cases('float16'))} cases" in \
         " ".join(page("long-sequences.md").split())
+
+
+def test_the_tiling_table_agrees_with_the_planted_tiling_tests(measured) -> None:
+    """The correct kernels pass the tiling cases below a quarter of the threshold; every tiling bug fails them
+    by more than 100× (what tests/testing/test_planted_tiling.py asserts), in float32 and float64."""
+    from tests.support.planted_tiling import TILING_BUGS
+
+    assert all(v["failed"] == 0 and v["worst"] < 0.25 for v in measured["tiling"]["correct"].values())
+    assert sorted(measured["tiling"]["bugs"]) == sorted(f"{c.__name__} {d}" for c in TILING_BUGS
+                                                        for d in ("float32", "float64"))
+    assert all(v["failed"] > 0 and v["worst"] > 100 for v in measured["tiling"]["bugs"].values())
 
 
 def test_the_error_figure_caption_is_the_figure_code() -> None:
