@@ -9,7 +9,8 @@ Usage (from the repository root, with ``pip install -e ".[test]"``; torch option
 
 Each section runs the oracle's own calibration and checks and writes ``docs/oracle/measured/<section>.json``;
 :func:`render` turns those files into the Markdown fragments ``docs/oracle/measured/<section>*.md`` that
-docs/oracle/metric-and-tolerances.md, layer-mode.md and long-sequences.md include:
+docs/oracle/metric-and-tolerances.md, layer-mode.md, long-sequences.md, checks-and-cases.md and cli.md
+include:
 
 * ``attention`` — :func:`gma_ref.testing.calibration.calibrate` with τ = 1 on the correct NumPy kernel with
   emulated storage and the PyTorch implementation of tests/support/planted_impls.py, over the default cases
