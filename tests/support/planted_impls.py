@@ -433,6 +433,48 @@ LAYER_BUGS: tuple[type[NumpyLayer], ...] = (
 LAYER_CONTROLS: tuple[type[NumpyLayer], ...] = (LayerFusedProjections,)
 
 
+class GateAfterOutputProjection(NumpyLayer):
+    """The gate applied after W_O: out = (concat(O) W_O) · ḡ, ḡ the token's gate averaged over heads (and channels)."""
+
+    def output(self, heads, gate, w_o):
+        concat, out = super().output(heads, None, w_o)
+        return concat, self.store(out * gate.mean(axis=(1, 3))[..., None])
+
+
+class SigmoidDerivativePlus(NumpyLayer):
+    """The wrong sigmoid derivative σ(1 + σ) instead of σ(1 − σ) in the gate's backward."""
+
+    def gate_derivative(self, g):
+        return g * (1 + g)
+
+
+class GateBiasGradAveraged(NumpyLayer):
+    """The gate bias gradient averaged over the batch and tokens instead of summed."""
+
+    def gate_bias_grad(self, d_act):
+        return d_act.mean(axis=(0, 2))
+
+
+class GateInputGradMissing(NumpyLayer):
+    """∂X without the gate's path Σ_h ∂a_h W_G,hᵀ (the gate treated as a constant of X)."""
+
+    def gate_input_grad(self, d_act, gate_w):
+        return np.zeros((d_act.shape[0], d_act.shape[2], gate_w.shape[1]), dtype=d_act.dtype)
+
+
+#: The planted gate bugs of tests/testing/test_gated_layers.py: (bug, gate, the tensor it breaks).
+GATE_BUGS: list[tuple[type[NumpyLayer], str, str]] = [
+    (GateAfterOutputProjection, "headwise", "out"),
+    (GateAfterOutputProjection, "elementwise", "out"),
+    (SigmoidDerivativePlus, "elementwise", "d_gate_w"),
+    (SigmoidDerivativePlus, "headwise", "d_gate_b"),
+    (GateBiasGradAveraged, "headwise", "d_gate_b"),
+    (GateBiasGradAveraged, "elementwise", "d_gate_b"),
+    (GateInputGradMissing, "elementwise", "d_x"),
+    (GateInputGradMissing, "headwise", "d_x"),
+]
+
+
 def torch_layer(x: Any, y: Any, w_q: Any, w_k: Any, w_v: Any, w_o: Any, means: Any, omega: Any, prior_logits: Any,
                 *, causal: bool = False, eps: float = 1e-6, eps_sigma: float = 1e-4) -> Any:
     """A correct PyTorch multi-head GMA layer: projections and W_O as matmuls in the input dtype, heads by
