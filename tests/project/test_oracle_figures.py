@@ -235,13 +235,15 @@ def test_the_planted_bug_tables_agree_with_the_planted_bug_tests(measured) -> No
     from tests.support.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS, GATE_BUGS, LAYER_BUGS
     from tests.support.planted_long import LONG_BUGS
     from tests.testing.test_long import _ci_cases
-    from tests.testing.test_planted_bugs import INVISIBLE
+    from tests.testing.test_planted_bugs import INVISIBLE, INVISIBLE_IN_THE_EDGE_CASES
 
     rows = measured["attention-bugs"]["rows"]
     assert len(rows) == len(FLOAT32_BUGS) + len(FLOAT64_BUGS) + len(CONTROLS)
     for r in rows:
         for d in ("float64", "float32", "float16", "bfloat16"):
-            visible = r["kind"] == "bug" and (r["implementation"], d) not in INVISIBLE
+            # the table is measured on the 29 edge cases (tools/oracle_figures.py: tiling=False)
+            hidden = {**INVISIBLE, **INVISIBLE_IN_THE_EDGE_CASES}
+            visible = r["kind"] == "bug" and (r["implementation"], d) not in hidden
             assert (r[d]["failed"] > 0) == visible, (r["implementation"], d, r[d])
     text = " ".join(page("metric-and-tolerances.md").split())
     assert (f"plants {len(FLOAT32_BUGS) + len(FLOAT64_BUGS)} plausible kernel bugs" in text
