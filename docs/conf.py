@@ -51,7 +51,7 @@ exclude_patterns = [
     "auto_examples/*.json",
     "auto_examples/*.md5",
     "sg_execution_times.rst",
-    "oracle/measured/*",  # fragments that docs/oracle/triton-and-fla.md includes
+    "oracle/measured/*",  # fragments that the docs/oracle pages include (tools/oracle_*figures.py)
 ]
 suppress_warnings: list[str] = []
 nitpicky = False

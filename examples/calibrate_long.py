@@ -1,6 +1,8 @@
-"""Tool: regenerate the long-mode tolerance table of docs/oracle/long-sequences.md and the long planted-bug margins.
-=====================================================================================================================
+"""Tool: measure the long-mode tolerance table of docs/oracle/long-sequences.md and the long planted-bug margins.
+===================================================================================================================
 
+The long τ were set from a run at the defaults; the tables the page shows are written by
+``python tools/oracle_figures.py long long-bugs`` (at a smaller configuration, stated there).
 Run from the repository root::
 
     python examples/calibrate_long.py [--n-max 131072] [--seeds 1] [--bugs] [--dtypes float32,bfloat16]

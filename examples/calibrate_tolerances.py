@@ -1,7 +1,9 @@
 """Tool: calibrating the oracle's tolerances
 =========================================
 
-Regenerate the tolerance table of docs/oracle/metric-and-tolerances.md (and the planted-bug margins).
+Print the measurements behind the tolerance table of docs/oracle/metric-and-tolerances.md (and the
+planted-bug margins) for any setting; the tables the page shows are written by
+``python tools/oracle_figures.py attention attention-bugs family`` at the settings below.
 
 Run from the repository root::
 

@@ -218,12 +218,21 @@ class FlaNormaliseBackward(InducedWeightsKernel):
     ∂L/∂D = −Σ (do · o) / D² with that unnormalised o, in the storage dtype. With a
     cotangent at the subnormal edge (``tiny_grad``) and a query that sees little key mass
     (D ≈ u ≪ 1), do · o underflows and 1/D² (~1e16) amplifies the lost digits. Like fla it
-    is built with ε = 1e-10 and declares it; reordered as −Σ (do / D)(o / D) it is correct.
+    is built with ε = 1e-10, ignores the ε passed and declares it (the oracle confirms the declaration);
+    reordered as −Σ (do / D)(o / D) it is correct.
     """
+
+    FIXED_EPS = 1e-10
 
     def __init__(self, storage="float32", chunk_size=16):
         super().__init__(storage, chunk_size)
-        self.gma_declaration = replace(self.gma_declaration, eps=1e-10)
+        self.gma_declaration = replace(self.gma_declaration, eps=self.FIXED_EPS)
+
+    def __call__(self, *args, eps=None, **kw):
+        return super().__call__(*args, eps=self.FIXED_EPS, **kw)
+
+    def vjp(self, *args, eps=None, **kw):
+        return super().vjp(*args, eps=self.FIXED_EPS, **kw)
 
     def read_backward(self, gq, gk, v, g, eps, mask):
         a = (gq @ np.swapaxes(gk, -1, -2)) * mask
@@ -422,6 +431,48 @@ LAYER_BUGS: tuple[type[NumpyLayer], ...] = (
 )
 #: Correct layer rewrites that must pass.
 LAYER_CONTROLS: tuple[type[NumpyLayer], ...] = (LayerFusedProjections,)
+
+
+class GateAfterOutputProjection(NumpyLayer):
+    """The gate applied after W_O: out = (concat(O) W_O) · ḡ, ḡ the token's gate averaged over heads (and channels)."""
+
+    def output(self, heads, gate, w_o):
+        concat, out = super().output(heads, None, w_o)
+        return concat, self.store(out * gate.mean(axis=(1, 3))[..., None])
+
+
+class SigmoidDerivativePlus(NumpyLayer):
+    """The wrong sigmoid derivative σ(1 + σ) instead of σ(1 − σ) in the gate's backward."""
+
+    def gate_derivative(self, g):
+        return g * (1 + g)
+
+
+class GateBiasGradAveraged(NumpyLayer):
+    """The gate bias gradient averaged over the batch and tokens instead of summed."""
+
+    def gate_bias_grad(self, d_act):
+        return d_act.mean(axis=(0, 2))
+
+
+class GateInputGradMissing(NumpyLayer):
+    """∂X without the gate's path Σ_h ∂a_h W_G,hᵀ (the gate treated as a constant of X)."""
+
+    def gate_input_grad(self, d_act, gate_w):
+        return np.zeros((d_act.shape[0], d_act.shape[2], gate_w.shape[1]), dtype=d_act.dtype)
+
+
+#: The planted gate bugs of tests/testing/test_gated_layers.py: (bug, gate, the tensor it breaks).
+GATE_BUGS: list[tuple[type[NumpyLayer], str, str]] = [
+    (GateAfterOutputProjection, "headwise", "out"),
+    (GateAfterOutputProjection, "elementwise", "out"),
+    (SigmoidDerivativePlus, "elementwise", "d_gate_w"),
+    (SigmoidDerivativePlus, "headwise", "d_gate_b"),
+    (GateBiasGradAveraged, "headwise", "d_gate_b"),
+    (GateBiasGradAveraged, "elementwise", "d_gate_b"),
+    (GateInputGradMissing, "elementwise", "d_x"),
+    (GateInputGradMissing, "headwise", "d_x"),
+]
 
 
 def torch_layer(x: Any, y: Any, w_q: Any, w_k: Any, w_v: Any, w_o: Any, means: Any, omega: Any, prior_logits: Any,

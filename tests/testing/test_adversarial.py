@@ -59,7 +59,7 @@ def _failed_metrics(report: dict) -> set[str]:
 
 
 def _bidirectional(impl, **kw):
-    return check(impl, variants=("bidirectional",), **kw)
+    return check(impl, variants=("bidirectional",), **{"tiling": False, **kw})
 
 
 # --------------------------------------------------------------------------- exits and exceptions

@@ -14,7 +14,7 @@ from gma_ref.testing.cases import default_cases
 from gma_ref.testing.declared import EPS_CHECK_ID, alternative_eps, eps_confirmation_case
 from gma_ref.testing.emulated import NumpyKernel
 
-from ..planted_impls import constrained_kernel
+from ..support.planted_impls import constrained_kernel
 
 #: The ε the kernels below declare.
 EPS = 1e-10
