@@ -54,30 +54,35 @@ def test_nu_max_is_the_documented_two_to_the_minus_seven():
     assert "`NU_MAX` = 2⁻⁷" in DOCS.read_text()
 
 
-def _doc_table(header: str) -> dict[str, tuple[float, float]]:
-    """τ norm and τ elem per dtype from the table that follows ``header`` in docs/oracle/metric-and-tolerances.md."""
-    text = DOCS.read_text()
-    block = text[text.index(header):].split("\n\n")[1]
+def _page(path: Path) -> str:
+    """The page's text with each MyST ``{include}`` of a measured fragment replaced by the fragment."""
+    return re.sub(r"```\{include\} (\S+)\n```", lambda m: (path.parent / m.group(1)).read_text(), path.read_text())
+
+
+def _tau_in_use(path: Path, after: str) -> dict[str, tuple[float, float]]:
+    """The "τ in use (norm, elem)" column of the first table after ``after`` on the page, per dtype."""
+    text = _page(path)
+    lines = [row for row in text[text.index(after):].splitlines() if row.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    col = header.index("τ in use (norm, elem)")
     out = {}
-    for row in block.splitlines():
+    for row in lines[2:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        if cells[0] in FINFO:
-            out[cells[0]] = (float(cells[3]), float(cells[4]))
+        if cells[0] not in FINFO:
+            break
+        norm, elem = (float(x) for x in cells[col].split(","))
+        out[cells[0]] = (norm, elem)
     return out
 
 
 def test_attention_tolerances_are_the_documented_table():
     """The τ in use equal the "Tolerances in use" table of docs/oracle/metric-and-tolerances.md."""
-    table = _doc_table("Tolerances in use")
-    assert table == {d: (t.norm, t.elem) for d, t in TOLERANCES.items()}
+    assert _tau_in_use(DOCS, "Tolerances in use") == {d: (t.norm, t.elem) for d, t in TOLERANCES.items()}
 
 
 def test_layer_tolerances_are_the_documented_table_and_never_below_attention():
     """LAYER_TOLERANCES equal docs/oracle/layer-mode.md's table and are ≥ the attention τ (documented)."""
-    text = LAYER_DOCS.read_text()
-    at = text.index("`gma_ref.testing.compare.LAYER_TOLERANCES`")
-    rows = re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \| (\d+) \| (\d+) \|$", text[at:], flags=re.M)
-    documented = {d: (float(n), float(e)) for d, n, e in rows if d in FINFO}
+    documented = _tau_in_use(LAYER_DOCS, "`gma_ref.testing.compare.LAYER_TOLERANCES`")
     for dtype, tol in LAYER_TOLERANCES.items():
         if dtype in documented:
             assert documented[dtype] == (tol.norm, tol.elem), dtype
