@@ -94,10 +94,10 @@ class Declaration:
     tf32 : bool
         The kernel's float32 matrix products round their operands to TF32 (10 mantissa bits: JAX's
         default precision on an NVIDIA GPU, PyTorch with ``allow_tf32``, Triton's ``tl.dot``): float32
-        checks then use the tolerance of "float32 with TF32 products" (its ν takes the TF32 unit
-        roundoff 2⁻¹¹ in place of float32's for the accumulation, and τ is :data:`~gma_ref.testing.
-        compare.TF32_TOLERANCE`). A framework probed to compute exact float32 products on the device
-        makes a declared ``tf32=True`` a failure (docs/oracle/calling-convention.md).
+        checks then use the tolerance of "float32 with TF32 products" (ν gains the TF32 unit
+        roundoff 2⁻¹¹, and τ is :data:`~gma_ref.testing.compare.TF32_TOLERANCE`). A framework
+        probed to compute exact float32 products on the device makes a declared ``tf32=True`` a
+        failure (docs/oracle/calling-convention.md).
 
     Raises ``TypeError`` for a flag (``grad``, ``returns_state``, ``accepts_chunk_size``,
     ``deterministic``, ``flush_subnormals``, ``tf32``, ``tied_head_width``) that is not a bool, ``ValueError``
