@@ -368,7 +368,7 @@ def _probe_here(decl: Declaration, device: str, dtype: str) -> Any:
 
 
 #: Case id of the check that a declared ``tf32=True`` agrees with the probe of the framework.
-TF32_CHECK_ID = "tf32-probe"
+TF32_CHECK_ID = "declared-tf32"
 
 
 def _tf32_products(report: Report, decl: Declaration, device: str, probed: Any) -> Declaration:
