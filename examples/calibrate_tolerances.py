@@ -7,7 +7,7 @@ planted-bug margins) for any setting; the tables the page shows are written by
 
 Run from the repository root::
 
-    python examples/calibrate_tolerances.py [--cases 200] [--multiple 8] [--bugs] [--family]
+    python examples/calibrate_tolerances.py [--cases 200] [--multiple 8] [--bugs] [--family] [--tf32]
 
 For every dtype, each correct implementation available here (the NumPy kernel
 with emulated storage, :class:`gma_ref.testing.emulated.NumpyKernel`, and the PyTorch
@@ -21,7 +21,11 @@ bug) on every planted bug and prints its largest error / threshold ratio. With
 round in different orders, one flushing subnormals to zero) join the calibration
 runs, and the granularity multiple m (``GRAIN_MULTIPLE``) is derived: the smallest
 power of two at which every family kernel stays below half the threshold over the
-default and ``--cases`` generated cases of float64, float32 and bfloat16.
+default and ``--cases`` generated cases of float64, float32 and bfloat16. With ``--tf32`` it
+calibrates the tolerance of float32 with TF32 products instead (``TF32_TOLERANCE``): the NumPy
+kernel and the rounding family with ``tf32=True`` (every matrix product's operands rounded to TF32),
+in units of ν = u_store + u_tf32 + u_acc·κ + t_store·λ, and the NumPy TF32 kernel judged by the
+float32 tolerance (which it must fail: the TF32 tolerance is needed).
 """
 
 # sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
@@ -40,7 +44,7 @@ from gma_ref.testing import (
     check,  # noqa: E402
     compare,  # noqa: E402
 )
-from gma_ref.testing.calibration import calibrate  # noqa: E402
+from gma_ref.testing.calibration import Calibration, calibrate  # noqa: E402
 from gma_ref.testing.compare import TOLERANCES  # noqa: E402
 from gma_ref.testing.emulated import NumpyKernel  # noqa: E402
 from gma_ref.testing.rounding_family import FAMILY  # noqa: E402
@@ -85,6 +89,29 @@ def grain_multiple(dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"),
     raise RuntimeError("no multiple up to 1024 passes the family")
 
 
+def tf32_table(n_cases: int, multiple: float) -> None:
+    """Print the calibration of :data:`~gma_ref.testing.compare.TF32_TOLERANCE` (float32 with TF32 products)."""
+    from dataclasses import replace
+
+    print("| kernel (float32, tf32) | cases checked | skipped (ill-cond.) | max norm/ν | max elem/ν | time |")
+    print("|---|---|---|---|---|---|")
+    worst_n = worst_e = 0.0
+    for cls in (NumpyKernel, *FAMILY):
+        t0 = time.perf_counter()
+        cal = calibrate(cls("float32", tf32=True), "float32", n_cases=n_cases, seed=0)
+        worst_n, worst_e = max(worst_n, cal.max_norm()), max(worst_e, cal.max_elem())
+        print(f"| {cls.__name__} | {cal.n_cases - len(cal.skipped)} | {len(cal.skipped)} | {cal.max_norm():.3g} "
+              f"| {cal.max_elem():.3g} | {time.perf_counter() - t0:.0f} s |")
+    sug = Calibration("all", "float32", 0, {"all": [worst_n]}, {"all": [worst_e]}).suggested(multiple)
+    t = compare.TF32_TOLERANCE
+    print(f"\nsuggested τ (norm, elem) = {sug.norm:g}, {sug.elem:g}; in use {t.norm:g}, {t.elem:g}")
+    k = NumpyKernel("float32", tf32=True)
+    cal = calibrate(k, "float32", n_cases=n_cases, seed=0, declaration=replace(k.gma_declaration, tf32=False))
+    t32 = TOLERANCES["float32"]
+    print(f"NumpyKernel(float32, tf32) judged as float32 (ν without u_tf32): max norm/ν {cal.max_norm():.3g}, "
+          f"max elem/ν {cal.max_elem():.3g} against τ {t32.norm:g}, {t32.elem:g}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=200, help="generated cases per dtype and implementation")
@@ -92,7 +119,11 @@ def main() -> None:
     ap.add_argument("--bugs", action="store_true", help="also measure the planted bugs' margins")
     ap.add_argument("--dtypes", default="float64,float32,float16,bfloat16")
     ap.add_argument("--family", action="store_true", help="calibrate on the rounding family too, and derive m")
+    ap.add_argument("--tf32", action="store_true", help="calibrate the tolerance of float32 with TF32 products only")
     args = ap.parse_args()
+    if args.tf32:
+        tf32_table(args.cases, args.multiple)
+        return
     if args.family:
         print(f"granularity multiple m = {grain_multiple(n_cases=args.cases):g} (in use: {compare.GRAIN_MULTIPLE:g})\n")
     impls = []

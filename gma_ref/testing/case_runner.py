@@ -76,7 +76,8 @@ def _accuracy(case_id: str, check_name: str, name: str, actual: Any, ref: Any, x
         return out
     c = compare_tensor(name, a, expected, dtype=dtype, kappa=ref.kappa, read_condition=ref.read_condition,
                        floor=ref.floors.get(name, 0.0), tolerance=tolerance, proj_condition=ref.proj_condition,
-                       grain=ref.grains.get(name, 0.0), flush_subnormals=ref.flush_subnormals)
+                       grain=ref.grains.get(name, 0.0), flush_subnormals=ref.flush_subnormals,
+                       tf32=ref.tf32)
     out.append(CheckResult(case_id, "contract", name, "finite", float(c.nonfinite), 0.0, c.nonfinite == 0,
                            detail="" if c.nonfinite == 0 else f"{c.nonfinite} NaN/Inf where the reference is finite"))
     if ref.flush_subnormals:
@@ -203,6 +204,7 @@ def prepare_run(impl: Any, case: Case, declaration: Declaration, vjp: Any, devic
                  **({"tiny": TINY_ACC[case.dtype]} if ref_fn is not layer_reference else {}),
                  **({"grains": True, "grain_in": float(declaration.flush_subnormals)} if ref_fn is reference else {}))
     ref.flush_subnormals = declaration.flush_subnormals
+    ref.tf32 = declaration.tf32 and case.dtype == "float32"
     run = _Run(case, names, cand, opts, ref, xp, device, tolerance, declaration.returns_state and not layer,
                full_traceback, declaration.namespace)
     run.before = {n: snapshot(a) for n, a in cand.items() if a is not None}
@@ -293,7 +295,7 @@ def evaluate_case(
     xp = reference_namespace(device) if xp is None else xp
     run = prepare_run(impl, case, declaration, vjp, device, xp, tolerance, full_traceback, arrays)
     nu = unit_scale(case.dtype, run.ref.kappa, run.ref.read_condition, run.ref.proj_condition,
-                    declaration.flush_subnormals)
+                    declaration.flush_subnormals, declaration.tf32)
     if nu > NU_MAX:
         return CaseOutcome(case.case_id, [], run.ref, NotCheckable(case.case_id, case.dtype, nu, NU_MAX))
     first, ok = _forward_checks(run, impl)

@@ -91,6 +91,8 @@ __all__ = [
     "SUBNORMAL_SPACING",
     "NU_MAX",
     "TOLERANCES",
+    "TF32_UNIT_ROUNDOFF",
+    "TF32_TOLERANCE",
     "GRAIN_MULTIPLE",
     "LAYER_TOLERANCES",
     "Tolerance",
@@ -163,6 +165,17 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+#: Unit roundoff of a TF32 operand (10 mantissa bits plus the implicit one): what a float32 matrix product with
+#: TF32 products (``Declaration(tf32=True)``, or probed) rounds its operands to. It is added to ν (:func:`unit_scale`).
+TF32_UNIT_ROUNDOFF: float = 2.0**-11
+
+#: τ of float32 checks with TF32 products, in units of ν = u_store + u_tf32 + u_acc·κ + t_store·λ: 8× the largest
+#: error/ν of the correct float32 kernels with TF32-rounded matrix operands (gma_ref.testing.emulated.NumpyKernel
+#: and the rounding family with ``tf32=True``) over the default and 200 generated cases, rounded up to a power of two
+#: (docs/oracle/metric-and-tolerances.md, "TF32 products").
+TF32_TOLERANCE: Tolerance = Tolerance(norm=16.0, elem=128.0)
+
+
 #: Multiple m of the propagated granularity allowance (G = m · grain · η_acc): the smallest power of two that leaves
 #: every correct kernel of gma_ref.testing.rounding_family below 1/2 of the threshold over the default and 200
 #: generated cases of float64, float32 and bfloat16 (docs/oracle/metric-and-tolerances.md, "The tolerance table
@@ -182,17 +195,22 @@ LAYER_TOLERANCES: dict[str, Tolerance] = {
 
 
 def unit_scale(dtype: str, kappa: float, read_condition: float = 0.0, proj_condition: float = 0.0,
-               flush_subnormals: bool = False) -> float:
+               flush_subnormals: bool = False, tf32: bool = False) -> float:
     """ν = u_store + u_acc · κ + t_store · λ (+ u_store · κ_P in layer mode) for ``dtype``.
 
     κ is the score condition factor, λ the read condition and κ_P the projection
     condition factor of a layer case (the routing vectors X W are formed by the
     candidate and stored at its precision; 0 in the attention mode). With
     ``flush_subnormals`` a stored value below the normal range loses all of it, so
-    t_store is the smallest normal number instead of half the smallest subnormal.
+    t_store is the smallest normal number instead of half the smallest subnormal. With ``tf32``
+    (float32 only: TF32 rounds float32 operands) the operands of the matrix products (Γ, V, the
+    state, the adjoints of the read) hold 11 significant bits: ν gains u_tf32 =
+    :data:`TF32_UNIT_ROUNDOFF`, not amplified by κ (the scores are elementwise, not products).
     """
     u_store = UNIT_ROUNDOFF[dtype]
     u_acc = UNIT_ROUNDOFF["float64"] if dtype == "float64" else UNIT_ROUNDOFF["float32"]
+    if tf32 and dtype == "float32":
+        u_store += TF32_UNIT_ROUNDOFF
     return (u_store + u_acc * max(float(kappa), 1.0) + t_store(dtype, flush_subnormals) * float(read_condition)
             + u_store * float(proj_condition))
 
@@ -269,6 +287,7 @@ def compare_tensor(
     proj_condition: float = 0.0,
     grain: Any = 0.0,
     flush_subnormals: bool = False,
+    tf32: bool = False,
 ) -> Comparison:
     """Compare ``actual`` with the float64 reference ``expected`` (same shape, same namespace).
 
@@ -279,7 +298,8 @@ def compare_tensor(
     units of η_acc (a float, or an array of the tensor's shape:
     :attr:`~gma_ref.testing.reference.Reference.grains`): G = m · grain · η_acc (+ η_store with
     ``flush_subnormals``: a stored result below the normal range may be 0), with m = :data:`GRAIN_MULTIPLE`
-    and η_store, η_acc from :func:`granularity`.
+    and η_store, η_acc from :func:`granularity`. ``tf32`` (a float32 tensor from TF32 products) adds
+    :data:`TF32_UNIT_ROUNDOFF` to ν and takes, unless ``tolerance`` is given, τ = :data:`TF32_TOLERANCE`.
     The error is then bounded by τ (ν · scale + G), i.e. G / ν is added to the scales of both
     figures. Returns
     :class:`Comparison`; a shape mismatch raises ``ValueError``.
@@ -288,8 +308,9 @@ def compare_tensor(
 
     if tuple(actual.shape) != tuple(expected.shape):
         raise ValueError(f"{name}: shape {tuple(actual.shape)} does not match the reference {tuple(expected.shape)}")
-    tol = tolerance if tolerance is not None else TOLERANCES[dtype]
-    nu = unit_scale(dtype, kappa, read_condition, proj_condition, flush_subnormals)
+    tf32 = tf32 and dtype == "float32"
+    tol = tolerance if tolerance is not None else (TF32_TOLERANCE if tf32 else TOLERANCES[dtype])
+    nu = unit_scale(dtype, kappa, read_condition, proj_condition, flush_subnormals, tf32)
     a, r = _to_host(actual), _to_host(expected)
     eta_store, eta_acc = granularity(dtype, flush_subnormals)
     units = np.broadcast_to(_to_host(grain) if hasattr(grain, "shape") else np.float64(grain), r.shape)

@@ -91,9 +91,16 @@ class Declaration:
         The kernel flushes subnormal results to 0 and reads subnormal inputs as 0 (a common
         GPU setting): the tolerance's absolute granularity is then the smallest normal number
         instead of half the smallest subnormal (docs/oracle/metric-and-tolerances.md).
+    tf32 : bool
+        The kernel's float32 matrix products round their operands to TF32 (10 mantissa bits: JAX's
+        default precision on an NVIDIA GPU, PyTorch with ``allow_tf32``, Triton's ``tl.dot``): float32
+        checks then use the tolerance of "float32 with TF32 products" (ν gains the TF32 unit
+        roundoff 2⁻¹¹, and τ is :data:`~gma_ref.testing.compare.TF32_TOLERANCE`). A framework
+        probed to compute exact float32 products on the device makes a declared ``tf32=True`` a
+        failure (docs/oracle/calling-convention.md).
 
     Raises ``TypeError`` for a flag (``grad``, ``returns_state``, ``accepts_chunk_size``,
-    ``deterministic``, ``flush_subnormals``, ``tied_head_width``) that is not a bool, ``ValueError``
+    ``deterministic``, ``flush_subnormals``, ``tf32``, ``tied_head_width``) that is not a bool, ``ValueError``
     for any other field out of its range; either names the field.
     """
 
@@ -118,6 +125,7 @@ class Declaration:
     d_multiple: int = 1
     d_max: int | None = None
     flush_subnormals: bool = False
+    tf32: bool = False
 
     def __post_init__(self) -> None:
         if self.namespace not in NAMESPACES:
@@ -132,7 +140,7 @@ class Declaration:
         _check_names("dtypes", self.dtypes, DTYPES)
         _check_names("devices", self.devices, DEVICES)
         for name in ("grad", "returns_state", "accepts_chunk_size", "deterministic", "tied_head_width",
-                     "flush_subnormals"):
+                     "flush_subnormals", "tf32"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.gate not in GATES:

@@ -29,7 +29,7 @@ from .adapters import reference_namespace, to_reference
 from .calls import attempt, call_impl, failure_kind, split_result
 from .case_runner import CaseOutcome, Unconfirmed, prepare_run
 from .cases import Case, constrain_case
-from .compare import NU_MAX, TOLERANCES, Tolerance, unit_scale
+from .compare import NU_MAX, TF32_TOLERANCE, TOLERANCES, Tolerance, unit_scale
 from .conditioning import mass_seen
 from .declaration import Declaration
 from .names import INPUT_NAMES
@@ -160,10 +160,12 @@ def confirm_fixed_eps(impl: Callable[..., Any], case: Case, declaration: Declara
         raise ValueError("confirm_fixed_eps needs a declaration with a fixed eps, got eps = None")
     xp = reference_namespace(device) if xp is None else xp
     run = prepare_run(impl, case, declaration, None, device, xp, tolerance, full_traceback, None)
-    nu = unit_scale(case.dtype, run.ref.kappa, run.ref.read_condition, 0.0, declaration.flush_subnormals)
+    nu = unit_scale(case.dtype, run.ref.kappa, run.ref.read_condition, 0.0, declaration.flush_subnormals,
+                    declaration.tf32)
     if nu > NU_MAX:
         return _unconfirmed(f"the confirmation case is ill-conditioned at {case.dtype} (nu = {nu:.3g})")
-    eta = min((tolerance or TOLERANCES[case.dtype]).elem * nu, 0.5)
+    tf32 = declaration.tf32 and case.dtype == "float32"
+    eta = min((tolerance or (TF32_TOLERANCE if tf32 else TOLERANCES[case.dtype])).elem * nu, 0.5)
     rows = _rows(xp, run, eps, eta)
     if rows is None:
         return _unconfirmed("the reference output of the confirmation case is zero")

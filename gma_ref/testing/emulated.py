@@ -39,8 +39,9 @@ def round_to(a: np.ndarray, storage: str) -> np.ndarray:
     """Round a float32/float64 array to ``storage`` precision, returned in the same dtype.
 
     float16 by a cast; bfloat16 by round-to-nearest-even on the top 16 bits of
-    the float32 pattern; float32/float64 unchanged (float32 for a float64 array
-    casts through float32).
+    the float32 pattern; ``'tf32'`` (a TF32 matrix operand: 10 mantissa bits) by
+    round-to-nearest-even on the top 19 bits of the float32 pattern; float32/float64
+    unchanged (float32 for a float64 array casts through float32).
     """
     if storage == "float16":
         return a.astype(np.float16).astype(a.dtype)
@@ -48,6 +49,11 @@ def round_to(a: np.ndarray, storage: str) -> np.ndarray:
         a32 = np.ascontiguousarray(a, dtype=np.float32)
         bits = a32.view(np.uint32)
         rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        return rounded.view(np.float32).astype(a.dtype)
+    if storage == "tf32":
+        a32 = np.ascontiguousarray(a, dtype=np.float32)
+        bits = a32.view(np.uint32)
+        rounded = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
         return rounded.view(np.float32).astype(a.dtype)
     if storage == "float32" and a.dtype == np.float64:
         return a.astype(np.float32).astype(np.float64)
@@ -72,22 +78,35 @@ class NumpyKernel:
         The dtype of inputs and outputs; Γ, Ṽ, Z and O are rounded to it.
     chunk_size : int
         Default chunk length C of the causal forward (a ``chunk_size=`` argument overrides it).
+    tf32 : bool
+        Float32 storage only: every matrix product rounds its operands to TF32 (10 mantissa bits,
+        :func:`round_to` ``'tf32'``) and accumulates in float32, as a GPU's tensor cores do (the
+        scores stay elementwise); declares ``tf32=True``. Raises ``ValueError`` for another storage.
     """
 
-    def __init__(self, storage: str = "float32", chunk_size: int = 16) -> None:
+    def __init__(self, storage: str = "float32", chunk_size: int = 16, tf32: bool = False) -> None:
+        if tf32 and storage != "float32":
+            raise ValueError(f"tf32=True needs storage 'float32' (TF32 rounds float32 operands), got {storage!r}")
         self.storage = storage
+        self.tf32 = bool(tf32)
         self.compute = np.float64 if storage == "float64" else np.float32
         self.chunk_size = chunk_size
         self.gma_declaration = Declaration(dtypes=(storage,), grad=True, namespace="numpy", returns_state=False,
-                                           accepts_chunk_size=True)
+                                           accepts_chunk_size=True, tf32=self.tf32)
         self.gma_vjp = self.vjp
-        self.__name__ = self.__qualname__ = f"{type(self).__name__}({storage})"
+        self.__name__ = self.__qualname__ = f"{type(self).__name__}({storage}{', tf32' if tf32 else ''})"
 
     # ------------------------------------------------------------------ steps (overridden by planted bugs)
 
     def store(self, a: np.ndarray) -> np.ndarray:
         """Round an intermediate to the storage precision (kept in the compute dtype)."""
         return round_to(a, self.storage)
+
+    def mm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a @ b``; with ``tf32`` both operands rounded to TF32 first (the product and sums in float32)."""
+        if self.tf32:
+            a, b = round_to(a, "tf32"), round_to(b, "tf32")
+        return a @ b
 
     def cast_in(self, a: np.ndarray) -> np.ndarray:
         """Upcast an input to the compute dtype."""
@@ -122,12 +141,12 @@ class NumpyKernel:
 
     def write(self, gamma_k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(Ṽ, Z) = ((Γ^K)ᵀ V, (Γ^K)ᵀ 1), stored."""
-        return self.store(np.swapaxes(gamma_k, -1, -2) @ v), self.store(gamma_k.sum(axis=-2))
+        return self.store(self.mm(np.swapaxes(gamma_k, -1, -2), v)), self.store(gamma_k.sum(axis=-2))
 
     def read(self, gamma_q: np.ndarray, memory: np.ndarray, mass: np.ndarray, eps: float) -> np.ndarray:
         """O = Γ^Q Ṽ / (Γ^Q Z + ε)."""
         den = (gamma_q * mass[..., None, :]).sum(axis=-1) + self.compute(eps)
-        return (gamma_q @ memory) / den[..., None]
+        return self.mm(gamma_q, memory) / den[..., None]
 
     def intra_mask(self, c: int) -> np.ndarray:
         """Mask of the intra-chunk block: key j visible to query i iff j ≤ i."""
@@ -136,7 +155,7 @@ class NumpyKernel:
     def carry(self, memory: np.ndarray, mass: np.ndarray, gamma_kc: np.ndarray, vc: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
         """State after a chunk: Ṽ += Γ_cᵀ V_c, Z += Γ_cᵀ 1 (stored)."""
-        return (self.store(memory + np.swapaxes(gamma_kc, -1, -2) @ vc),
+        return (self.store(memory + self.mm(np.swapaxes(gamma_kc, -1, -2), vc)),
                 self.store(mass + gamma_kc.sum(axis=-2)))
 
     def causal_core(self, gamma_q: np.ndarray, gamma_k: np.ndarray, v: np.ndarray, eps: float,
@@ -150,8 +169,8 @@ class NumpyKernel:
         for s in range(0, n, chunk_size):
             e = min(n, s + chunk_size)
             gq, gk, vc = gamma_q[..., s:e, :], gamma_k[..., s:e, :], v[..., s:e, :]
-            a = (gq @ np.swapaxes(gk, -1, -2)) * self.intra_mask(e - s)
-            num = gq @ memory + a @ vc
+            a = self.mm(gq, np.swapaxes(gk, -1, -2)) * self.intra_mask(e - s)
+            num = self.mm(gq, memory) + self.mm(a, vc)
             den = (gq * mass[..., None, :]).sum(axis=-1) + a.sum(axis=-1) + self.compute(eps)
             outs.append(num / den[..., None])
             memory, mass = self.carry(memory, mass, gk, vc)
@@ -214,7 +233,7 @@ class NumpyKernel:
 
     def value_backward(self, affinity: np.ndarray, p: np.ndarray) -> np.ndarray:
         """∂L/∂V = Aᵀ P."""
-        return np.swapaxes(affinity, -1, -2) @ p
+        return self.mm(np.swapaxes(affinity, -1, -2), p)
 
     def vjp(self, q: Any, k: Any, v: Any, means: Any, omega: Any, prior_logits: Any, d_out: Any, *,
             causal: bool = False, eps: float = 1e-6, eps_sigma: float = 1e-4, chunk_size: int | None = None
@@ -225,14 +244,15 @@ class NumpyKernel:
                                                     (q, k, v, means, omega, prior_logits), strict=True)}
         qq, kk, vv, mu, om, var, lp, gq, gk = self._prepare(q, k, v, means, omega, prior_logits, eps_sigma)
         g = self.cast_in(d_out)
-        a = (gq @ np.swapaxes(gk, -1, -2)) * self.backward_mask(gq.shape[-2], gk.shape[-2], causal)
+        a = self.mm(gq, np.swapaxes(gk, -1, -2)) * self.backward_mask(gq.shape[-2], gk.shape[-2], causal)
         den = a.sum(axis=-1) + self.compute(eps)
-        out = (a @ vv) / den[..., None]
+        out = self.mm(a, vv) / den[..., None]
         p = g / den[..., None]
         c = -(p * out).sum(axis=-1)
-        d_a = (p @ np.swapaxes(vv, -1, -2) + c[..., None]) * self.backward_mask(gq.shape[-2], gk.shape[-2], causal)
+        d_a = (self.mm(p, np.swapaxes(vv, -1, -2)) + c[..., None]) * self.backward_mask(gq.shape[-2], gk.shape[-2],
+                                                                                        causal)
         d_v = self.value_backward(a, p)
-        d_gq, d_gk = d_a @ gk, np.swapaxes(d_a, -1, -2) @ gq
+        d_gq, d_gk = self.mm(d_a, gk), self.mm(np.swapaxes(d_a, -1, -2), gq)
         side_q = self.scores_backward(qq, mu, var, self.softmax_backward(gq, d_gq))
         side_k = self.scores_backward(kk, mu, var, self.softmax_backward(gk, d_gk))
         d_means, d_var, d_lp = self.combine(side_q, side_k)

@@ -33,6 +33,7 @@ from .buffers import HostArray, HostProblem
 from .calls import CandidateFailure
 from .capture import printable
 from .declaration import Declaration
+from .probes import Probed
 from .wire import WorkerLost, read_reply, send_request
 
 __all__ = ["IsolatedCandidate", "LoadError", "WorkerLost", "IMPORT_TIMEOUT_S", "describe_exit"]
@@ -256,17 +257,19 @@ class IsolatedCandidate:
             raise ImportError(f"{namespace} in the worker: {printable(reply['why'])}")
         return reply.get("found") is True
 
-    def probe(self, namespace: str, device: str, dtype: str) -> tuple[str | None, bool, str | None]:
-        """Probe the candidate's framework in the worker (x64 and subnormals are that process's settings).
+    def probe(self, namespace: str, device: str, dtype: str) -> Probed:
+        """Probe the candidate's framework in the worker (x64, subnormals and TF32 are that process's settings).
 
-        Returns ``(x64 problem or None, flushes subnormals, why the probe failed or None)``.
+        Returns a :class:`~gma_ref.testing.probes.Probed`: the x64 problem or ``None``, whether it
+        flushes subnormals, whether its float32 products are TF32, and why each probe failed (or ``None``).
         """
         self._ensure()
         reply, _ = self._ask({"op": "probe", "namespace": namespace, "device": device, "dtype": dtype},
                              time.monotonic() + self.import_timeout)
-        x64, why = reply.get("x64"), reply.get("why")
-        return (printable(x64) if isinstance(x64, str) else None, reply.get("flushes") is True,
-                printable(why) if isinstance(why, str) else None)
+        x64, why, why_tf32 = reply.get("x64"), reply.get("why"), reply.get("why_tf32")
+        return Probed(printable(x64) if isinstance(x64, str) else None, reply.get("flushes") is True,
+                      printable(why) if isinstance(why, str) else None, reply.get("tf32") is True,
+                      printable(why_tf32) if isinstance(why_tf32, str) else None)
 
     def begin_case(self, timeout: float | None) -> None:
         """Start a case: its calls must all be answered within ``timeout`` seconds (``None``: no limit)."""

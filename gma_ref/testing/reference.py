@@ -65,7 +65,9 @@ class Reference:
     the elementwise absolute error G a correct kernel may make from the granularity of
     floating point (:func:`_grad_grains`; empty when not asked for); ``flush_subnormals``
     records whether the candidate declared it flushes subnormals (set by the harness; the
-    comparison then takes the smallest normal number as the storage granularity).
+    comparison then takes the smallest normal number as the storage granularity); ``tf32``
+    whether its float32 products are TF32 (declared or probed; set by the harness: the
+    comparison then takes the tolerance of TF32 products).
     """
 
     tensors: dict[str, Array]
@@ -76,6 +78,7 @@ class Reference:
     proj_condition: float = 0.0
     grains: dict[str, Array] = field(default_factory=dict, repr=False)
     flush_subnormals: bool = False
+    tf32: bool = False
 
 
 def _safe_max(xp: Any, a: Array, axis: Any, keepdims: bool = True) -> Array:

@@ -23,7 +23,9 @@ the harness:
   with flush-to-zero); it declares ``flush_subnormals=True``.
 
 :data:`FAMILY` lists them. This module is NumPy-specific on purpose (it emulates
-kernels); of the harness it imports only :mod:`gma_ref.testing.emulated`.
+kernels); of the harness it imports only :mod:`gma_ref.testing.emulated`. Each also takes
+``tf32=True`` (float32 only): its matrix products round their operands to TF32
+(:class:`~gma_ref.testing.emulated.NumpyKernel`), what the tolerance of TF32 products is calibrated on.
 """
 
 from __future__ import annotations
@@ -46,13 +48,13 @@ class _FamilyKernel(NumpyKernel):
     def read_backward(self, gq: np.ndarray, gk: np.ndarray, v: np.ndarray, g: np.ndarray, eps: float,
                       mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V) of the read O = A V / (A 1 + ε), A = Γ^Q (Γ^K)ᵀ ⊙ mask."""
-        a = (gq @ np.swapaxes(gk, -1, -2)) * mask
+        a = self.mm(gq, np.swapaxes(gk, -1, -2)) * mask
         den = a.sum(axis=-1) + self.compute(eps)
-        out = (a @ v) / den[..., None]
+        out = self.mm(a, v) / den[..., None]
         p = g / den[..., None]
         c = -(p * out).sum(axis=-1)
-        d_a = (p @ np.swapaxes(v, -1, -2) + c[..., None]) * mask
-        return d_a @ gk, np.swapaxes(d_a, -1, -2) @ gq, np.swapaxes(a, -1, -2) @ p
+        d_a = (self.mm(p, np.swapaxes(v, -1, -2)) + c[..., None]) * mask
+        return self.mm(d_a, gk), self.mm(np.swapaxes(d_a, -1, -2), gq), self.mm(np.swapaxes(a, -1, -2), p)
 
     def vjp(self, q: Any, k: Any, v: Any, means: Any, omega: Any, prior_logits: Any, d_out: Any, *,
             causal: bool = False, eps: float = 1e-6, eps_sigma: float = 1e-4, chunk_size: int | None = None
@@ -77,13 +79,13 @@ class InducedWeightsKernel(_FamilyKernel):
     """The textbook backward: ∂L/∂D = −Σ (g · num) / D² with the unnormalised numerator num = A V."""
 
     def read_backward(self, gq, gk, v, g, eps, mask):
-        a = (gq @ np.swapaxes(gk, -1, -2)) * mask
-        num = a @ v
+        a = self.mm(gq, np.swapaxes(gk, -1, -2)) * mask
+        num = self.mm(a, v)
         den = a.sum(axis=-1) + self.compute(eps)
         d_num = g / den[..., None]
         d_den = -(g * num).sum(axis=-1) / (den * den)
-        d_a = (d_num @ np.swapaxes(v, -1, -2)) * mask + d_den[..., None] * mask
-        return d_a @ gk, np.swapaxes(d_a, -1, -2) @ gq, np.swapaxes(a, -1, -2) @ d_num
+        d_a = self.mm(d_num, np.swapaxes(v, -1, -2)) * mask + d_den[..., None] * mask
+        return self.mm(d_a, gk), self.mm(np.swapaxes(d_a, -1, -2), gq), self.mm(np.swapaxes(a, -1, -2), d_num)
 
 
 class ExpandedSoftmaxKernel(_FamilyKernel):
@@ -98,18 +100,19 @@ class DivisionBeforeKernel(_FamilyKernel):
 
     def read(self, gamma_q, memory, mass, eps):
         den = (gamma_q * mass[..., None, :]).sum(axis=-1) + self.compute(eps)
-        return (gamma_q / den[..., None]) @ memory
+        return self.mm(gamma_q / den[..., None], memory)
 
 
 class DivisionAfterKernel(_FamilyKernel):
     """The read divided after its matrix products: ∂L/∂A = ((g Vᵀ) − Σ (g · O)) / D, ∂L/∂V = (A / D)ᵀ g."""
 
     def read_backward(self, gq, gk, v, g, eps, mask):
-        a = (gq @ np.swapaxes(gk, -1, -2)) * mask
+        a = self.mm(gq, np.swapaxes(gk, -1, -2)) * mask
         den = a.sum(axis=-1) + self.compute(eps)
-        out = (a @ v) / den[..., None]
-        d_a = ((g @ np.swapaxes(v, -1, -2) - (g * out).sum(axis=-1)[..., None]) / den[..., None]) * mask
-        return d_a @ gk, np.swapaxes(d_a, -1, -2) @ gq, np.swapaxes(a / den[..., None], -1, -2) @ g
+        out = self.mm(a, v) / den[..., None]
+        d_a = ((self.mm(g, np.swapaxes(v, -1, -2)) - (g * out).sum(axis=-1)[..., None]) / den[..., None]) * mask
+        return (self.mm(d_a, gk), self.mm(np.swapaxes(d_a, -1, -2), gq),
+                self.mm(np.swapaxes(a / den[..., None], -1, -2), g))
 
 
 class FlushToZeroKernel(_FamilyKernel):
@@ -123,8 +126,8 @@ class FlushToZeroKernel(_FamilyKernel):
     the flush of the result.)
     """
 
-    def __init__(self, storage: str = "float32", chunk_size: int = 16) -> None:
-        super().__init__(storage, chunk_size)
+    def __init__(self, storage: str = "float32", chunk_size: int = 16, tf32: bool = False) -> None:
+        super().__init__(storage, chunk_size, tf32)
         self.gma_declaration = replace(self.gma_declaration, flush_subnormals=True)
         self.tiny = np.finfo(self.compute).tiny
         self.tiny_store = np.finfo(np.float64 if storage == "float64" else np.float32).tiny
@@ -159,7 +162,7 @@ class FlushToZeroKernel(_FamilyKernel):
 
     def read(self, gamma_q, memory, mass, eps):
         den = self.flush((gamma_q * mass[..., None, :]).sum(axis=-1)) + self.compute(eps)
-        return self.flush(self.flush(gamma_q @ memory) / den[..., None])
+        return self.flush(self.flush(self.mm(gamma_q, memory)) / den[..., None])
 
     def softmax_backward(self, gamma, d_gamma):
         centre = self.flush((self.flush(gamma * d_gamma)).sum(axis=-1, keepdims=True))
@@ -170,13 +173,13 @@ class FlushToZeroKernel(_FamilyKernel):
 
     def read_backward(self, gq, gk, v, g, eps, mask):
         f = self.flush
-        a = f(f(gq @ np.swapaxes(gk, -1, -2)) * mask)
+        a = f(f(self.mm(gq, np.swapaxes(gk, -1, -2))) * mask)
         den = a.sum(axis=-1) + self.compute(eps)
-        out = f(f(a @ v) / den[..., None])
+        out = f(f(self.mm(a, v)) / den[..., None])
         p = f(g / den[..., None])
         c = -f(f(p * out).sum(axis=-1))
-        d_a = f(f(f(p @ np.swapaxes(v, -1, -2)) + c[..., None]) * mask)
-        return f(d_a @ gk), f(np.swapaxes(d_a, -1, -2) @ gq), f(np.swapaxes(a, -1, -2) @ p)
+        d_a = f(f(f(self.mm(p, np.swapaxes(v, -1, -2))) + c[..., None]) * mask)
+        return f(self.mm(d_a, gk)), f(self.mm(np.swapaxes(d_a, -1, -2), gq)), f(self.mm(np.swapaxes(a, -1, -2), p))
 
 
 #: The correct kernels that round differently (each takes ``storage`` = 'float64', 'float32' or 'bfloat16').

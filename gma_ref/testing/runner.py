@@ -323,35 +323,77 @@ def _plan(impl: Callable[..., Any], declaration: Declaration | None, vjp: Any, v
 def _frameworks_as_they_are(report: Report, decl: Declaration, active: tuple[str, ...], dtype: str, device: str,
                             dtype_req: bool, impl: Any = None) -> tuple[tuple[str, ...], Declaration]:
     """JAX float64 without x64 is one skip naming ``jax_enable_x64``; a framework that flushes subnormals
-    (probed on the device, in the candidate's process) gets the tolerance of ``flush_subnormals=True``, with a note."""
+    (probed on the device, in the candidate's process) gets the tolerance of ``flush_subnormals=True``, one whose
+    float32 products are TF32 that of ``tf32=True``, each with a note (:func:`_tf32_products`)."""
     from dataclasses import replace
 
-    from .probes import jax_x64_missing, probe_flushes_subnormals
-
-    def local() -> tuple[str | None, bool, str | None]:
-        why = jax_x64_missing(decl.namespace, dtype)
-        if why is not None or decl.flush_subnormals or dtype not in ("float32", "float64"):
-            return why, False, None
-        try:
-            return None, probe_flushes_subnormals(decl.namespace, device, dtype), None
-        except Exception as exc:  # the framework cannot be probed here: the declaration stands
-            return None, False, f"{type(exc).__name__}: {safe_text(exc)}"
-
-    x64, flushes, failed = impl.probe(decl.namespace, device, dtype) if isinstance(impl, IsolatedCandidate) \
-        else local()
-    if x64 is not None:
-        report.skipped.append(Skip(f"dtype {dtype}", x64, requested=True))
+    probed = impl.probe(decl.namespace, device, dtype) if isinstance(impl, IsolatedCandidate) \
+        else _probe_here(decl, device, dtype)
+    if probed.x64 is not None:
+        report.skipped.append(Skip(f"dtype {dtype}", probed.x64, requested=True))
         return (), decl
+    if dtype == "float32":
+        decl = _tf32_products(report, decl, device, probed)
     if decl.flush_subnormals or dtype not in ("float32", "float64"):
         return active, decl
-    if failed is not None:
-        report.notes.append(f"could not probe {decl.namespace} on {device} for subnormals ({failed}); the "
+    if probed.failed is not None:
+        report.notes.append(f"could not probe {decl.namespace} on {device} for subnormals ({probed.failed}); the "
                             "tolerance keeps gradual underflow")
-    elif flushes:
+    elif probed.flushes:
         report.notes.append(f"{decl.namespace} on {device} flushes subnormals to zero in {dtype} (probed): the "
                             "tolerances are those of flush_subnormals=True (granularity: the smallest normal number)")
         decl = replace(decl, flush_subnormals=True)
     return active, decl
+
+
+def _probe_here(decl: Declaration, device: str, dtype: str) -> Any:
+    """The probes of :func:`_frameworks_as_they_are` in this process (a candidate checked in-process)."""
+    from .probes import Probed, jax_x64_missing, probe_flushes_subnormals, probe_tf32_products
+
+    why = jax_x64_missing(decl.namespace, dtype)
+    if why is not None:
+        return Probed(why, False, None)
+    flushes, failed, tf32, tf32_failed = False, None, False, None
+    if not decl.flush_subnormals and dtype in ("float32", "float64"):
+        try:
+            flushes = probe_flushes_subnormals(decl.namespace, device, dtype)
+        except Exception as exc:  # the framework cannot be probed here: the declaration stands
+            failed = f"{type(exc).__name__}: {safe_text(exc)}"
+    if dtype == "float32":
+        try:
+            tf32 = probe_tf32_products(decl.namespace, device, dtype)
+        except Exception as exc:  # the framework cannot be probed here: the declaration stands
+            tf32_failed = f"{type(exc).__name__}: {safe_text(exc)}"
+    return Probed(None, flushes, failed, tf32, tf32_failed)
+
+
+#: Case id of the check that a declared ``tf32=True`` agrees with the probe of the framework.
+TF32_CHECK_ID = "declared-tf32"
+
+
+def _tf32_products(report: Report, decl: Declaration, device: str, probed: Any) -> Declaration:
+    """A float32 check: TF32 products probed and not declared get the tolerance of ``tf32=True``, with a note; a
+    declared ``tf32=True`` that the probe contradicts (exact float32 products) is a failed check, stated."""
+    from dataclasses import replace
+
+    where = f"{decl.namespace} on {device}"
+    if probed.tf32_failed is not None:
+        report.notes.append(f"could not probe {where} for TF32 products ({probed.tf32_failed}); the tolerance is "
+                            + ("that of tf32=True (declared)" if decl.tf32 else "float32's"))
+        return decl
+    if probed.tf32 and not decl.tf32:
+        report.notes.append(f"{where} rounds float32 matrix products to TF32 (probed): the tolerances are those of "
+                            "tf32=True (float32 with TF32 products)")
+        return replace(decl, tf32=True)
+    if decl.tf32 and not probed.tf32:
+        detail = (f"tf32=True is declared, but {where} computes float32 matrix products exactly (probed): the "
+                  "declaration would loosen the tolerance to TF32's. Declare tf32=False, or make the framework's "
+                  "products TF32 where the kernel's are (e.g. torch.backends.cuda.matmul.allow_tf32 = True for a "
+                  "Triton tl.dot in TF32)")
+        report.notes.append(detail)
+        report.results.append(CheckResult(TF32_CHECK_ID, "declaration", "tf32", "probed", 0.0, 1.0, False,
+                                          detail=detail))
+    return decl
 
 
 def _declared_reason(decl: Declaration, name: str) -> str:
@@ -432,6 +474,9 @@ def _declared_limits(report: Report, decl: Declaration, base: dict[str, int], ba
     if decl.flush_subnormals:
         how = "declared" if report.declaration.flush_subnormals else "probed, not declared"
         out.append(f"flush_subnormals = True ({how}: tolerance granularity the smallest normal number)")
+    if decl.tf32 and report.dtype == "float32":
+        how = "declared" if report.declaration.tf32 else "probed, not declared"
+        out.append(f"tf32 = True ({how}: the tolerance of float32 with TF32 products)")
     return out
 
 

@@ -137,15 +137,19 @@ class Worker:
                     "why": None if exc is None else f"{type(exc).__name__}: {_safe(exc)}"})
 
     def probe(self, req: dict[str, Any]) -> None:
-        """Whether float64 JAX lacks x64, and whether the framework flushes subnormals, here in the worker."""
-        from .probes import jax_x64_missing, probe_flushes_subnormals
+        """Whether float64 JAX lacks x64, whether the framework flushes subnormals and (float32) whether its
+        matrix products are TF32, here in the worker."""
+        from .probes import jax_x64_missing, probe_flushes_subnormals, probe_tf32_products
 
         x64, exc = attempt(lambda: jax_x64_missing(req["namespace"], req["dtype"]))
         flushes, exc2 = (None, None) if x64 is not None or exc is not None else attempt(
             lambda: probe_flushes_subnormals(req["namespace"], req["device"], req["dtype"]))
-        bad = exc or exc2
-        self.reply({"op": "probed", "x64": x64, "flushes": flushes is True,
-                    "why": None if bad is None else f"{type(bad).__name__}: {_safe(bad)}"})
+        tf32, exc3 = (None, None) if x64 is not None or req["dtype"] != "float32" else attempt(
+            lambda: probe_tf32_products(req["namespace"], req["device"], req["dtype"]))
+        bad, bad_tf32 = exc or exc2, exc3
+        self.reply({"op": "probed", "x64": x64, "flushes": flushes is True, "tf32": tf32 is True,
+                    "why": None if bad is None else f"{type(bad).__name__}: {_safe(bad)}",
+                    "why_tf32": None if bad_tf32 is None else f"{type(bad_tf32).__name__}: {_safe(bad_tf32)}"})
 
     def prepare(self, req: dict[str, Any]) -> None:
         names = [n for n, a in req["arrays"].items() if a is not None]
