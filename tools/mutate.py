@@ -97,6 +97,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/posterior.py": _SCORES_TESTS,
     "gma_ref/scores_fast.py": _SCORES_TESTS,  # the fast path is tested where the direct form is
+    "gma_ref/_blocks.py": ["tests/scores_fast/test_blocked_path.py", "tests/scores_fast/test_token_blocks.py"],
     "gma_ref/bidirectional.py": [
         "tests/bidirectional/test_equations.py",
         "tests/bidirectional/test_routing_input_checks.py",
