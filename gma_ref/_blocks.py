@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import array_api_compat
 
-__all__ = ["token_blocks", "run_blocks", "worker_count"]
+__all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok"]
 
 T = TypeVar("T")
 
@@ -32,6 +32,16 @@ T = TypeVar("T")
 BLOCK_ELEMENTS = 1 << 16
 #: Fewest tokens in a block (below that, Python's per-call overhead outweighs the cache).
 MIN_BLOCK_ROWS = 256
+
+
+def in_place_ok(xp: Any) -> bool:
+    """Whether the fast path may update arrays it allocated itself in place: only for NumPy.
+
+    An autograd framework (PyTorch, and any namespace not known here) may have saved such an array for
+    its backward (``exp``'s output, say) and refuses the gradient once it was modified; other namespaces
+    therefore get the same operations out of place.
+    """
+    return bool(array_api_compat.is_numpy_namespace(xp))
 
 
 def worker_count() -> int:

@@ -67,7 +67,7 @@ from ._array import (
     namespace,
     sum_to_shape,
 )
-from ._blocks import run_blocks, token_blocks
+from ._blocks import in_place_ok, run_blocks, token_blocks
 from .posterior import ScoresGrad, scores_cotangent, softmax_scores
 
 __all__ = [
@@ -263,11 +263,15 @@ def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variance
 
 
 def _softmax_own(xp: Any, s: Array) -> Array:
-    """Γ = softmax(s) along the last axis (Eq. 3b), max-subtracted, overwriting ``s``, which the caller owns:
+    """Γ = softmax(s) along the last axis (Eq. 3b), max-subtracted, overwriting ``s`` (which the caller owns)
+    where :func:`~gma_ref._blocks.in_place_ok` allows it (NumPy), out of place otherwise:
     γ_ik = exp(s_ik − max_l s_il) / Σ_j exp(s_ij − max_l s_il), one rounding for the exponential and one
     for the division."""
     if n_elements(s) == 0:
         return softmax_scores(s)[0]
+    if not in_place_ok(xp):  # the same operations, out of place (an autograd graph may hold s and exp(s))
+        gamma = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        return gamma / xp.sum(gamma, axis=-1, keepdims=True)
     s -= xp.max(s, axis=-1, keepdims=True)
     gamma = xp.exp(s)
     gamma /= xp.sum(gamma, axis=-1, keepdims=True)
