@@ -1,11 +1,11 @@
-"""The fast path in token blocks (NumPy, BLAS on one thread) agrees with the one-block path.
+"""The fast path in token blocks (NumPy) agrees with the one-block path, on any number of threads.
 
-:mod:`gma_ref._blocks` cuts the tokens into blocks for NumPy arrays when BLAS runs on one thread;
-every other case (other namespaces, BLAS on several threads) takes one block, the computation as
-it was before blocks existed. Here the block size is shrunk so that a few dozen tokens span several
-blocks with a short last one, and Γ, the guard's rows, the scores and every score VJP are compared
-with the one-block path, on generic data (no row flagged), on tight clusters (every row recomputed
-element-wise) and on a mix of both, with batch axes that broadcast.
+:mod:`gma_ref._blocks` cuts the tokens into blocks for NumPy arrays and runs them on as many threads
+as BLAS has; every other namespace takes one block. Here the block size is shrunk so that a few
+dozen tokens span several blocks with a short last one, and Γ, the guard's rows, the scores and
+every score VJP are compared with the one-block path, on generic data (no row flagged), on tight
+clusters (every row recomputed element-wise) and on a mix of both, with batch axes that broadcast;
+and on 1, 2 and 3 threads, bit for bit.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def _inputs(case: str, rng: np.random.Generator, batch: tuple[int, ...] = ()):
 
 
 def _blocked(monkeypatch, on: bool) -> None:
-    monkeypatch.setattr(blocks, "worker_count", lambda: 1 if on else 2)
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 8 * 14)  # 8 tokens a block at K + 2 d_r + 1 = 14
+    """Blocks of 8 tokens (at K + 2 d_r + 1 = 14), or one block of every token."""
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 8 * 14 if on else 1 << 40)
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
 
 
@@ -117,6 +117,8 @@ def test_token_blocks_cover_every_token_once(monkeypatch):
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
     assert blocks.token_blocks(np, 3, 1000) == [(0, 1), (1, 2), (2, 3)]  # at least one token a block
     assert blocks.token_blocks(array_api_strict, 40, 14) == [(0, 40)]  # other namespaces: one block
+    monkeypatch.setattr(blocks, "worker_count", lambda: 1)
+    assert blocks.token_blocks(np, 40, 14) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]  # any thread count
 
 
 def test_the_default_block_holds_the_documented_elements():
@@ -174,3 +176,51 @@ def test_in_place_updates_are_numpy_only():
     assert blocks.in_place_ok(array_namespace(np.zeros(1)))
     assert not blocks.in_place_ok(array_namespace(torch.zeros(1)))
     assert not blocks.in_place_ok(array_api_strict)
+
+
+@pytest.mark.parametrize("case", ["generic", "mixed"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_threads_give_the_same_bits_as_one_thread(monkeypatch, case, dtype):
+    """The blocks on 1, 2 or 3 threads (BLAS held to one): Γ, the guard's rows and every gradient are
+    identical bit for bit, the sums over blocks being added in block order whatever the threads."""
+    pytest.importorskip("threadpoolctl")
+    x, means, var, lp = (a.astype(dtype) for a in _inputs(case, np.random.default_rng(6), (2,)))
+    _blocked(monkeypatch, True)
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(blocks, "worker_count", lambda threads=threads: threads)
+        results.append(_all(x, means, var, lp, None))
+    def flat(result):  # the arrays, the gradients' fields one by one
+        return [a for v in result.values() for a in (v if isinstance(v, tuple) else (v,))]
+
+    for other in results[1:]:
+        for got, ref in zip(flat(other), flat(results[0]), strict=True):
+            assert got.dtype == ref.dtype
+            np.testing.assert_array_equal(got, ref)
+
+
+def test_run_blocks_on_threads_keeps_the_order_and_raises(monkeypatch):
+    """On a pool: results in block order, the first block in the calling thread, a block's error raised."""
+    pytest.importorskip("threadpoolctl")
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    caller = threading.get_ident()
+    where = {}
+
+    def fn(a, b):
+        where[a] = threading.get_ident()
+        return a + b
+
+    assert blocks.run_blocks(fn, [(i, 1) for i in range(6)]) == [1, 2, 3, 4, 5, 6]
+    assert where[0] == caller
+
+    def bad(a, b):
+        if a == 3:
+            raise RuntimeError("block 3")
+        return a
+
+    with pytest.raises(RuntimeError, match="block 3"):
+        blocks.run_blocks(bad, [(i, 1) for i in range(6)])
+    assert blocks.worker_count() == 2  # and BLAS has its threads back (the limit is lifted)
+    assert blocks._holders[0] == 0
