@@ -1,0 +1,70 @@
+"""The fast path's causal core (:mod:`gma_ref.causal_fast`, the chunks batched in groups) gives the
+reader's chunked form (:mod:`gma_ref.causal`) bit for bit, and falls back to it where it does not apply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gma_ref.causal_fast as cf
+from gma_ref.causal import gma_causal_chunked, gma_causal_chunked_backward
+
+
+def _inputs(rng, batch, n, k=5, d_v=3, dtype=np.float64):
+    gq = rng.dirichlet(np.ones(k), size=batch + (n,))
+    gk = rng.dirichlet(np.ones(k), size=batch + (n,))
+    v, d_out = rng.normal(size=batch + (n, d_v)), rng.normal(size=batch + (n, d_v))
+    return tuple(a.astype(dtype) for a in (gq, gk, v, d_out))
+
+
+@pytest.mark.parametrize("batch", [(), (2, 3)])
+@pytest.mark.parametrize("n", [8, 40, 64, 37])
+@pytest.mark.parametrize("group_elements", [1 << 20, 30, 1])
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_batched_chunks_give_the_loop_bit_for_bit(monkeypatch, batch, n, group_elements, eps):
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", group_elements)  # 30: groups of 2 chunks; 1: one chunk a group
+    gq, gk, v, d_out = _inputs(np.random.default_rng(n), batch, n)
+    if eps == 0.0:
+        gk[..., :9, :] = 0.0  # early queries see no mass: their rows are 0
+    out = cf.chunked_forward(gq, gk, v, eps, 8)
+    np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, eps, 8))
+    got = cf.chunked_backward(gq, gk, v, d_out, eps, 8)
+    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_groups_cover_the_tokens_in_whole_chunks(monkeypatch):
+    assert cf._groups(64, 8, 5, 3) == [(0, 64)]
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", 128)  # max(K d_v, C²) = 64: two chunks a group
+    assert cf._groups(40, 8, 5, 3) == [(0, 16), (16, 32), (32, 40)]
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", 1)
+    assert cf._groups(24, 8, 5, 3) == [(0, 8), (8, 16), (16, 24)]
+
+
+@pytest.mark.parametrize("case", ["ragged", "broadcast", "huge_v", "float32"])
+def test_other_cases_match_the_loop(case):
+    """N not a multiple of C, batch axes that broadcast, V near the float maximum: the reader's form."""
+    rng = np.random.default_rng(7)
+    gq, gk, v, d_out = _inputs(rng, (2,), 24, dtype=np.float32 if case == "float32" else np.float64)
+    if case == "ragged":
+        gq, gk, v, d_out = (a[..., :21, :] for a in (gq, gk, v, d_out))
+    if case == "broadcast":
+        v, d_out = v[:1], d_out
+    if case == "huge_v":
+        v = v * 1e307
+    assert cf._batched(np, gq, gk, v, 8) == (case == "float32")
+    np.testing.assert_array_equal(cf.chunked_forward(gq, gk, v, 1e-6, 8), gma_causal_chunked(gq, gk, v, 1e-6, 8))
+    got = cf.chunked_backward(gq, gk, v, d_out, 1e-6, 8)
+    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_inputs_are_checked_as_the_loop_checks_them():
+    gq, gk, v, d_out = _inputs(np.random.default_rng(8), (), 16)
+    with pytest.raises(ValueError):
+        cf.chunked_forward(-gq, gk, v, 1e-6, 8)  # Γ must be non-negative
+    with pytest.raises(ValueError, match="d_out"):
+        cf.chunked_backward(gq, gk, v, d_out[:8], 1e-6, 8)
