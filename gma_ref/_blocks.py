@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import array_api_compat
 
-__all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok"]
+__all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok", "small_products"]
 
 T = TypeVar("T")
 
@@ -116,6 +116,18 @@ def _blas_on_one_thread() -> Iterator[None]:
             _holders[0] -= 1
             if _holders[0] == 0:
                 _held.pop().restore_original_limits()
+
+
+@contextmanager
+def small_products(xp: Any) -> Iterator[None]:
+    """BLAS held to one thread for NumPy arrays (threadpoolctl installed), for code that makes many small
+    matrix products (the batched chunks of :mod:`gma_ref.causal_fast`), each of which would otherwise wake
+    BLAS's threads; nothing for other namespaces."""
+    if not array_api_compat.is_numpy_namespace(xp) or _controller() is None:
+        yield
+        return
+    with _blas_on_one_thread():
+        yield
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:

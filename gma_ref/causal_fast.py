@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._array import Array, device_of, namespace, value_scale
+from ._blocks import small_products
 from .causal import (
     CausalGrad,
     _causal_grad,
@@ -72,10 +73,17 @@ def _prefix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Arra
 
 
 def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
-    """:func:`gma_ref.causal.gma_causal_chunked` (empty state, ``check_finite=False``), chunks batched."""
+    """:func:`gma_ref.causal.gma_causal_chunked` (empty state, ``check_finite=False``), chunks batched, BLAS on
+    one thread (:func:`~gma_ref._blocks.small_products`: C × K products, too small to share)."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     if not _batched(xp, gamma_q, gamma_k, v, chunk_size):
         return gma_causal_chunked(gamma_q, gamma_k, v, eps, chunk_size, check_finite=False)
+    with small_products(xp):
+        return _forward(xp, gamma_q, gamma_k, v, eps, chunk_size)
+
+
+def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
+    """The body of :func:`chunked_forward`, the groups in order."""
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
     c, k, d_v = chunk_size, gamma_k.shape[-1], v.shape[-1]
     lower = _lower_mask(xp, c, device_of(v))
@@ -100,11 +108,18 @@ def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps
                      chunk_size: int) -> CausalGrad:
     """:func:`gma_ref.causal.gma_causal_chunked_backward` (empty state, ``check_finite=False``), chunks batched:
     pass 1 over the groups in order (the state before each chunk, P, δ, c, W, ∂L/∂Γ^Q), pass 2 in reverse
-    (the suffix sums S^V, S^Z after each chunk, ∂L/∂V, ∂L/∂Γ^K)."""
+    (the suffix sums S^V, S^Z after each chunk, ∂L/∂V, ∂L/∂Γ^K), BLAS on one thread as in the forward."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     if not _batched(xp, gamma_q, gamma_k, v, chunk_size):
         return gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size,
                                            check_finite=False)
+    with small_products(xp):
+        return _backward(xp, gamma_q, gamma_k, v, d_out, eps, chunk_size)
+
+
+def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
+              chunk_size: int) -> CausalGrad:
+    """The body of :func:`chunked_backward` (BLAS on one thread)."""
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
     _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_chunked", False)
     c, k, d_v, batch = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2])
