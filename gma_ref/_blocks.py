@@ -48,6 +48,21 @@ _holders = [0]
 _controller_cache: list[Any] = []
 
 
+def _forget_after_fork() -> None:
+    """In a forked child the pool's threads do not exist (nor does the thread that held the lock):
+    start again with no pool and no limit held, so that the next blocks make a new pool."""
+    global _lock
+    _lock = threading.Lock()
+    _pool.clear()
+    _pool_size[0] = 0
+    _held.clear()
+    _holders[0] = 0
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def in_place_ok(xp: Any) -> bool:
     """Whether the fast path may update arrays it allocated itself in place: only for NumPy.
 

@@ -224,3 +224,55 @@ def test_run_blocks_on_threads_keeps_the_order_and_raises(monkeypatch):
         blocks.run_blocks(bad, [(i, 1) for i in range(6)])
     assert blocks.worker_count() == 2  # and BLAS has its threads back (the limit is lifted)
     assert blocks._holders[0] == 0
+
+
+def test_worker_count_reads_blas_through_threadpoolctl(monkeypatch):
+    """With threadpoolctl the count is BLAS's own, whatever the environment says."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "5")
+    for n in (1, 3):
+        with threadpoolctl.threadpool_limits(limits=n, user_api="blas"):
+            assert blocks.worker_count() == n
+
+
+def test_worker_count_without_affinity_counts_the_cores(monkeypatch):
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    assert blocks.worker_count() == 7
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert blocks.worker_count() == 1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="POSIX only")
+def test_blocks_run_in_a_forked_child(monkeypatch):
+    """A child forked after the pool ran (pytest-forked, the mutation tool) gets a pool of its own
+    instead of waiting forever on threads that were not forked."""
+    pytest.importorskip("threadpoolctl")
+    import os  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    assert blocks.run_blocks(lambda a, b: a, [(i, 0) for i in range(4)]) == [0, 1, 2, 3]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the blocks ran
+        try:
+            ok = blocks.run_blocks(lambda a, b: a, [(i, 0) for i in range(4)]) == [0, 1, 2, 3]
+        finally:
+            os._exit(0 if ok else 1)
+    import time  # noqa: PLC0415
+
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the blocks hung in the forked child")
+    assert os.waitstatus_to_exitcode(status) == 0
