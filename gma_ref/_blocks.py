@@ -136,7 +136,7 @@ def _blas_on_one_thread() -> Iterator[None]:
 @contextmanager
 def small_products(xp: Any) -> Iterator[None]:
     """BLAS held to one thread for NumPy arrays (threadpoolctl installed), for code that makes many small
-    matrix products (the batched chunks of :mod:`gma_ref.causal_fast`), each of which would otherwise wake
+    matrix products (the batched chunks of :mod:`gma_ref._causal_batched`), each of which would otherwise wake
     BLAS's threads; nothing for other namespaces."""
     if not array_api_compat.is_numpy_namespace(xp) or _controller() is None:
         yield

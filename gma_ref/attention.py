@@ -40,6 +40,7 @@ from ._array import (
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
+from ._causal_batched import chunked_backward, chunked_forward
 from .bidirectional import (
     check_routing_inputs,
     gma_bidirectional,
@@ -54,7 +55,6 @@ from .causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
-from .causal_fast import chunked_backward, chunked_forward
 from .induced import check_weights_budget, gma_materialized, gma_materialized_backward
 from .mixture import (
     DEFAULT_EPS,
@@ -117,7 +117,7 @@ def _core_backward(causal: bool, form: str, chunk_size: int, out: Array | None
         return lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps=eps, check_finite=False)
     if form == "streaming":
         return lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps=eps, check_finite=False)
-    return lambda gq, gk, v, g, eps: chunked_backward(gq, gk, v, g, eps, chunk_size)
+    return lambda gq, gk, v, g, eps: chunked_backward(gq, gk, v, g, eps=eps, chunk_size=chunk_size)
 
 
 def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: bool) -> tuple[Array, Array]:

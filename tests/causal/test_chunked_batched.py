@@ -1,4 +1,4 @@
-"""The fast path's causal core (:mod:`gma_ref.causal_fast`, the chunks batched in groups) gives the
+"""The fast path's causal core (:mod:`gma_ref._causal_batched`, the chunks batched in groups) gives the
 reader's chunked form (:mod:`gma_ref.causal`) bit for bit, and falls back to it where it does not apply."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gma_ref.causal_fast as cf
+import gma_ref._causal_batched as cf
 from gma_ref.causal import gma_causal_chunked, gma_causal_chunked_backward
 
 
@@ -28,7 +28,7 @@ def test_batched_chunks_give_the_loop_bit_for_bit(monkeypatch, batch, n, group_e
         gk[..., :9, :] = 0.0  # early queries see no mass: their rows are 0
     out = cf.chunked_forward(gq, gk, v, eps, 8)
     np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, eps, 8))
-    got = cf.chunked_backward(gq, gk, v, d_out, eps, 8)
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
     want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
     for a, b in zip(got[:3], want[:3], strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
@@ -56,7 +56,7 @@ def test_other_cases_match_the_loop(case):
         v = v * 1e307
     assert cf._batched(np, gq, gk, v, 8) == (case == "float32")
     np.testing.assert_array_equal(cf.chunked_forward(gq, gk, v, 1e-6, 8), gma_causal_chunked(gq, gk, v, 1e-6, 8))
-    got = cf.chunked_backward(gq, gk, v, d_out, 1e-6, 8)
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
     want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
     for a, b in zip(got[:3], want[:3], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -67,4 +67,4 @@ def test_inputs_are_checked_as_the_loop_checks_them():
     with pytest.raises(ValueError):
         cf.chunked_forward(-gq, gk, v, 1e-6, 8)  # Γ must be non-negative
     with pytest.raises(ValueError, match="d_out"):
-        cf.chunked_backward(gq, gk, v, d_out[:8], 1e-6, 8)
+        cf.chunked_backward(gq, gk, v, d_out[:8], eps=1e-6, chunk_size=8)

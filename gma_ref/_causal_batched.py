@@ -104,7 +104,7 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
     return xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
 
 
-def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
+def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, eps: float,
                      chunk_size: int) -> CausalGrad:
     """:func:`gma_ref.causal.gma_causal_chunked_backward` (empty state, ``check_finite=False``), chunks batched:
     pass 1 over the groups in order (the state before each chunk, P, δ, c, W, ∂L/∂Γ^Q), pass 2 in reverse
