@@ -39,8 +39,30 @@ def test_groups_cover_the_tokens_in_whole_chunks(monkeypatch):
     assert cf._groups(64, 8, 5, 3) == [(0, 64)]
     monkeypatch.setattr(cf, "GROUP_ELEMENTS", 128)  # max(K d_v, C²) = 64: two chunks a group
     assert cf._groups(40, 8, 5, 3) == [(0, 16), (16, 32), (32, 40)]
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", 30)  # max(K d_v, C²) = K d_v = 15: two chunks of 2 a group
+    assert cf._groups(10, 2, 5, 3) == [(0, 4), (4, 8), (8, 10)]
     monkeypatch.setattr(cf, "GROUP_ELEMENTS", 1)
     assert cf._groups(24, 8, 5, 3) == [(0, 8), (8, 16), (16, 24)]
+
+
+def test_the_default_group_holds_the_documented_elements():
+    assert cf.GROUP_ELEMENTS == 1 << 20
+
+
+@pytest.mark.parametrize("n", [0, 21, 24])
+def test_non_finite_values_pass_through_unchecked(n):
+    """The pipeline validated its inputs (or was told not to): a NaN in V gives NaN rows, no error,
+    on the batched path (N = 24) and on the loop's (N = 21), and N = 0 gives an empty output."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(9), (), n)
+    if n:
+        v[-1, 0] = np.nan
+    out = cf.chunked_forward(gq, gk, v, 1e-6, 8)
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    assert out.shape == (n, 3) and got.d_v.shape == (n, 3)
+    if n:  # the last chunk's rows read the NaN (0 · NaN in its products), the earlier chunks' do not
+        assert np.isnan(out[-1, 0]) and np.all(np.isfinite(out[:16]))
+        assert np.any(np.isnan(got.d_gamma_q))
+        np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, 1e-6, 8, check_finite=False))
 
 
 @pytest.mark.parametrize("case", ["ragged", "broadcast", "huge_v", "float32"])
