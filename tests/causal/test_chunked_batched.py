@@ -51,11 +51,13 @@ def test_the_default_group_holds_the_documented_elements():
 
 @pytest.mark.parametrize("n", [0, 21, 24])
 def test_non_finite_values_pass_through_unchecked(n):
-    """The pipeline validated its inputs (or was told not to): a NaN in V gives NaN rows, no error,
-    on the batched path (N = 24) and on the loop's (N = 21), and N = 0 gives an empty output."""
+    """The pipeline validated its inputs (or was told not to): a NaN in V (an infinity in ∂L/∂O) gives
+    NaN rows, no error, on the batched path (N = 24) and on the loop's (N = 21); N = 0 gives an empty
+    output."""
     gq, gk, v, d_out = _inputs(np.random.default_rng(9), (), n)
     if n:
         v[-1, 0] = np.nan
+        d_out[-1, 1] = np.inf
     out = cf.chunked_forward(gq, gk, v, 1e-6, 8)
     got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
     assert out.shape == (n, 3) and got.d_v.shape == (n, 3)
