@@ -92,3 +92,22 @@ def test_inputs_are_checked_as_the_loop_checks_them():
         cf.chunked_forward(-gq, gk, v, 1e-6, 8)  # Γ must be non-negative
     with pytest.raises(ValueError, match="d_out"):
         cf.chunked_backward(gq, gk, v, d_out[:8], eps=1e-6, chunk_size=8)
+
+
+def test_arrays_on_another_device_stay_there():
+    """array_api_strict inputs on Device('device1'): the batched core (and the loop it falls back to)
+    makes every array on that device, and gives the NumPy values."""
+    import array_api_strict as xs  # noqa: PLC0415
+
+    dev = xs.Device("device1")
+    for n in (24, 21):  # batched, then the loop
+        arrays = _inputs(np.random.default_rng(10), (2,), n)
+        gq, gk, v, d_out = (xs.asarray(a, device=dev) for a in arrays)
+        out = cf.chunked_forward(gq, gk, v, 1e-6, 8)
+        grad = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+        want_out = cf.chunked_forward(*arrays[:3], 1e-6, 8)
+        want = cf.chunked_backward(*arrays, eps=1e-6, chunk_size=8)
+        for got, ref in zip((out, *grad[:3]), (want_out, *want[:3]), strict=True):
+            assert got.device == dev
+            host = np.asarray(xs.asarray(got, device=xs.Device("CPU_DEVICE")))
+            np.testing.assert_allclose(host, ref, rtol=1e-13, atol=1e-13)
