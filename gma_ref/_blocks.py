@@ -35,8 +35,10 @@ __all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok", "small_p
 T = TypeVar("T")
 
 #: Elements of the (token, column) intermediates one block may hold: rows × (K + 2 d_r + 1) per block.
-#: 2¹⁶ elements are 512 KiB in float64: a block's scores, Γ and features fit a core's 1 MiB L2 cache.
-BLOCK_ELEMENTS = 1 << 16
+#: 2¹⁸ elements (1 MiB in float32, 2 MiB in float64): on 2 threads, blocks of 2¹⁶ (which fit a core's L2
+#: cache) spent their time on the ~25 Python-level calls per block, which hold the GIL; 2¹⁸ was measured
+#: 1.3–1.7× faster on 2 threads than 2¹⁶ and within 10 % of it on one (docs/benchmarks.md).
+BLOCK_ELEMENTS = 1 << 18
 #: Fewest tokens in a block (below that, Python's per-call overhead outweighs the cache).
 MIN_BLOCK_ROWS = 256
 

@@ -122,7 +122,7 @@ def test_token_blocks_cover_every_token_once(monkeypatch):
 
 
 def test_the_default_block_holds_the_documented_elements():
-    assert blocks.BLOCK_ELEMENTS == 1 << 16 and blocks.MIN_BLOCK_ROWS == 256
+    assert blocks.BLOCK_ELEMENTS == 1 << 18 and blocks.MIN_BLOCK_ROWS == 256
 
 
 def test_run_blocks_runs_in_order():
