@@ -40,6 +40,7 @@ from ._array import (
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
+from ._causal_batched import chunked_backward, chunked_forward
 from .bidirectional import (
     check_routing_inputs,
     gma_bidirectional,
@@ -49,8 +50,6 @@ from .bidirectional import (
 )
 from .causal import (
     check_prefix_budget,
-    gma_causal_chunked,
-    gma_causal_chunked_backward,
     gma_causal_prefix,
     gma_causal_prefix_backward,
     gma_causal_streaming,
@@ -97,7 +96,7 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
         return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
     if form == "streaming":
         return lambda gq, gk, v, eps: gma_causal_streaming(gq, gk, v, eps, check_finite=False)
-    return lambda gq, gk, v, eps: gma_causal_chunked(gq, gk, v, eps, chunk_size, check_finite=False)
+    return lambda gq, gk, v, eps: chunked_forward(gq, gk, v, eps, chunk_size)  # gma_causal_chunked, chunks batched
 
 
 def _core_backward(causal: bool, form: str, chunk_size: int, out: Array | None
@@ -118,8 +117,7 @@ def _core_backward(causal: bool, form: str, chunk_size: int, out: Array | None
         return lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps=eps, check_finite=False)
     if form == "streaming":
         return lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps=eps, check_finite=False)
-    return lambda gq, gk, v, g, eps: gma_causal_chunked_backward(gq, gk, v, g, eps=eps, chunk_size=chunk_size,
-                                                                 check_finite=False)
+    return lambda gq, gk, v, g, eps: chunked_backward(gq, gk, v, g, eps=eps, chunk_size=chunk_size)
 
 
 def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: bool) -> tuple[Array, Array]:

@@ -55,9 +55,19 @@ Memory O(N·(K + d_r)) plus the flagged rows' blocks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._array import Array, broadcast_shapes, device_of, n_elements, namespace, sum_to_shape
+from ._array import (
+    Array,
+    broadcast_shapes,
+    check_cotangent,
+    device_of,
+    n_elements,
+    namespace,
+    sum_to_shape,
+)
+from ._blocks import in_place_ok, run_blocks, token_blocks
 from .posterior import ScoresGrad, scores_cotangent, softmax_scores
 
 __all__ = [
@@ -87,13 +97,25 @@ class Expanded(NamedTuple):
 
 def expand(xp: Any, x: Array, means: Array, variances: Array) -> Expanded:
     """Step 1: centre x and μ on the mean of the means of their component set (per batch/head)."""
+    centre, mc, w, c = _centred_mixture(xp, means, variances)
+    return Expanded(_features(xp, x, centre), x - centre, mc, w, c)
+
+
+def _centred_mixture(xp: Any, means: Array, variances: Array) -> tuple[Array, Array, Array, Array]:
+    """The token-independent half of step 1: (centre c, μ' = μ − c, w = 1/σ², C_k = Σ_m μ'²_km w_km)."""
     batch = broadcast_shapes(means.shape[:-2], variances.shape[:-2])
     means = xp.broadcast_to(means, batch + tuple(means.shape[-2:]))
     w = xp.broadcast_to(1.0 / variances, batch + tuple(variances.shape[-2:]))
     centre = xp.mean(means, axis=-2, keepdims=True)
-    xc, mc = x - centre, means - centre
+    mc = means - centre
+    return centre, mc, w, xp.sum(mc * mc * w, axis=-1)
+
+
+def _features(xp: Any, x: Array, centre: Array) -> Array:
+    """[x'², x', 1] ``(..., N, 2d_r + 1)`` with x' = x − c."""
+    xc = x - centre
     ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
-    return Expanded(xp.concat([xc * xc, xc, ones], axis=-1), xc, mc, w, xp.sum(mc * mc * w, axis=-1))
+    return xp.concat([xc * xc, xc, ones], axis=-1)
 
 
 def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
@@ -102,30 +124,56 @@ def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
     return out if log_priors is None else log_priors + out
 
 
-def expanded_scores(xp: Any, ex: Expanded, variances: Array, log_priors: Array | None) -> tuple[Array, Array]:
-    """Steps 3–6: s = [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the boolean rows ``(..., N)`` the guard rejects."""
+class ScoreWeights(NamedTuple):
+    """The token-independent operands of steps 3–6, formed once per call and shared by every token block."""
+
+    #: [−½w, μ'w, b − ½C] ``(..., K, 2d_r + 1)``
+    weights: Array
+    #: offset_k = b + own/2 − C/R ``(..., 1, K)``
+    offset: Array
+    #: max_k w_km ``(..., d_r, 1)``, for the cheap bound a_i
+    w_max: Array
+    #: μ' and w ``(..., K, d_r)``, for A's product (formed only when the cheap bound fails)
+    precisions: Array
+
+
+def score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances: Array,
+                  log_priors: Array | None) -> ScoreWeights:
+    """Steps 3 and 5 on the mixture side: the weights of the score product and the guard's offset."""
     base = _constant(xp, variances, log_priors)
-    base = xp.broadcast_to(base, broadcast_shapes(base.shape, ex.c.shape))
-    c = xp.broadcast_to(ex.c, tuple(base.shape))
-    kd = tuple(ex.precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
-    w = xp.broadcast_to(ex.precisions, tuple(base.shape[:-1]) + kd)
-    weights = xp.concat([-0.5 * w, xp.broadcast_to(ex.means * ex.precisions, tuple(w.shape)),
+    base = xp.broadcast_to(base, broadcast_shapes(base.shape, c.shape))
+    c = xp.broadcast_to(c, tuple(base.shape))
+    kd = tuple(precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
+    w = xp.broadcast_to(precisions, tuple(base.shape[:-1]) + kd)
+    weights = xp.concat([-0.5 * w, xp.broadcast_to(means * precisions, tuple(w.shape)),
                          xp.expand_dims(base - 0.5 * c, axis=-1)], axis=-1)
-    s = xp.matmul(ex.features, xp.matrix_transpose(weights))  # step 3
     # step 5: reject where s + A/R > offset = b + own/2 − C/R
-    budget = _CANCELLATION_BUDGET
     d_r = variances.shape[-1]
     own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
-    offset = xp.expand_dims(base + 0.5 * own - c / budget, axis=-2)
+    offset = xp.expand_dims(base + 0.5 * own - c / _CANCELLATION_BUDGET, axis=-2)
+    return ScoreWeights(weights, offset, xp.expand_dims(xp.max(precisions, axis=-2), axis=-1), precisions)
+
+
+def scores_of_features(xp: Any, features: Array, sw: ScoreWeights) -> tuple[Array, Array]:
+    """Steps 3, 5, 6 for the tokens of ``features``: (s, the boolean rows ``(..., N)`` the guard rejects)."""
+    s = xp.matmul(features, xp.matrix_transpose(sw.weights))  # step 3
+    budget = _CANCELLATION_BUDGET
+    d_r = sw.precisions.shape[-1]
     # step 6, first with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product)
-    a_row = xp.matmul(ex.features[..., :d_r], xp.expand_dims(xp.max(ex.precisions, axis=-2), axis=-1))[..., 0]
-    rows = xp.max(s - offset, axis=-1) > -a_row / budget
+    a_row = xp.matmul(features[..., :d_r], sw.w_max)[..., 0]
+    rows = xp.max(s - sw.offset, axis=-1) > -a_row / budget
     if bool(xp.any(rows)):  # then s + A/R itself, by one product: weights + [w/R, 0, 0] (step 6)
-        zeros = xp.zeros_like(ex.precisions)
-        guard_weights = weights + xp.concat([ex.precisions / budget, zeros, zeros[..., :1]], axis=-1)
-        guard = xp.matmul(ex.features, xp.matrix_transpose(guard_weights))
-        rows = xp.max(guard - offset, axis=-1) > 0
+        zeros = xp.zeros_like(sw.precisions)
+        guard_weights = sw.weights + xp.concat([sw.precisions / budget, zeros, zeros[..., :1]], axis=-1)
+        guard = xp.matmul(features, xp.matrix_transpose(guard_weights))
+        rows = xp.max(guard - sw.offset, axis=-1) > 0
     return s, rows
+
+
+def expanded_scores(xp: Any, ex: Expanded, variances: Array, log_priors: Array | None) -> tuple[Array, Array]:
+    """Steps 3–6: s = [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the boolean rows ``(..., N)`` the guard rejects."""
+    sw = score_weights(xp, ex.means, ex.precisions, ex.c, variances, log_priors)
+    return scores_of_features(xp, ex.features, sw)
 
 
 def flagged_rows(xp: Any, x: Array, means: Array, variances: Array, rows: Array):
@@ -164,19 +212,70 @@ def guarded_scores(x: Array, means: Array, variances: Array, log_priors: Array |
     ``(..., K)`` or ``None`` (then the log densities, Eq. 2). Returns ``(s, rows)``: ``s`` ``(..., N, K)``
     in the promoted dtype, equal to the direct form's to R times its rounding bound; ``rows`` boolean
     ``(..., N)``, true where the guard sent the row to the direct form Σ_m (x_im − μ_km)²/σ²_km.
-    Raises nothing of its own; non-finite inputs give non-finite scores.
+    Raises nothing of its own; non-finite inputs give non-finite scores. For NumPy arrays the tokens
+    are taken in blocks (:mod:`gma_ref._blocks`); every row's score is the same in any blocking.
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
-    s, rows = expanded_scores(xp, expand(xp, x, means, variances), variances, log_priors)
-    if n_elements(s) and bool(xp.any(rows)):
-        base = _constant(xp, variances, log_priors)
-        base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
-        exact = []
-        for _, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
-            diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r): Eq. 50 on the flagged rows
-            exact.append(xp.take(base, b, axis=0) - 0.5 * xp.sum(diff * diff / vs, axis=-1))
-        s = _set_rows(xp, s, rows, exact)
-    return s, rows
+    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s: s)
+
+
+def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
+                      finish: Callable[[Array], Array]) -> tuple[Array, Array]:
+    """(finish(s), rows) computed block by block of tokens; ``finish`` maps a block's own scores
+    (an array it may overwrite) to what is kept of them."""
+    centre, mc, w, c = _centred_mixture(xp, means, variances)
+    sw = score_weights(xp, mc, w, c, variances, log_priors)
+
+    def block(xs: Array) -> tuple[Array, Array]:
+        s, rows = scores_of_features(xp, _features(xp, xs, centre), sw)
+        if n_elements(s) and bool(xp.any(rows)):
+            s = _exact_rows(xp, s, rows, xs, means, variances, log_priors)
+        return finish(s), rows
+
+    blocks = token_blocks(xp, x.shape[-2], means.shape[-2] + 2 * x.shape[-1] + 1)
+    if len(blocks) <= 1:
+        return block(x)
+    out: list[Array] = []
+
+    def one(start: int, stop: int) -> None:
+        s, rows = block(x[..., start:stop, :])
+        if not out:  # the first block, run before the others: the results' dtypes and batch axes
+            n = x.shape[-2]
+            out.append(xp.empty(tuple(s.shape[:-2]) + (n, s.shape[-1]), dtype=s.dtype, device=device_of(s)))
+            out.append(xp.empty(tuple(rows.shape[:-1]) + (n,), dtype=rows.dtype, device=device_of(rows)))
+        out[0][..., start:stop, :] = s
+        out[1][..., start:stop] = rows
+
+    run_blocks(one, blocks)
+    return out[0], out[1]
+
+
+def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variances: Array,
+                log_priors: Array | None) -> Array:
+    """``s`` with the flagged ``rows`` recomputed by the direct form, Eq. 50, in cache-sized blocks."""
+    base = _constant(xp, variances, log_priors)
+    base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
+    exact = []
+    for _, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
+        diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r): Eq. 50 on the flagged rows
+        exact.append(xp.take(base, b, axis=0) - 0.5 * xp.sum(diff * diff / vs, axis=-1))
+    return _set_rows(xp, s, rows, exact)
+
+
+def _softmax_own(xp: Any, s: Array) -> Array:
+    """Γ = softmax(s) along the last axis (Eq. 3b), max-subtracted, overwriting ``s`` (which the caller owns)
+    where :func:`~gma_ref._blocks.in_place_ok` allows it (NumPy), out of place otherwise:
+    γ_ik = exp(s_ik − max_l s_il) / Σ_j exp(s_ij − max_l s_il), one rounding for the exponential and one
+    for the division."""
+    if n_elements(s) == 0:
+        return softmax_scores(s)[0]
+    if not in_place_ok(xp):  # the same operations, out of place (an autograd graph may hold s and exp(s))
+        gamma = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        return gamma / xp.sum(gamma, axis=-1, keepdims=True)
+    s -= xp.max(s, axis=-1, keepdims=True)
+    gamma = xp.exp(s)
+    gamma /= xp.sum(gamma, axis=-1, keepdims=True)
+    return gamma
 
 
 def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_priors: Array
@@ -184,10 +283,11 @@ def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_pri
     """Γ = softmax(:func:`guarded_scores`) (Eq. 3b) and the guard's rows, on validated inputs.
 
     Returns ``(gamma, direct_rows)``, ``(..., N, K)`` and boolean ``(..., N)``, for
-    :func:`responsibilities_backward_guarded` to reuse.
+    :func:`responsibilities_backward_guarded` to reuse. Scores and softmax are formed one block of
+    tokens at a time (for NumPy arrays), so that no N × K array but Γ itself is written to memory.
     """
-    s, rows = guarded_scores(x, means, variances, log_priors)
-    return softmax_scores(s)[0], rows
+    xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
+    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s: _softmax_own(xp, s))
 
 
 def scores_backward_guarded(x: Array, means: Array, variances: Array, d_scores: Array,
@@ -204,30 +304,65 @@ def scores_backward_guarded(x: Array, means: Array, variances: Array, d_scores: 
     the last two from one product δᵀ [x'², x', 1]. Their rounding error is bounded by the same
     (√A + √C)² as the forward's, so the guard's ``rows`` (the forward's, or ``None`` to judge them
     here) are left out of the products and done element-wise. Returns :class:`ScoresGrad` in the
-    shapes of the inputs (``d_log_priors`` of ``log_priors_shape``).
+    shapes of the inputs (``d_log_priors`` of ``log_priors_shape``). For NumPy arrays the tokens are
+    taken in blocks; the sums over tokens are then added block by block, in block order.
     """
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
-    ex = expand(xp, x, means, variances)
-    if rows is None:
-        _, rows = expanded_scores(xp, ex, variances, None)
-    any_rows = bool(xp.any(rows)) if n_elements(rows) else False
-    delta = xp.where(xp.expand_dims(rows, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows else d_scores
-    d_r, w, mc = x.shape[-1], ex.precisions, ex.means
-    both = xp.matmul(delta, xp.concat([mc * w, w], axis=-1))  # [δ (μ'w), δ w], (..., N, 2 d_r)
-    d_x = both[..., :d_r] - ex.x * both[..., d_r:]
-    # δᵀ [x'², x', 1], (..., K, 2 d_r + 1), as ([x'², x', 1]ᵀ δ)ᵀ: OpenBLAS runs this orientation of the
-    # long reduction several times faster
-    sums = xp.matrix_transpose(xp.matmul(xp.matrix_transpose(ex.features), delta))
-    s2, s1, s0 = sums[..., :d_r], sums[..., d_r:2 * d_r], sums[..., 2 * d_r:]
-    d_means = w * (s1 - s0 * mc)
-    sq_sum = w * w * (s2 - 2.0 * mc * s1 + s0 * mc * mc)
-    if any_rows:
-        d_x, d_means, sq_sum = _backward_flagged_rows(xp, x, means, variances, d_scores, rows,
-                                                      d_x, d_means, sq_sum)
-    delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
+    return _blockwise_backward(xp, x, means, variances, rows, log_priors_shape, d_scores.shape[-1],
+                               lambda start, stop: d_scores[..., start:stop, :])
+
+
+def _blockwise_backward(xp: Any, x: Array, means: Array, variances: Array, rows: Array | None,
+                        log_priors_shape: tuple[int, ...], k: int, block_delta: Callable[[int, int], Array]
+                        ) -> ScoresGrad:
+    """:func:`scores_backward_guarded` with δ of the tokens [start, stop) given by ``block_delta(start, stop)``."""
+    centre, mc, w, c = _centred_mixture(xp, means, variances)
+    d_r = x.shape[-1]
+    right = xp.concat([mc * w, w], axis=-1)  # [μ'w, w], (..., K, 2 d_r)
+    sw = score_weights(xp, mc, w, c, variances, None) if rows is None else None
+
+    def block(xs: Array, d_scores: Array, rows_b: Array | None) -> tuple[Array, Array, Array, Array]:
+        features = _features(xp, xs, centre)
+        if rows_b is None:
+            rows_b = scores_of_features(xp, features, sw)[1]
+        any_rows = bool(xp.any(rows_b)) if n_elements(rows_b) else False
+        delta = xp.where(xp.expand_dims(rows_b, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows \
+            else d_scores
+        both = xp.matmul(delta, right)  # [δ (μ'w), δ w], (..., N, 2 d_r)
+        d_x = both[..., :d_r] - features[..., d_r:2 * d_r] * both[..., d_r:]
+        # δᵀ [x'², x', 1], (..., K, 2 d_r + 1), as ([x'², x', 1]ᵀ δ)ᵀ: OpenBLAS runs this orientation of the
+        # long reduction several times faster
+        sums = xp.matrix_transpose(xp.matmul(xp.matrix_transpose(features), delta))
+        s2, s1, s0 = sums[..., :d_r], sums[..., d_r:2 * d_r], sums[..., 2 * d_r:]
+        d_means = w * (s1 - s0 * mc)
+        sq_sum = w * w * (s2 - 2.0 * mc * s1 + s0 * mc * mc)
+        if any_rows:
+            d_x, d_means, sq_sum = _backward_flagged_rows(xp, xs, means, variances, d_scores, rows_b,
+                                                          d_x, d_means, sq_sum)
+        return sum_to_shape(xp, d_x, tuple(xs.shape)), d_means, sq_sum, xp.sum(d_scores, axis=-2)
+
+    blocks = token_blocks(xp, x.shape[-2], k + 2 * d_r + 1)
+    if len(blocks) <= 1:
+        d_x, d_means, sq_sum, delta_sum = block(x, block_delta(0, x.shape[-2]), rows)
+    else:
+        out: list[Array] = []
+
+        def one(start: int, stop: int) -> tuple[Array, Array, Array]:
+            d_x, *sums = block(x[..., start:stop, :], block_delta(start, stop),
+                               None if rows is None else rows[..., start:stop])
+            if not out:  # the first block, run before the others: the dtype of ∂L/∂x
+                out.append(xp.empty(tuple(x.shape), dtype=d_x.dtype, device=device_of(d_x)))
+            out[0][..., start:stop, :] = d_x
+            return tuple(sums)
+
+        parts = run_blocks(one, blocks)
+        d_x = out[0]
+        d_means, sq_sum, delta_sum = parts[0]
+        for more in parts[1:]:  # in block order, whatever the threads
+            d_means, sq_sum, delta_sum = d_means + more[0], sq_sum + more[1], delta_sum + more[2]
     d_variances = 0.5 * (sq_sum - xp.expand_dims(delta_sum, axis=-1) / variances)
     return ScoresGrad(
-        d_x=sum_to_shape(xp, d_x, tuple(x.shape)),
+        d_x=d_x,
         d_means=sum_to_shape(xp, d_means, tuple(means.shape)),
         d_variances=sum_to_shape(xp, d_variances, tuple(variances.shape)),
         d_log_priors=sum_to_shape(xp, delta_sum, tuple(log_priors_shape)),
@@ -262,6 +397,24 @@ def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_
     return d_x, d_means, sq_sum
 
 
+def _scores_cotangent(xp: Any, gamma: Array, d_gamma: Array) -> Array:
+    """Eq. 18, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij), as :func:`~gma_ref.posterior.scores_cotangent` forms it
+    (g first shifted to 0 at the row's largest γ, so that γ rounded to 1 cancels nothing), in fewer passes:
+    the reference is g at the row's *first* largest γ (the posterior form averages g over tied maxima;
+    δ is the same, and a tie has γ ≤ ½, where nothing cancels), Σ_j γ_ij g_ij one ``vecdot``, and
+    the last two steps in place on the array formed here where :func:`~gma_ref._blocks.in_place_ok`."""
+    if n_elements(gamma) == 0:
+        return scores_cotangent(gamma, d_gamma)
+    top = xp.argmax(gamma, axis=-1, keepdims=True)
+    g = d_gamma - xp.take_along_axis(d_gamma, top, axis=-1)
+    centre = xp.expand_dims(xp.vecdot(gamma, g, axis=-1), axis=-1)
+    if not in_place_ok(xp):
+        return gamma * (g - centre)
+    g -= centre
+    g *= gamma
+    return g
+
+
 def responsibilities_backward_guarded(
     x: Array, means: Array, variances: Array, gamma: Array, d_gamma: Array, log_priors: Array,
     direct_rows: Array,
@@ -274,5 +427,11 @@ def responsibilities_backward_guarded(
     gives the same gradients to rounding; one that clears a row the bound rejects loses that row's
     accuracy guarantee.
     """
-    d_scores = scores_cotangent(gamma, d_gamma)
-    return scores_backward_guarded(x, means, variances, d_scores, tuple(log_priors.shape), direct_rows)
+    xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
+    check_cotangent(xp, "d_gamma", d_gamma, tuple(gamma.shape), "gamma", False)  # before it is cut into blocks
+
+    def block_delta(start: int, stop: int) -> Array:
+        return _scores_cotangent(xp, gamma[..., start:stop, :], d_gamma[..., start:stop, :])
+
+    return _blockwise_backward(xp, x, means, variances, direct_rows, tuple(log_priors.shape), gamma.shape[-1],
+                               block_delta)

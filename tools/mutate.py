@@ -96,7 +96,10 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/across_modules/test_exact_arithmetic.py",
     ],
     "gma_ref/posterior.py": _SCORES_TESTS,
-    "gma_ref/scores_fast.py": _SCORES_TESTS,  # the fast path is tested where the direct form is
+    # the fast path is tested where the direct form is, and its blocks on their own
+    "gma_ref/scores_fast.py": [*_SCORES_TESTS, "tests/scores_fast/test_blocked_path.py"],
+    "gma_ref/_blocks.py": ["tests/scores_fast/test_blocked_path.py", "tests/scores_fast/test_token_blocks.py"],
+    "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py"],
     "gma_ref/bidirectional.py": [
         "tests/bidirectional/test_equations.py",
         "tests/bidirectional/test_routing_input_checks.py",

@@ -90,7 +90,7 @@ def _spy(monkeypatch, name):
     (False, None, "gma_bidirectional"), (False, "latent", "gma_bidirectional"),
     (False, "materialized", "gma_materialized"), (True, "materialized", "gma_materialized"),
     (True, "prefix", "gma_causal_prefix"), (True, "streaming", "gma_causal_streaming"),
-    (True, None, "gma_causal_chunked"), (True, "chunked", "gma_causal_chunked"),
+    (True, None, "chunked_forward"), (True, "chunked", "chunked_forward"),  # gma_causal_chunked, batched
 ])
 def test_the_requested_form_runs_with_the_requested_options(rng, monkeypatch, causal, form, core):
     """The form named (default: latent / chunked) is the core that runs, with ε, the chunk size and causal."""
@@ -99,7 +99,7 @@ def test_the_requested_form_runs_with_the_requested_options(rng, monkeypatch, ca
     assert len(calls) == 1
     a, kw = calls[0]
     assert a[3] == 0.25
-    if core == "gma_causal_chunked":
+    if core == "chunked_forward":
         assert a[4] == 5
     if core == "gma_materialized":
         assert kw["causal"] is causal
@@ -108,7 +108,7 @@ def test_the_requested_form_runs_with_the_requested_options(rng, monkeypatch, ca
 @pytest.mark.parametrize("causal, form, core", [
     (False, None, "gma_bidirectional_backward"), (False, "materialized", "gma_materialized_backward"),
     (True, "materialized", "gma_materialized_backward"), (True, "prefix", "gma_causal_prefix_backward"),
-    (True, "streaming", "gma_causal_streaming_backward"), (True, None, "gma_causal_chunked_backward"),
+    (True, "streaming", "gma_causal_streaming_backward"), (True, None, "chunked_backward"),
 ])
 def test_the_backward_of_the_requested_form_runs_with_the_requested_options(rng, monkeypatch, causal, form, core):
     """gma_attention_backward calls the VJP of the form named, with ε, the chunk size and causal."""
@@ -118,7 +118,7 @@ def test_the_backward_of_the_requested_form_runs_with_the_requested_options(rng,
     assert len(calls) == 1
     a, kw = calls[0]
     assert kw["eps"] == 0.25
-    if core == "gma_causal_chunked_backward":
+    if core == "chunked_backward":
         assert kw["chunk_size"] == 5
     if core == "gma_materialized_backward":
         assert kw["causal"] is causal

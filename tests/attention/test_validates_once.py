@@ -105,13 +105,13 @@ def test_default_chunk_size_is_64(rng, monkeypatch):
     import gma_ref.attention as attention
 
     seen = []
-    real = attention.gma_causal_chunked
+    real = attention.chunked_forward  # gma_causal_chunked with the chunks batched
 
     def spy(*a, **kw):
         seen.append(a[4] if len(a) > 4 else kw.get("chunk_size"))
         return real(*a, **kw)
 
-    monkeypatch.setattr(attention, "gma_causal_chunked", spy)
+    monkeypatch.setattr(attention, "chunked_forward", spy)
     gma_attention(*_inputs(rng), causal=True)
     assert seen == [64]
 
@@ -121,12 +121,12 @@ def test_default_chunk_size_of_the_backward_is_64(rng, monkeypatch):
     import gma_ref.attention as attention
 
     seen = []
-    real = attention.gma_causal_chunked_backward
+    real = attention.chunked_backward  # gma_causal_chunked_backward with the chunks batched
 
     def spy(*a, **kw):
         seen.append(a[5] if len(a) > 5 else kw.get("chunk_size"))
         return real(*a, **kw)
 
-    monkeypatch.setattr(attention, "gma_causal_chunked_backward", spy)
+    monkeypatch.setattr(attention, "chunked_backward", spy)
     gma_attention_backward(*_inputs(rng), np.ones((N, D_V)), causal=True)
     assert seen == [64]

@@ -1,0 +1,177 @@
+"""Token blocks for the fast path's passes over (N, K) arrays, and the threads that run them.
+
+The fast path (:mod:`gma_ref.scores_fast`) computes Γ and the score VJPs one block of tokens at a
+time: a block's scores, softmax and Γ (or its cotangent, its gradient rows and its share of the
+parameter sums) are formed while the block is in cache, and no N × K scores array is formed beside
+Γ. What blocks add up is added in block order.
+
+For NumPy arrays the tokens are always cut into the same blocks (:func:`token_blocks`: their bounds
+depend on N and the row width only, never on the thread count), and the blocks run on
+:func:`worker_count` threads, the number BLAS itself runs on, while BLAS is held to one thread
+(threadpoolctl, a dependency; without it the blocks run one after the other with BLAS as it is).
+NumPy releases the GIL in its ufuncs and in BLAS, so the element-wise passes run on every core,
+not only the matrix products. Every block runs the same one-thread code on the same rows whatever
+the number of threads, and the sums over blocks are added in block order in the calling thread, so
+the results are the same bit for bit with one thread or several. Other namespaces (CuPy, PyTorch,
+``array_api_strict``, ...) get one block, the whole array, in the calling thread.
+
+This module holds no array code.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import array_api_compat
+
+__all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok", "small_products"]
+
+T = TypeVar("T")
+
+#: Elements of the (token, column) intermediates one block may hold: rows × (K + 2 d_r + 1) per block.
+#: 2¹⁸ elements (1 MiB in float32, 2 MiB in float64): on 2 threads, blocks of 2¹⁶ (which fit a core's L2
+#: cache) spent their time on the ~25 Python-level calls per block, which hold the GIL; 2¹⁸ was measured
+#: 1.3–1.7× faster on 2 threads than 2¹⁶ and within 10 % of it on one (docs/benchmarks.md).
+BLOCK_ELEMENTS = 1 << 18
+#: Fewest tokens in a block (below that, Python's per-call overhead outweighs the cache).
+MIN_BLOCK_ROWS = 256
+
+_lock = threading.Lock()
+_pool: list[ThreadPoolExecutor] = []  # at most one, of _pool_size[0] workers
+_pool_size: list[int] = [0]
+_held: list[Any] = []  # the threadpoolctl limit in force while blocks run (one for all concurrent callers)
+_holders = [0]
+_controller_cache: list[Any] = []
+
+
+def _forget_after_fork() -> None:
+    """In a forked child the pool's threads do not exist (nor does the thread that held the lock):
+    start again with no pool and no limit held, so that the next blocks make a new pool."""
+    global _lock
+    _lock = threading.Lock()
+    _pool.clear()
+    _pool_size[0] = 0
+    _held.clear()
+    _holders[0] = 0
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def in_place_ok(xp: Any) -> bool:
+    """Whether the fast path may update arrays it allocated itself in place: only for NumPy.
+
+    An autograd framework (PyTorch, and any namespace not known here) may have saved such an array for
+    its backward (``exp``'s output, say) and refuses the gradient once it was modified; other namespaces
+    therefore get the same operations out of place.
+    """
+    return bool(array_api_compat.is_numpy_namespace(xp))
+
+
+def _controller() -> Any:
+    """threadpoolctl's controller of the BLAS libraries loaded (built once), or ``None`` without threadpoolctl."""
+    try:
+        from threadpoolctl import ThreadpoolController  # noqa: PLC0415  (imported when blocks first run)
+    except ImportError:
+        return None
+    if not _controller_cache:
+        _controller_cache.append(ThreadpoolController().select(user_api="blas"))
+    return _controller_cache[0]
+
+
+def worker_count() -> int:
+    """The threads BLAS runs on: threadpoolctl if installed (the smallest count among the BLAS libraries
+    loaded), else ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` (the first set), else
+    the usable cores."""
+    ctl = _controller()
+    if ctl is not None and _holders[0] == 0:
+        counts = [int(lib.num_threads) for lib in ctl.lib_controllers]
+        if counts:
+            return max(1, min(counts))
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = os.environ.get(var, "").strip().split(",")[0]
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def token_blocks(xp: Any, n: int, width: int) -> list[tuple[int, int]]:
+    """[start, stop) bounds covering ``range(n)``: for NumPy, blocks of about ``BLOCK_ELEMENTS / width``
+    tokens (at least ``MIN_BLOCK_ROWS``), all of one size but the last, whatever the thread count;
+    otherwise one block."""
+    if n <= 0:
+        return []
+    if not array_api_compat.is_numpy_namespace(xp):
+        return [(0, n)]
+    size = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, width))
+    return [(start, min(n, start + size)) for start in range(0, n, size)]
+
+
+@contextmanager
+def _blas_on_one_thread() -> Iterator[None]:
+    """Hold BLAS to one thread while blocks run on the pool (process-wide; nested and concurrent
+    callers share one limit, lifted when the last of them leaves)."""
+    ctl = _controller()
+    with _lock:
+        if _holders[0] == 0:
+            _held.append(ctl.limit(limits=1))
+        _holders[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holders[0] -= 1
+            if _holders[0] == 0:
+                _held.pop().restore_original_limits()
+
+
+@contextmanager
+def small_products(xp: Any) -> Iterator[None]:
+    """BLAS held to one thread for NumPy arrays (threadpoolctl installed), for code that makes many small
+    matrix products (the batched chunks of :mod:`gma_ref._causal_batched`), each of which would otherwise wake
+    BLAS's threads; nothing for other namespaces."""
+    if not array_api_compat.is_numpy_namespace(xp) or _controller() is None:
+        yield
+        return
+    with _blas_on_one_thread():
+        yield
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    with _lock:
+        if _pool_size[0] != workers:
+            if _pool:
+                _pool.pop().shutdown(wait=False)
+            _pool.append(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gma_ref-blocks"))
+            _pool_size[0] = workers
+        return _pool[0]
+
+
+def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -> list[T]:
+    """``[fn(start, stop) for (start, stop) in blocks]``, in block order: the first block in the calling
+    thread before the others (so that ``fn`` may allocate there what the others write into), the others
+    on :func:`worker_count` threads with BLAS on one thread, each in a copy of the caller's context
+    (NumPy's ``errstate``). A block's exception is raised here."""
+    if not blocks:
+        return []
+    workers = min(worker_count(), len(blocks))
+    if len(blocks) == 1 or _controller() is None:
+        return [fn(start, stop) for start, stop in blocks]
+    with _blas_on_one_thread():
+        first = fn(*blocks[0])
+        if workers <= 1:
+            return [first, *(fn(start, stop) for start, stop in blocks[1:])]
+        pool = _executor(workers)
+        futures = [pool.submit(contextvars.copy_context().run, fn, start, stop) for start, stop in blocks[1:]]
+        wait(futures)  # every block done before BLAS gets its threads back, even when one raised
+        return [first, *(f.result() for f in futures)]

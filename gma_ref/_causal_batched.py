@@ -1,0 +1,188 @@
+"""The chunked causal form of :mod:`gma_ref.causal` with the chunks batched: the fast path's causal core.
+
+:func:`gma_ref.causal.gma_causal_chunked` (and its backward) is the specification: one chunk of
+C tokens at a time, the state Ṽ, Z carried from chunk to chunk. Here the same per-chunk terms are
+formed for a *group* of G chunks at once, by batched matrix products over a chunk axis
+``(..., G, C, ·)``, so that N/C chunks cost N/(C·G) rounds of a few array calls instead of N/C
+rounds of about twenty. The state before each chunk of a group is an exclusive prefix sum over
+the chunk axis of (Γ^K_c)ᵀ V_c, started at the state carried in, which adds in the same order as the
+loop (the state first, then chunk by chunk); the backward's suffix sums
+S^V, S^Z the same way in reverse. Every per-chunk formula (the masked affinities A_c, the row
+terms P, δ, c from the prefix before each token, W_c with δ on its diagonal) is the one of
+:mod:`gma_ref.causal`, so the accuracy is the same; the arrays of a group are G·(K·d_v + C²)
+numbers at most (``GROUP_ELEMENTS``), so memory stays linear in N.
+
+Only the case the fast path meets is batched: no initial state, Γ^Q, Γ^K and V with the same batch
+axes, N a multiple of C, and V far enough below the float maximum that no rescaling is needed;
+anything else goes to :mod:`gma_ref.causal` as it is. Inputs are checked as there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._array import Array, device_of, namespace, value_scale
+from ._blocks import small_products
+from .causal import (
+    CausalGrad,
+    _causal_grad,
+    _check_causal,
+    _check_d_out,
+    _divide,
+    _divide_scalars,
+    _lower_mask,
+    _row_terms,
+    gma_causal_chunked,
+    gma_causal_chunked_backward,
+)
+
+__all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS"]
+
+#: Most numbers of one group's per-chunk state arrays, G·K·d_v (or G·C², whichever is larger).
+GROUP_ELEMENTS = 1 << 20
+
+
+def _batched(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, chunk_size: int) -> bool:
+    """Whether the batched form applies (see the module docstring); the reader's form otherwise."""
+    n = gamma_q.shape[-2]
+    same = tuple(gamma_q.shape[:-2]) == tuple(gamma_k.shape[:-2]) == tuple(v.shape[:-2])
+    return same and n > 0 and n % chunk_size == 0 and value_scale(xp, v, n) == 1.0
+
+
+def _groups(n: int, c: int, k: int, d_v: int) -> list[tuple[int, int]]:
+    """Token bounds of the groups: G chunks of C tokens each, G·max(K·d_v, C²) ≤ GROUP_ELEMENTS (G ≥ 1)."""
+    per = max(1, GROUP_ELEMENTS // max(1, k * d_v, c * c)) * c
+    return [(s, min(n, s + per)) for s in range(0, n, per)]
+
+
+def _chunks(xp: Any, a: Array, start: int, stop: int, c: int) -> Array:
+    """Tokens [start, stop) of ``a`` ``(..., N, w)`` as ``(..., G, C, w)``."""
+    part = a[..., start:stop, :]
+    return xp.reshape(part, tuple(part.shape[:-2]) + ((stop - start) // c, c, part.shape[-1]))
+
+
+def _prefix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Array]:
+    """(the exclusive prefix sums of ``terms`` along the chunk ``axis`` started at ``carry``, the total):
+    carry, carry + t₀, (carry + t₀) + t₁, ... added in that order, as the loop over chunks adds.
+    (A loop of small additions: NumPy's ``cumulative_sum`` along a leading axis was measured 20× slower.)"""
+    running, before = carry, []
+    for j in range(terms.shape[axis]):
+        before.append(running)
+        running = running + (terms[..., j, :, :] if axis == -3 else terms[..., j, :])
+    return xp.stack(before, axis=axis), running
+
+
+def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
+    """:func:`gma_ref.causal.gma_causal_chunked` (empty state, ``check_finite=False``), chunks batched, BLAS on
+    one thread (:func:`~gma_ref._blocks.small_products`: C × K products, too small to share)."""
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
+    if not _batched(xp, gamma_q, gamma_k, v, chunk_size):
+        return gma_causal_chunked(gamma_q, gamma_k, v, eps, chunk_size, check_finite=False)
+    with small_products(xp):
+        return _forward(xp, gamma_q, gamma_k, v, eps, chunk_size)
+
+
+def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
+    """The body of :func:`chunked_forward`, the groups in order."""
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    c, k, d_v = chunk_size, gamma_k.shape[-1], v.shape[-1]
+    lower = _lower_mask(xp, c, device_of(v))
+    dtype = xp.result_type(gamma_k, v)
+    memory = xp.zeros(tuple(v.shape[:-2]) + (k, d_v), dtype=dtype, device=device_of(v))
+    mass = xp.zeros(tuple(v.shape[:-2]) + (k,), dtype=dtype, device=device_of(v))
+    outs = []
+    for start, stop in _groups(v.shape[-2], c, k, d_v):
+        gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
+        mem_b, memory = _prefix(xp, memory, xp.matmul(xp.matrix_transpose(gk), vc), -3)
+        mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
+        a = xp.matmul(gq, xp.matrix_transpose(gk))
+        a = xp.where(lower, a, xp.zeros_like(a))
+        num = xp.matmul(a, vc) + xp.matmul(gq, mem_b)
+        u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass_b, axis=-2), axis=-1)
+        out = _divide(xp, num, u, eps)
+        outs.append(xp.reshape(out, tuple(out.shape[:-3]) + (stop - start, d_v)))
+    return xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
+
+
+def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, eps: float,
+                     chunk_size: int) -> CausalGrad:
+    """:func:`gma_ref.causal.gma_causal_chunked_backward` (empty state, ``check_finite=False``), chunks batched:
+    pass 1 over the groups in order (the state before each chunk, P, δ, c, W, ∂L/∂Γ^Q), pass 2 in reverse
+    (the suffix sums S^V, S^Z after each chunk, ∂L/∂V, ∂L/∂Γ^K), BLAS on one thread as in the forward."""
+    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
+    if not _batched(xp, gamma_q, gamma_k, v, chunk_size):
+        return gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size,
+                                           check_finite=False)
+    with small_products(xp):
+        return _backward(xp, gamma_q, gamma_k, v, d_out, eps, chunk_size)
+
+
+def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
+              chunk_size: int) -> CausalGrad:
+    """The body of :func:`chunked_backward` (BLAS on one thread)."""
+    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_chunked", False)
+    c, k, d_v, batch = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2])
+    groups = _groups(v.shape[-2], c, k, d_v)
+    memory = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_k, v), device=device_of(v))
+    mass = xp.zeros(batch + (k,), dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
+    kept, dq_parts = [], []
+    for start, stop in groups:  # pass 1
+        gq, gk, vc, do = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v, d_out))
+        mem_b, memory = _prefix(xp, memory, xp.matmul(xp.matrix_transpose(gk), vc), -3)
+        mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
+        p, c_row, a, w, dq = _pass_one(xp, gq, gk, vc, do, mem_b, mass_b, eps)
+        kept.append((p, c_row, a, w))
+        dq_parts.append(xp.reshape(dq, batch + (stop - start, k)))
+    s_v = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
+    s_z = xp.zeros_like(mass)
+    dk_parts, dv_parts = [], []
+    for idx in range(len(groups) - 1, -1, -1):  # pass 2: suffix sums, in reverse chunk order
+        start, stop = groups[idx]
+        gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
+        p, c_row, a, w = kept[idx]
+        s_v_after, s_v = _suffix(xp, s_v, xp.matmul(xp.matrix_transpose(gq), p), -3)
+        s_z_after, s_z = _suffix(xp, s_z, xp.sum(gq * xp.expand_dims(c_row, axis=-1), axis=-2), -2)
+        d_v = xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(gk, s_v_after)
+        d_k = (xp.matmul(xp.matrix_transpose(w), gq) + xp.matmul(vc, xp.matrix_transpose(s_v_after))
+               + xp.expand_dims(s_z_after, axis=-2))
+        dv_parts.append(xp.reshape(d_v, batch + (stop - start, v.shape[-1])))
+        dk_parts.append(xp.reshape(d_k, batch + (stop - start, k)))
+    dk_parts.reverse()
+    dv_parts.reverse()
+
+    def cat(parts: list[Array]) -> Array:
+        return xp.concat(parts, axis=-2) if len(parts) > 1 else parts[0]
+
+    return _causal_grad(xp, cat(dq_parts), cat(dk_parts), cat(dv_parts), None, gamma_q, gamma_k, v, None)
+
+
+def _suffix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Array]:
+    """(the sums over the *later* chunks of the group, plus ``carry`` (those after the group), per chunk;
+    the sum over the group and after it), added from the last chunk back, as the loop adds."""
+    after, total = _prefix(xp, carry, xp.flip(terms, axis=axis), axis)
+    return xp.flip(after, axis=axis), total
+
+
+def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Array, mass_b: Array,
+              eps: float) -> tuple[Array, Array, Array, Array, Array]:
+    """The backward's first pass for a group of chunks ``(..., G, C, ·)`` with the state before each chunk:
+    (P, c, A, W, ∂L/∂Γ^Q), as in :func:`gma_ref.causal.gma_causal_chunked_backward`."""
+    size = gq.shape[-2]
+    mask = _lower_mask(xp, size, device_of(gq))
+    strict = _lower_mask(xp, size, device_of(gq), strict=True)
+    a_full = xp.matmul(gq, xp.matrix_transpose(gk))
+    a = xp.where(mask, a_full, xp.zeros_like(a_full))
+    a_before = xp.where(strict, a_full, xp.zeros_like(a_full))  # keys j < i of the chunk
+    mass_col = xp.expand_dims(mass_b, axis=-2)
+    u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * mass_col, axis=-1)
+    u = u_before + xp.sum(gq * gk, axis=-1)
+    num_before = xp.matmul(a_before, vc) + xp.matmul(gq, mem_b)
+    safe, seen = _divide_scalars(xp, u, eps)
+    p, delta, c = _row_terms(xp, vc, d_out, u_before, num_before, safe, seen, eps)
+    # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
+    w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
+    w = xp.where(strict, w, xp.zeros_like(w))
+    w = w + xp.where(mask & ~strict, xp.expand_dims(delta, axis=-1), xp.zeros_like(w))
+    dq = xp.matmul(p, xp.matrix_transpose(mem_b)) + xp.expand_dims(c, axis=-1) * mass_col + xp.matmul(w, gk)
+    return p, c, a, w, dq

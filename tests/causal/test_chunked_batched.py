@@ -1,0 +1,113 @@
+"""The fast path's causal core (:mod:`gma_ref._causal_batched`, the chunks batched in groups) gives the
+reader's chunked form (:mod:`gma_ref.causal`) bit for bit, and falls back to it where it does not apply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gma_ref._causal_batched as cf
+from gma_ref.causal import gma_causal_chunked, gma_causal_chunked_backward
+
+
+def _inputs(rng, batch, n, k=5, d_v=3, dtype=np.float64):
+    gq = rng.dirichlet(np.ones(k), size=batch + (n,))
+    gk = rng.dirichlet(np.ones(k), size=batch + (n,))
+    v, d_out = rng.normal(size=batch + (n, d_v)), rng.normal(size=batch + (n, d_v))
+    return tuple(a.astype(dtype) for a in (gq, gk, v, d_out))
+
+
+@pytest.mark.parametrize("batch", [(), (2, 3)])
+@pytest.mark.parametrize("n", [8, 40, 64, 37])
+@pytest.mark.parametrize("group_elements", [1 << 20, 30, 1])
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_batched_chunks_give_the_loop_bit_for_bit(monkeypatch, batch, n, group_elements, eps):
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", group_elements)  # 30: groups of 2 chunks; 1: one chunk a group
+    gq, gk, v, d_out = _inputs(np.random.default_rng(n), batch, n)
+    if eps == 0.0:
+        gk[..., :9, :] = 0.0  # early queries see no mass: their rows are 0
+    out = cf.chunked_forward(gq, gk, v, eps, 8)
+    np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, eps, 8))
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
+    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_groups_cover_the_tokens_in_whole_chunks(monkeypatch):
+    assert cf._groups(64, 8, 5, 3) == [(0, 64)]
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", 128)  # max(K d_v, C²) = 64: two chunks a group
+    assert cf._groups(40, 8, 5, 3) == [(0, 16), (16, 32), (32, 40)]
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", 30)  # max(K d_v, C²) = K d_v = 15: two chunks of 2 a group
+    assert cf._groups(10, 2, 5, 3) == [(0, 4), (4, 8), (8, 10)]
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", 1)
+    assert cf._groups(24, 8, 5, 3) == [(0, 8), (8, 16), (16, 24)]
+
+
+def test_the_default_group_holds_the_documented_elements():
+    assert cf.GROUP_ELEMENTS == 1 << 20
+
+
+@pytest.mark.parametrize("n", [0, 21, 24])
+def test_non_finite_values_pass_through_unchecked(n):
+    """The pipeline validated its inputs (or was told not to): a NaN in V (an infinity in ∂L/∂O) gives
+    NaN rows, no error, on the batched path (N = 24) and on the loop's (N = 21); N = 0 gives an empty
+    output."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(9), (), n)
+    if n:
+        v[-1, 0] = np.nan
+        d_out[-1, 1] = np.inf
+    out = cf.chunked_forward(gq, gk, v, 1e-6, 8)
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    assert out.shape == (n, 3) and got.d_v.shape == (n, 3)
+    if n:  # the last chunk's rows read the NaN (0 · NaN in its products), the earlier chunks' do not
+        assert np.isnan(out[-1, 0]) and np.all(np.isfinite(out[:16]))
+        assert np.any(np.isnan(got.d_gamma_q))
+        np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, 1e-6, 8, check_finite=False))
+
+
+@pytest.mark.parametrize("case", ["ragged", "broadcast", "huge_v", "float32"])
+def test_other_cases_match_the_loop(case):
+    """N not a multiple of C, batch axes that broadcast, V near the float maximum: the reader's form."""
+    rng = np.random.default_rng(7)
+    gq, gk, v, d_out = _inputs(rng, (2,), 24, dtype=np.float32 if case == "float32" else np.float64)
+    if case == "ragged":
+        gq, gk, v, d_out = (a[..., :21, :] for a in (gq, gk, v, d_out))
+    if case == "broadcast":
+        v, d_out = v[:1], d_out
+    if case == "huge_v":
+        v = v * 1e307
+    assert cf._batched(np, gq, gk, v, 8) == (case == "float32")
+    np.testing.assert_array_equal(cf.chunked_forward(gq, gk, v, 1e-6, 8), gma_causal_chunked(gq, gk, v, 1e-6, 8))
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_inputs_are_checked_as_the_loop_checks_them():
+    gq, gk, v, d_out = _inputs(np.random.default_rng(8), (), 16)
+    with pytest.raises(ValueError):
+        cf.chunked_forward(-gq, gk, v, 1e-6, 8)  # Γ must be non-negative
+    with pytest.raises(ValueError, match="d_out"):
+        cf.chunked_backward(gq, gk, v, d_out[:8], eps=1e-6, chunk_size=8)
+
+
+def test_arrays_on_another_device_stay_there():
+    """array_api_strict inputs on Device('device1'): the batched core (and the loop it falls back to)
+    makes every array on that device, and gives the NumPy values."""
+    import array_api_strict as xs  # noqa: PLC0415
+
+    dev = xs.Device("device1")
+    for n in (24, 21):  # batched, then the loop
+        arrays = _inputs(np.random.default_rng(10), (2,), n)
+        gq, gk, v, d_out = (xs.asarray(a, device=dev) for a in arrays)
+        out = cf.chunked_forward(gq, gk, v, 1e-6, 8)
+        grad = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+        want_out = cf.chunked_forward(*arrays[:3], 1e-6, 8)
+        want = cf.chunked_backward(*arrays, eps=1e-6, chunk_size=8)
+        for got, ref in zip((out, *grad[:3]), (want_out, *want[:3]), strict=True):
+            assert got.device == dev
+            host = np.asarray(xs.asarray(got, device=xs.Device("CPU_DEVICE")))
+            np.testing.assert_allclose(host, ref, rtol=1e-13, atol=1e-13)

@@ -1,0 +1,278 @@
+"""The fast path in token blocks (NumPy) agrees with the one-block path, on any number of threads.
+
+:mod:`gma_ref._blocks` cuts the tokens into blocks for NumPy arrays and runs them on as many threads
+as BLAS has; every other namespace takes one block. Here the block size is shrunk so that a few
+dozen tokens span several blocks with a short last one, and Γ, the guard's rows, the scores and
+every score VJP are compared with the one-block path, on generic data (no row flagged), on tight
+clusters (every row recomputed element-wise) and on a mix of both, with batch axes that broadcast;
+and on 1, 2 and 3 threads, bit for bit.
+"""
+
+from __future__ import annotations
+
+import array_api_strict
+import numpy as np
+import pytest
+
+import gma_ref._blocks as blocks
+import gma_ref.scores_fast as fast
+from gma_ref.posterior import scores_cotangent
+
+
+def _inputs(case: str, rng: np.random.Generator, batch: tuple[int, ...] = ()):
+    n, k, d = 37, 5, 4
+    means = rng.normal(size=batch + (k, d))
+    var = rng.uniform(0.3, 2.0, size=batch + (k, d))
+    lp = np.log(rng.dirichlet(np.ones(k), size=batch or None))
+    x = rng.normal(size=(n, d)) if batch else rng.normal(size=(n, d))
+    if case != "generic":
+        means = 100.0 * rng.normal(size=batch + (k, d))
+        var = np.full(batch + (k, d), 1e-2)
+        picks = rng.integers(0, k, size=n)
+        x = np.take(means.reshape(-1, k, d)[0], picks, axis=0) + 0.01 * rng.normal(size=(n, d))
+        if case == "mixed":
+            x[::2] = rng.normal(size=x[::2].shape)  # every other row far from every tight cluster
+    return x, means, var, lp
+
+
+def _blocked(monkeypatch, on: bool) -> None:
+    """Blocks of 8 tokens (at K + 2 d_r + 1 = 14), or one block of every token."""
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 8 * 14 if on else 1 << 40)
+    monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
+
+
+def _all(x, means, var, lp, rng):
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    s, rows_s = fast.guarded_scores(x, means, var, lp)
+    d_gamma = np.random.default_rng(5).normal(size=gamma.shape).astype(gamma.dtype)
+    delta = scores_cotangent(gamma, d_gamma)
+    return {
+        "gamma": gamma, "rows": rows, "s": s, "rows_s": rows_s,
+        "vjp": fast.responsibilities_backward_guarded(x, means, var, gamma, d_gamma, lp, rows),
+        "scores_vjp": fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape), rows),
+        "scores_vjp_judged": fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape)),
+    }
+
+
+@pytest.mark.parametrize("case", ["generic", "clustered", "mixed"])
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_blocks_agree_with_one_block(monkeypatch, case, batch):
+    x, means, var, lp = _inputs(case, np.random.default_rng(1), batch)
+    assert len(blocks.token_blocks(np, x.shape[-2], 5 + 2 * 4 + 1)) == 1  # the default: one block here
+    _blocked(monkeypatch, False)
+    assert blocks.token_blocks(np, x.shape[-2], 14) == [(0, x.shape[-2])]
+    one = _all(x, means, var, lp, None)
+    _blocked(monkeypatch, True)
+    assert len(blocks.token_blocks(np, x.shape[-2], 14)) == 5  # 4 of 8 tokens, one of 5
+    many = _all(x, means, var, lp, None)
+    if case == "generic":
+        assert not np.any(one["rows"])
+    elif case == "clustered":  # with batch axes, at the clusters of the first entry only
+        assert np.all(one["rows"][..., :1, :] if batch else one["rows"])
+    else:
+        assert np.any(one["rows"]) and not np.all(one["rows"])
+    for name in ("rows", "rows_s"):
+        np.testing.assert_array_equal(many[name], one[name])
+    for name in ("gamma", "s"):
+        assert many[name].shape == one[name].shape and many[name].dtype == one[name].dtype
+        np.testing.assert_allclose(many[name], one[name], rtol=1e-14, atol=1e-15)
+    for name in ("vjp", "scores_vjp", "scores_vjp_judged"):
+        for got, want in zip(many[name], one[name], strict=True):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            scale = np.max(np.abs(want))
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-13 * scale)
+
+
+def test_blocks_in_float32_keep_the_dtype(monkeypatch):
+    x, means, var, lp = (a.astype(np.float32) for a in _inputs("mixed", np.random.default_rng(2)))
+    _blocked(monkeypatch, False)
+    one = _all(x, means, var, lp, None)
+    _blocked(monkeypatch, True)
+    many = _all(x, means, var, lp, None)
+    np.testing.assert_array_equal(many["rows"], one["rows"])
+    np.testing.assert_allclose(many["gamma"], one["gamma"], rtol=1e-5, atol=1e-6)
+    for got, want in zip(many["vjp"], one["vjp"], strict=True):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.max(np.abs(want)))
+
+
+def test_a_wrong_cotangent_shape_is_refused_before_the_blocks(monkeypatch):
+    """A ∂L/∂Γ with one token too many would fit every block's slice; it is refused as a whole."""
+    x, means, var, lp = _inputs("generic", np.random.default_rng(3))
+    _blocked(monkeypatch, True)
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    with pytest.raises(ValueError, match="d_gamma"):
+        fast.responsibilities_backward_guarded(x, means, var, gamma, np.ones((x.shape[0] + 1, 5)), lp, rows)
+
+
+def test_token_blocks_cover_every_token_once(monkeypatch):
+    _blocked(monkeypatch, True)
+    for n in (0, 1, 7, 8, 9, 40):
+        got = blocks.token_blocks(np, n, 14)
+        covered = [i for a, b in got for i in range(a, b)]
+        assert covered == list(range(n))
+        assert all(b - a == 8 for a, b in got[:-1]) and all(0 < b - a <= 8 for a, b in got)
+    monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 20)
+    assert blocks.token_blocks(np, 45, 14) == [(0, 20), (20, 40), (40, 45)]
+    monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
+    assert blocks.token_blocks(np, 3, 1000) == [(0, 1), (1, 2), (2, 3)]  # at least one token a block
+    assert blocks.token_blocks(array_api_strict, 40, 14) == [(0, 40)]  # other namespaces: one block
+    monkeypatch.setattr(blocks, "worker_count", lambda: 1)
+    assert blocks.token_blocks(np, 40, 14) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]  # any thread count
+
+
+def test_the_default_block_holds_the_documented_elements():
+    assert blocks.BLOCK_ELEMENTS == 1 << 18 and blocks.MIN_BLOCK_ROWS == 256
+
+
+def test_run_blocks_runs_in_order():
+    seen = []
+    assert blocks.run_blocks(lambda a, b: seen.append((a, b)) or a * b, [(1, 2), (3, 4), (5, 6)]) == [2, 12, 30]
+    assert seen == [(1, 2), (3, 4), (5, 6)]
+    assert blocks.run_blocks(lambda a, b: 1, []) == []
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "4"}, 1),
+    ({"OMP_NUM_THREADS": "3"}, 3),
+    ({"OMP_NUM_THREADS": "2,1"}, 2),
+    ({"MKL_NUM_THREADS": "5"}, 5),
+    ({"OPENBLAS_NUM_THREADS": "0", "OMP_NUM_THREADS": "x"}, None),
+    ({}, None),
+])
+def test_worker_count_follows_the_blas_setting(monkeypatch, env, want):
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # not installed: the environment decides
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    import os  # noqa: PLC0415
+
+    cores = len(os.sched_getaffinity(0))
+    assert blocks.worker_count() == (cores if want is None else want)
+
+
+def test_torch_autograd_runs_through_the_fast_path():
+    """Γ of torch tensors that require grad: no array an autograd graph saved is modified in place,
+    so ``backward`` succeeds and matches the hand-written VJP (the in-place softmax is NumPy's only)."""
+    torch = pytest.importorskip("torch")
+    x, means, var, lp = _inputs("generic", np.random.default_rng(3))
+    leaves = [torch.tensor(a, requires_grad=True) for a in (x, means, var, lp)]
+    gamma, rows = fast.responsibilities_and_guard(*leaves)
+    d_gamma = np.random.default_rng(4).normal(size=tuple(gamma.shape))
+    gamma.backward(torch.tensor(d_gamma))
+    want = fast.responsibilities_backward_guarded(x, means, var, gamma.detach().numpy(), d_gamma, lp,
+                                                  rows.numpy())
+    for leaf, ref in zip(leaves, want, strict=True):
+        np.testing.assert_allclose(leaf.grad.numpy(), ref, rtol=1e-10, atol=1e-12)
+
+
+def test_in_place_updates_are_numpy_only():
+    torch = pytest.importorskip("torch")
+    from array_api_compat import array_namespace
+
+    assert blocks.in_place_ok(array_namespace(np.zeros(1)))
+    assert not blocks.in_place_ok(array_namespace(torch.zeros(1)))
+    assert not blocks.in_place_ok(array_api_strict)
+
+
+@pytest.mark.parametrize("case", ["generic", "mixed"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_threads_give_the_same_bits_as_one_thread(monkeypatch, case, dtype):
+    """The blocks on 1, 2 or 3 threads (BLAS held to one): Γ, the guard's rows and every gradient are
+    identical bit for bit, the sums over blocks being added in block order whatever the threads."""
+    pytest.importorskip("threadpoolctl")
+    x, means, var, lp = (a.astype(dtype) for a in _inputs(case, np.random.default_rng(6), (2,)))
+    _blocked(monkeypatch, True)
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(blocks, "worker_count", lambda threads=threads: threads)
+        results.append(_all(x, means, var, lp, None))
+    def flat(result):  # the arrays, the gradients' fields one by one
+        return [a for v in result.values() for a in (v if isinstance(v, tuple) else (v,))]
+
+    for other in results[1:]:
+        for got, ref in zip(flat(other), flat(results[0]), strict=True):
+            assert got.dtype == ref.dtype
+            np.testing.assert_array_equal(got, ref)
+
+
+def test_run_blocks_on_threads_keeps_the_order_and_raises(monkeypatch):
+    """On a pool: results in block order, the first block in the calling thread, a block's error raised."""
+    pytest.importorskip("threadpoolctl")
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    caller = threading.get_ident()
+    where = {}
+
+    def fn(a, b):
+        where[a] = threading.get_ident()
+        return a + b
+
+    assert blocks.run_blocks(fn, [(i, 1) for i in range(6)]) == [1, 2, 3, 4, 5, 6]
+    assert where[0] == caller
+
+    def bad(a, b):
+        if a == 3:
+            raise RuntimeError("block 3")
+        return a
+
+    with pytest.raises(RuntimeError, match="block 3"):
+        blocks.run_blocks(bad, [(i, 1) for i in range(6)])
+    assert blocks.worker_count() == 2  # and BLAS has its threads back (the limit is lifted)
+    assert blocks._holders[0] == 0
+
+
+def test_worker_count_reads_blas_through_threadpoolctl(monkeypatch):
+    """With threadpoolctl the count is BLAS's own, whatever the environment says."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "5")
+    for n in (1, 3):
+        with threadpoolctl.threadpool_limits(limits=n, user_api="blas"):
+            assert blocks.worker_count() == n
+
+
+def test_worker_count_without_affinity_counts_the_cores(monkeypatch):
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    assert blocks.worker_count() == 7
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert blocks.worker_count() == 1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="POSIX only")
+def test_blocks_run_in_a_forked_child(monkeypatch):
+    """A child forked after the pool ran (pytest-forked, the mutation tool) gets a pool of its own
+    instead of waiting forever on threads that were not forked."""
+    pytest.importorskip("threadpoolctl")
+    import os  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    assert blocks.run_blocks(lambda a, b: a, [(i, 0) for i in range(4)]) == [0, 1, 2, 3]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the blocks ran
+        try:
+            ok = blocks.run_blocks(lambda a, b: a, [(i, 0) for i in range(4)]) == [0, 1, 2, 3]
+        finally:
+            os._exit(0 if ok else 1)
+    import time  # noqa: PLC0415
+
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the blocks hung in the forked child")
+    assert os.waitstatus_to_exitcode(status) == 0
