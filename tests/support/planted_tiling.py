@@ -2,7 +2,7 @@
 
 Each is a subclass of the correct NumPy kernel :class:`gma_ref.testing.emulated.NumpyKernel`
 and is correct on every case of the regime set (``default_cases()``): it is wrong only for
-d_v > 64, K > 8, H ≥ 5, B ≥ 3, ε_σ ≠ 1e-4 or N > 2·64 (issue 22, item 2). The tiling
+d_v > 64, K > 8, H ≥ 5, B ≥ 3, ε_σ ≠ 1e-4 or N > 2·64. The tiling
 cases (``default_cases(tiling=True)``) must catch every one.
 """
 

@@ -1,4 +1,4 @@
-"""The six tiling bugs of issue 22 pass the regime cases but fail the tiling cases; correct kernels pass both.
+"""The six planted tiling bugs pass the regime cases but fail the tiling cases; correct kernels pass both.
 
 Each bug (tests/support/planted_tiling.py) is wrong only for d_v > 64, K > 8, H ≥ 5, B ≥ 3, ε_σ ≠ 1e-4
 or N > 2·64: shapes and parameters the regime cases (``default_cases()``) never have. The

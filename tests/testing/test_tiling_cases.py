@@ -1,4 +1,4 @@
-"""The tiling cases: a pairwise covering array over sizes that straddle the usual tiles (issue 22, item 2)."""
+"""The tiling cases: a pairwise covering array over sizes that straddle the usual tiles."""
 
 from __future__ import annotations
 
