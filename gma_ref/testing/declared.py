@@ -35,10 +35,14 @@ from .declaration import Declaration
 from .names import INPUT_NAMES
 from .report import CheckResult
 
-__all__ = ["EPS_CHECK_ID", "eps_confirmation_case", "confirm_fixed_eps", "alternative_eps"]
+__all__ = ["EPS_CHECK_ID", "TF32_CHECK_ID", "eps_confirmation_case", "confirm_fixed_eps", "alternative_eps"]
 
 #: The case id of the fixed-ε confirmation's result in a report.
 EPS_CHECK_ID = "declared-eps"
+
+#: The case id of the check that a declared ``tf32=True`` agrees with the probe of the framework
+#: (:func:`~gma_ref.testing.probes.probe_tf32_products`; made by :func:`gma_ref.testing.runner.check`).
+TF32_CHECK_ID = "declared-tf32"
 
 
 def alternative_eps(eps: float) -> float:

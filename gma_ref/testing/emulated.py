@@ -46,18 +46,22 @@ def round_to(a: np.ndarray, storage: str) -> np.ndarray:
     if storage == "float16":
         return a.astype(np.float16).astype(a.dtype)
     if storage == "bfloat16":
-        a32 = np.ascontiguousarray(a, dtype=np.float32)
-        bits = a32.view(np.uint32)
-        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        return rounded.view(np.float32).astype(a.dtype)
+        return _drop_float32_bits(a, 16)
     if storage == "tf32":
-        a32 = np.ascontiguousarray(a, dtype=np.float32)
-        bits = a32.view(np.uint32)
-        rounded = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
-        return rounded.view(np.float32).astype(a.dtype)
+        return _drop_float32_bits(a, 13)
     if storage == "float32" and a.dtype == np.float64:
         return a.astype(np.float32).astype(np.float64)
     return a
+
+
+def _drop_float32_bits(a: np.ndarray, dropped: int) -> np.ndarray:
+    """``a`` through float32 with its lowest ``dropped`` bits rounded off (to nearest, ties to even: add half an
+    ulp of the kept bits, less one, plus the lowest kept bit, then clear), returned in ``a``'s dtype."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    half = np.uint32((1 << (dropped - 1)) - 1)
+    kept = np.uint32((0xFFFFFFFF >> dropped) << dropped)
+    rounded = (bits + half + ((bits >> np.uint32(dropped)) & np.uint32(1))) & kept
+    return rounded.view(np.float32).astype(a.dtype)
 
 
 def sum_to(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

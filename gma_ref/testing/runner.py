@@ -49,6 +49,7 @@ from .cases import (
 )
 from .compare import Tolerance
 from .declaration import suggest_declaration
+from .declared import TF32_CHECK_ID
 from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, WorkerLost
 from .long import LONG_SIZES, long_cases
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
@@ -365,10 +366,6 @@ def _probe_here(decl: Declaration, device: str, dtype: str) -> Any:
         except Exception as exc:  # the framework cannot be probed here: the declaration stands
             tf32_failed = f"{type(exc).__name__}: {safe_text(exc)}"
     return Probed(None, flushes, failed, tf32, tf32_failed)
-
-
-#: Case id of the check that a declared ``tf32=True`` agrees with the probe of the framework.
-TF32_CHECK_ID = "declared-tf32"
 
 
 def _tf32_products(report: Report, decl: Declaration, device: str, probed: Any) -> Declaration:
