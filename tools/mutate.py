@@ -675,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"SURVIVED  line {m.lineno}: {m.key}{note}", flush=True)
         else:
             counts["killed"] += 1
+            counts["timeout"] += outcome == "timeout"
             if is_equivalent:
                 wrongly_equivalent.append(m)
         if i % 25 == 0:
@@ -689,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{module}: {total} mutants, {counts['killed']} killed, {counts['survived']} survived, "
           f"{counts['equivalent']} equivalent (listed); score {counts['killed']}/{non_equivalent} = "
           f"{100 * score:.1f} % of non-equivalent mutants; {time.monotonic() - t0:.0f} s")
+    if counts["timeout"]:
+        print(f"{counts['timeout']} of the killed mutants timed out (after {timeout:.0f} s): on a loaded machine, "
+              "rerun them (--match) before counting them")
     for m in wrongly_equivalent:
         print(f"KILLED but listed as equivalent (remove from {EQUIVALENTS.name}): {m.key}")
     if args.show and survivors:
