@@ -110,15 +110,20 @@ def worker_count() -> int:
 
 
 def token_blocks(xp: Any, n: int, width: int) -> list[tuple[int, int]]:
-    """[start, stop) bounds covering ``range(n)``: for NumPy, blocks of about ``BLOCK_ELEMENTS / width``
-    tokens (at least ``MIN_BLOCK_ROWS``), all of one size but the last, whatever the thread count;
-    otherwise one block."""
+    """[start, stop) bounds covering ``range(n)``: for NumPy, blocks of at most about ``BLOCK_ELEMENTS / width``
+    tokens and at least ``MIN_BLOCK_ROWS`` (or one block), their sizes differing by at most one token, an even
+    number of them where the minimum allows (two threads, the common case, then finish together); fixed by
+    ``n`` and ``width`` whatever the thread count. Otherwise one block."""
     if n <= 0:
         return []
     if not array_api_compat.is_numpy_namespace(xp):
         return [(0, n)]
-    size = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, width))
-    return [(start, min(n, start + size)) for start in range(0, n, size)]
+    most = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, width))
+    count = -(-n // most)
+    if count > 1 and count % 2 and n // (count + 1) >= MIN_BLOCK_ROWS:
+        count += 1
+    count = max(1, min(count, n // MIN_BLOCK_ROWS))  # no block under MIN_BLOCK_ROWS tokens (but one)
+    return [(n * i // count, n * (i + 1) // count) for i in range(count)]
 
 
 @contextmanager

@@ -29,8 +29,9 @@ from ._array import Array, check_cotangent, device_of, namespace, value_scale
 from ._blocks import in_place_ok, run_blocks, token_blocks
 from .bidirectional import (
     GMAGrad,
+    check_output_identity,
     check_routing_inputs,
-    check_saved_output,
+    check_saved_layout,
     gma_bidirectional,
     latent_vjp,
     output_shape,
@@ -107,22 +108,28 @@ def latent_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps:
     centre = xp.sum(v, axis=-2, keepdims=True) / n_k  # R, (..., 1, d_v)
     memory_c, mass = _write(xp, gamma_k, v - centre)  # Ṽ_c = Ṽ − Z R, without the cancellation; Z
     mass_col = xp.expand_dims(mass, axis=-1)
-    check_saved_output(xp, out, shape, gamma_q, memory_c + mass_col * centre, mass, eps, "gma_bidirectional",
-                       out_name, out_instead)
+    check_saved_layout(xp, out, shape, "gma_bidirectional", out_name)
     dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
     d_gamma_q_t = xp.empty(batch + (k, n_q), dtype=dtype, device=device_of(v))
     d_gamma_k_t = xp.empty(batch + (k, n_k), dtype=dtype, device=device_of(v))
     d_values = xp.empty(batch + (n_k, d_v), dtype=dtype, device=device_of(v))
 
-    def queries(start: int, stop: int) -> tuple[Array, Array]:
-        gq = gamma_q[..., start:stop, :]
-        p = d_out[..., start:stop, :] * (1.0 / (xp.matmul(gq, mass_col) + eps))  # P = G / D
-        c = -xp.vecdot(p, out[..., start:stop, :] - centre, axis=-1)  # (..., n)
+    def queries(start: int, stop: int) -> tuple[Array, ...]:
+        gq, o = gamma_q[..., start:stop, :], out[..., start:stop, :]
+        denom = xp.matmul(gq, mass_col) + eps  # D = u + ε, (..., n, 1)
+        p = d_out[..., start:stop, :] / denom  # P = G / D
+        c = -xp.vecdot(p, o - centre, axis=-1)  # (..., n)
         d_gamma_q_t[..., start:stop] = _plus_outer(xp, xp.matmul(memory_c, xp.matrix_transpose(p)), mass_col, c, own)
         gq_t = xp.matrix_transpose(gq)
-        return xp.matmul(gq_t, p), xp.matmul(gq_t, xp.expand_dims(c, axis=-1))
+        weighted = denom * o  # this block's terms of the saved output's identity Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ
+        return (xp.matmul(gq_t, p), xp.matmul(gq_t, xp.expand_dims(c, axis=-1)), xp.sum(weighted, axis=-2),
+                xp.sum(xp.abs(weighted), axis=-2), xp.sum(gq, axis=-2, keepdims=True))
 
-    d_memory, d_mass = _summed(xp, run_blocks(queries, token_blocks(xp, n_q, k + 2 * d_v)))
+    d_memory, d_mass, lhs, lhs_abs, weights = _summed(xp, run_blocks(queries, token_blocks(xp, n_q, k + 2 * d_v)))
+    memory = memory_c + mass_col * centre  # Ṽ = Ṽ_c + Z R
+    check_output_identity(xp, lhs, xp.matmul(weights, memory)[..., 0, :],
+                          lhs_abs + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :], out.dtype,
+                          "gma_bidirectional", out_name, out_instead)
 
     def keys(start: int, stop: int) -> None:
         v_c = v[..., start:stop, :] - centre

@@ -63,7 +63,7 @@ def test_blocks_agree_with_one_block(monkeypatch, case, batch):
     assert blocks.token_blocks(np, x.shape[-2], 14) == [(0, x.shape[-2])]
     one = _all(x, means, var, lp, None)
     _blocked(monkeypatch, True)
-    assert len(blocks.token_blocks(np, x.shape[-2], 14)) == 5  # 4 of 8 tokens, one of 5
+    assert len(blocks.token_blocks(np, x.shape[-2], 14)) == 6  # at most 8 tokens each, an even count: 5 of 6, 7
     many = _all(x, means, var, lp, None)
     if case == "generic":
         assert not np.any(one["rows"])
@@ -106,19 +106,26 @@ def test_a_wrong_cotangent_shape_is_refused_before_the_blocks(monkeypatch):
 
 
 def test_token_blocks_cover_every_token_once(monkeypatch):
+    """Every token in one block; sizes within one token of each other and at most BLOCK_ELEMENTS / width
+    (8 here); an even count where the minimum allows; none under MIN_BLOCK_ROWS but a lone block."""
     _blocked(monkeypatch, True)
-    for n in (0, 1, 7, 8, 9, 40):
+    for n in (0, 1, 7, 8, 9, 16, 17, 40, 41):
         got = blocks.token_blocks(np, n, 14)
         covered = [i for a, b in got for i in range(a, b)]
         assert covered == list(range(n))
-        assert all(b - a == 8 for a, b in got[:-1]) and all(0 < b - a <= 8 for a, b in got)
+        sizes = [b - a for a, b in got]
+        assert all(0 < size <= 8 for size in sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
+        assert len(got) == {0: 0, 1: 1, 7: 1, 8: 1, 9: 2, 16: 2, 17: 4, 40: 6, 41: 6}[n]
+    assert blocks.token_blocks(np, 40, 14) == [(0, 6), (6, 13), (13, 20), (20, 26), (26, 33), (33, 40)]
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 20)
-    assert blocks.token_blocks(np, 45, 14) == [(0, 20), (20, 40), (40, 45)]
+    assert blocks.token_blocks(np, 45, 14) == [(0, 22), (22, 45)]  # three of 15 would be under the minimum
+    assert blocks.token_blocks(np, 39, 14) == [(0, 39)]
+    assert blocks.token_blocks(np, 60, 14) == [(0, 20), (20, 40), (40, 60)]  # four would be under it: odd
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
     assert blocks.token_blocks(np, 3, 1000) == [(0, 1), (1, 2), (2, 3)]  # at least one token a block
     assert blocks.token_blocks(array_api_strict, 40, 14) == [(0, 40)]  # other namespaces: one block
     monkeypatch.setattr(blocks, "worker_count", lambda: 1)
-    assert blocks.token_blocks(np, 40, 14) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]  # any thread count
+    assert blocks.token_blocks(np, 40, 14) == [(0, 6), (6, 13), (13, 20), (20, 26), (26, 33), (33, 40)]  # any count
 
 
 def test_the_default_block_holds_the_documented_elements():
