@@ -106,7 +106,7 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
                 mem_b: Array = mem_b, mass_b: Array = mass_b) -> None:
             q, kk = gq[..., lo:hi, :, :], gk[..., lo:hi, :, :]
             a = xp.matmul(q, xp.matrix_transpose(kk))
-            a = xp.where(lower, a, xp.zeros_like(a))
+            a = xp.where(lower, a, 0.0)
             num = xp.matmul(a, vc[..., lo:hi, :, :]) + xp.matmul(q, mem_b[..., lo:hi, :, :])
             u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b[..., lo:hi, :], axis=-2), axis=-1)
             part = _divide(xp, num, u, eps)
@@ -212,6 +212,18 @@ def _suffix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Arra
     return xp.flip(after, axis=axis), total
 
 
+def _terms_of_rows(xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array,
+                   eps: float) -> tuple[Array, Array, Array]:
+    """:func:`gma_ref.causal._row_terms`, (P, δ, c); for ε > 0, where every row sees mass (``seen`` all true,
+    ``safe`` = u + ε), without its masks, which then keep every value: the same values."""
+    if eps <= 0:
+        return _row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
+    p = d_out / xp.expand_dims(safe, axis=-1)
+    residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
+    delta = xp.sum(p * residual, axis=-1) / safe
+    return p, delta, delta - xp.sum(p * v, axis=-1)
+
+
 def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Array, mass_b: Array,
               eps: float) -> tuple[Array, Array, Array, Array, Array]:
     """The backward's first pass for a group of chunks ``(..., G, C, ·)`` with the state before each chunk:
@@ -220,17 +232,17 @@ def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Arr
     mask = _lower_mask(xp, size, device_of(gq))
     strict = _lower_mask(xp, size, device_of(gq), strict=True)
     a_full = xp.matmul(gq, xp.matrix_transpose(gk))
-    a = xp.where(mask, a_full, xp.zeros_like(a_full))
-    a_before = xp.where(strict, a_full, xp.zeros_like(a_full))  # keys j < i of the chunk
+    a = xp.where(mask, a_full, 0.0)  # a scalar 0, not zeros_like: the same values, one N-sized array fewer
+    a_before = xp.where(strict, a_full, 0.0)  # keys j < i of the chunk
     mass_col = xp.expand_dims(mass_b, axis=-2)
     u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * mass_col, axis=-1)
     u = u_before + xp.sum(gq * gk, axis=-1)
     num_before = xp.matmul(a_before, vc) + xp.matmul(gq, mem_b)
     safe, seen = _divide_scalars(xp, u, eps)
-    p, delta, c = _row_terms(xp, vc, d_out, u_before, num_before, safe, seen, eps)
+    p, delta, c = _terms_of_rows(xp, vc, d_out, u_before, num_before, safe, seen, eps)
     # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
     w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
-    w = xp.where(strict, w, xp.zeros_like(w))
-    w = w + xp.where(mask & ~strict, xp.expand_dims(delta, axis=-1), xp.zeros_like(w))
+    w = xp.where(strict, w, 0.0)
+    w = w + xp.where(mask & ~strict, xp.expand_dims(delta, axis=-1), 0.0)
     dq = xp.matmul(p, xp.matrix_transpose(mem_b)) + xp.expand_dims(c, axis=-1) * mass_col + xp.matmul(w, gk)
     return p, c, a, w, dq
