@@ -113,6 +113,17 @@ def _centred_mixture(xp: Any, means: Array, variances: Array) -> tuple[Array, Ar
 
 def _features(xp: Any, x: Array, centre: Array) -> Array:
     """[x'², x', 1] ``(..., N, 2d_r + 1)`` with x' = x − c."""
+    d_r = x.shape[-1]
+    if in_place_ok(xp):  # NumPy: the three parts written into one array, without three temporaries to join
+        batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(centre.shape[:-2]))
+        out = xp.empty(batch + (x.shape[-2], 2 * d_r + 1), dtype=xp.result_type(x, centre), device=device_of(x))
+        xc = out[..., d_r:2 * d_r]
+        xc[...] = x
+        xc -= centre
+        out[..., :d_r] = xc
+        out[..., :d_r] *= xc
+        out[..., 2 * d_r] = 1.0
+        return out
     xc = x - centre
     ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
     return xp.concat([xc * xc, xc, ones], axis=-1)
