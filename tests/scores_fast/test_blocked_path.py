@@ -283,3 +283,70 @@ def test_blocks_run_in_a_forked_child(monkeypatch):
         os.waitpid(pid, 0)
         pytest.fail("the blocks hung in the forked child")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_run_blocks_shares_the_blocks_between_the_calling_thread_and_the_pool(monkeypatch):
+    """The calling thread takes block 0 and then whatever block is free: while the pool's thread is held up
+    in its first block, the caller runs every other one (results in block order all the same)."""
+    pytest.importorskip("threadpoolctl")
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    caller = threading.get_ident()
+    where = {}
+    pool_started = threading.Event()
+
+    def fn(a, b):
+        where[a] = threading.get_ident()
+        if where[a] == caller and a == 0:
+            assert pool_started.wait(10)  # block 0 ends only once the pool has taken a block
+        elif where[a] != caller:
+            pool_started.set()
+            time.sleep(0.3)  # the pool's block: the caller meanwhile takes every other one
+        return a * b
+
+    assert blocks.run_blocks(fn, [(i, 2) for i in range(8)]) == [2 * i for i in range(8)]
+    assert where[0] == caller
+    assert sum(1 for t in where.values() if t == caller) == 7  # all but the pool's one block
+
+
+def test_run_blocks_finishes_every_block_then_raises_the_first_error(monkeypatch):
+    """Blocks 2 and 5 raise: every block still runs (none is left running when BLAS gets its threads back),
+    and block 2's error, the first in block order, is the one raised."""
+    pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    ran = []
+
+    def fn(a, b):
+        ran.append(a)
+        if a in (2, 5):
+            raise RuntimeError(f"block {a}")
+        return a
+
+    with pytest.raises(RuntimeError, match="block 2"):
+        blocks.run_blocks(fn, [(i, 0) for i in range(7)])
+    assert sorted(ran) == list(range(7)) and blocks._holders[0] == 0
+
+
+def test_one_blas_thread_holds_blas_for_a_call_and_keeps_the_thread_count():
+    """Inside one_blas_thread (NumPy) BLAS runs on one thread, the blocks on the threads BLAS had before
+    (nested holds share the limit); after it BLAS has its threads back. Other namespaces: nothing held."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from array_api_compat import array_namespace  # noqa: PLC0415
+
+    xp = array_namespace(np.zeros(1))
+
+    def blas_threads():
+        return min(lib.num_threads for lib in threadpoolctl.ThreadpoolController().select(user_api="blas")
+                   .lib_controllers)
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        with blocks.one_blas_thread(xp):
+            assert blas_threads() == 1 and blocks.worker_count() == 2
+            with blocks.small_products(xp):
+                assert blas_threads() == 1 and blocks.worker_count() == 2
+            assert blas_threads() == 1
+        assert blas_threads() == 2 and blocks._holders[0] == 0
+        with blocks.one_blas_thread(array_api_strict):
+            assert blas_threads() == 2 and blocks._holders[0] == 0
