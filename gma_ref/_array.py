@@ -84,9 +84,16 @@ def check_floating(xp: Any, name: str, a: Array) -> None:
         raise TypeError(f"{name} must have a real floating dtype (float16, float32, float64, ...), got {a.dtype}")
 
 
+def _extremes_finite(xp: Any, a: Array) -> bool:
+    """Whether max(a) and min(a) are both finite (a real array with at least one entry)."""
+    return math.isfinite(float(xp.max(a))) and math.isfinite(float(xp.min(a)))
+
+
 def check_finite(xp: Any, name: str, a: Array) -> None:
     """Raise ``ValueError`` if ``a`` holds NaN or +-Inf (the ``check_finite`` switch)."""
-    if n_elements(a) != 0 and not bool(xp.all(xp.isfinite(a))):
+    # The largest and smallest entries are finite exactly when every entry is (a NaN propagates through
+    # max and min, as the standard requires): two reductions, no N-sized temporary, decide for finite arrays.
+    if n_elements(a) != 0 and not _extremes_finite(xp, a) and not bool(xp.all(xp.isfinite(a))):
         n_bad = int(xp.sum(xp.astype(xp.logical_not(xp.isfinite(a)), xp.int64)))
         raise ValueError(
             f"{name} must be finite, got {n_bad} NaN/Inf entries of {n_elements(a)}; "
@@ -302,7 +309,7 @@ def value_scale(xp: Any, v: Array, n_terms: int) -> float:
     """
     if n_elements(v) == 0:
         return 1.0
-    top = float(xp.max(xp.abs(v)))
+    top = max(float(xp.max(v)), -float(xp.min(v)))  # max |v| without an N-sized temporary (NaN → NaN)
     if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(v.dtype).max) / 4:
         return 1.0
     return math.ldexp(1.0, math.frexp(top)[1] - 512)  # |v / s| < 2**512: sums of any length stay finite

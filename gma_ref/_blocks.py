@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import array_api_compat
 
-__all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok", "small_products"]
+__all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok", "small_products", "one_blas_thread"]
 
 T = TypeVar("T")
 
@@ -47,6 +47,7 @@ _pool: list[ThreadPoolExecutor] = []  # at most one, of _pool_size[0] workers
 _pool_size: list[int] = [0]
 _held: list[Any] = []  # the threadpoolctl limit in force while blocks run (one for all concurrent callers)
 _holders = [0]
+_held_count = [1]  # BLAS's thread count when the limit was taken: the blocks' threads while it is held
 _controller_cache: list[Any] = []
 
 
@@ -59,6 +60,7 @@ def _forget_after_fork() -> None:
     _pool_size[0] = 0
     _held.clear()
     _holders[0] = 0
+    _held_count[0] = 1
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -89,9 +91,11 @@ def _controller() -> Any:
 def worker_count() -> int:
     """The threads BLAS runs on: threadpoolctl if installed (the smallest count among the BLAS libraries
     loaded), else ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` (the first set), else
-    the usable cores."""
+    the usable cores. While BLAS is held to one thread here (:func:`one_blas_thread`), the count it had before."""
     ctl = _controller()
-    if ctl is not None and _holders[0] == 0:
+    if ctl is not None:
+        if _holders[0]:  # BLAS is held to one thread by the blocks themselves: its count before that
+            return _held_count[0]
         counts = [int(lib.num_threads) for lib in ctl.lib_controllers]
         if counts:
             return max(1, min(counts))
@@ -106,15 +110,20 @@ def worker_count() -> int:
 
 
 def token_blocks(xp: Any, n: int, width: int) -> list[tuple[int, int]]:
-    """[start, stop) bounds covering ``range(n)``: for NumPy, blocks of about ``BLOCK_ELEMENTS / width``
-    tokens (at least ``MIN_BLOCK_ROWS``), all of one size but the last, whatever the thread count;
-    otherwise one block."""
+    """[start, stop) bounds covering ``range(n)``: for NumPy, blocks of at most about ``BLOCK_ELEMENTS / width``
+    tokens and at least ``MIN_BLOCK_ROWS`` (or one block), their sizes differing by at most one token, an even
+    number of them where the minimum allows (two threads, the common case, then finish together); fixed by
+    ``n`` and ``width`` whatever the thread count. Otherwise one block."""
     if n <= 0:
         return []
     if not array_api_compat.is_numpy_namespace(xp):
         return [(0, n)]
-    size = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, width))
-    return [(start, min(n, start + size)) for start in range(0, n, size)]
+    most = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, width))
+    count = -(-n // most)
+    if count > 1 and count % 2 and n // (count + 1) >= MIN_BLOCK_ROWS:
+        count += 1
+    count = max(1, min(count, n // MIN_BLOCK_ROWS))  # no block under MIN_BLOCK_ROWS tokens (but one)
+    return [(n * i // count, n * (i + 1) // count) for i in range(count)]
 
 
 @contextmanager
@@ -124,6 +133,7 @@ def _blas_on_one_thread() -> Iterator[None]:
     ctl = _controller()
     with _lock:
         if _holders[0] == 0:
+            _held_count[0] = max(1, min((int(lib.num_threads) for lib in ctl.lib_controllers), default=1))
             _held.append(ctl.limit(limits=1))
         _holders[0] += 1
     try:
@@ -133,6 +143,20 @@ def _blas_on_one_thread() -> Iterator[None]:
             _holders[0] -= 1
             if _holders[0] == 0:
                 _held.pop().restore_original_limits()
+
+
+@contextmanager
+def one_blas_thread(xp: Any) -> Iterator[None]:
+    """BLAS held to one thread for NumPy arrays (threadpoolctl installed), the token blocks on the
+    :func:`worker_count` threads BLAS had: for a whole call of the pipeline (:mod:`gma_ref.attention`), whose
+    matrix products all run in blocks on those threads. A product on BLAS's own threads leaves them spinning
+    on the cores for a while after it returns, which the blocks' threads then compete with; nothing for other
+    namespaces."""
+    if not array_api_compat.is_numpy_namespace(xp) or _controller() is None:
+        yield
+        return
+    with _blas_on_one_thread():
+        yield
 
 
 @contextmanager
@@ -158,20 +182,45 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 
 def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -> list[T]:
-    """``[fn(start, stop) for (start, stop) in blocks]``, in block order: the first block in the calling
-    thread before the others (so that ``fn`` may allocate there what the others write into), the others
-    on :func:`worker_count` threads with BLAS on one thread, each in a copy of the caller's context
-    (NumPy's ``errstate``). A block's exception is raised here."""
+    """``[fn(start, stop) for (start, stop) in blocks]``, in block order: on :func:`worker_count` threads, the
+    calling thread one of them (it takes the first block), with BLAS on one thread, each block in a copy of the
+    caller's context (NumPy's ``errstate``); each thread takes the next block not yet taken, so blocks of unequal
+    cost still share the threads. ``fn`` must not rely on the blocks running in any order. The first block's
+    exception (in block order) is raised here, once every block has finished."""
     if not blocks:
         return []
     workers = min(worker_count(), len(blocks))
     if len(blocks) == 1 or _controller() is None:
         return [fn(start, stop) for start, stop in blocks]
     with _blas_on_one_thread():
-        first = fn(*blocks[0])
         if workers <= 1:
-            return [first, *(fn(start, stop) for start, stop in blocks[1:])]
-        pool = _executor(workers)
-        futures = [pool.submit(contextvars.copy_context().run, fn, start, stop) for start, stop in blocks[1:]]
+            return [fn(start, stop) for start, stop in blocks]
+        results: list[Any] = [None] * len(blocks)
+        errors: list[BaseException | None] = [None] * len(blocks)
+        taken = [1]  # block 0 is the calling thread's
+        claim = threading.Lock()
+
+        def run(i: int) -> None:
+            try:
+                results[i] = fn(*blocks[i])
+            except BaseException as exc:  # raised in the calling thread below, in block order
+                errors[i] = exc
+
+        def drain() -> None:
+            while True:
+                with claim:
+                    i = taken[0]
+                    if i >= len(blocks):
+                        return
+                    taken[0] = i + 1
+                run(i)
+
+        pool = _executor(workers - 1)
+        futures = [pool.submit(contextvars.copy_context().run, drain) for _ in range(workers - 1)]
+        run(0)
+        drain()
         wait(futures)  # every block done before BLAS gets its threads back, even when one raised
-        return [first, *(f.result() for f in futures)]
+        for exc in errors:
+            if exc is not None:
+                raise exc
+        return results

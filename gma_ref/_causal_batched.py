@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._array import Array, device_of, namespace, value_scale
-from ._blocks import small_products
+from ._blocks import in_place_ok, run_blocks, small_products
 from .causal import (
     CausalGrad,
     _causal_grad,
@@ -40,6 +40,9 @@ __all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS"]
 
 #: Most numbers of one group's per-chunk state arrays, G·K·d_v (or G·C², whichever is larger).
 GROUP_ELEMENTS = 1 << 20
+#: Most parts a group's chunks are cut into for the block threads, and fewest chunks in a part.
+PARTS = 4
+MIN_PART_CHUNKS = 4
 
 
 def _batched(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, chunk_size: int) -> bool:
@@ -83,25 +86,49 @@ def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_
 
 
 def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
-    """The body of :func:`chunked_forward`, the groups in order."""
+    """The body of :func:`chunked_forward`, the groups in order, each group's chunks in parts on the block threads."""
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
-    c, k, d_v = chunk_size, gamma_k.shape[-1], v.shape[-1]
+    c, k, d_v, batch = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2])
     lower = _lower_mask(xp, c, device_of(v))
     dtype = xp.result_type(gamma_k, v)
-    memory = xp.zeros(tuple(v.shape[:-2]) + (k, d_v), dtype=dtype, device=device_of(v))
-    mass = xp.zeros(tuple(v.shape[:-2]) + (k,), dtype=dtype, device=device_of(v))
-    outs = []
+    memory = xp.zeros(batch + (k, d_v), dtype=dtype, device=device_of(v))
+    mass = xp.zeros(batch + (k,), dtype=dtype, device=device_of(v))
+    out = xp.empty(batch + (v.shape[-2], d_v), dtype=xp.result_type(gamma_q, gamma_k, v), device=device_of(v))
     for start, stop in _groups(v.shape[-2], c, k, d_v):
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
-        mem_b, memory = _prefix(xp, memory, xp.matmul(xp.matrix_transpose(gk), vc), -3)
+        parts = _parts(xp, gq.shape[-3])
+        mem_b, memory = _prefix(xp, memory, _joined(xp, run_blocks(
+            lambda lo, hi, gk=gk, vc=vc: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]),
+            parts), -3), -3)
         mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
-        a = xp.matmul(gq, xp.matrix_transpose(gk))
-        a = xp.where(lower, a, xp.zeros_like(a))
-        num = xp.matmul(a, vc) + xp.matmul(gq, mem_b)
-        u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass_b, axis=-2), axis=-1)
-        out = _divide(xp, num, u, eps)
-        outs.append(xp.reshape(out, tuple(out.shape[:-3]) + (stop - start, d_v)))
-    return xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
+
+        def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
+                mem_b: Array = mem_b, mass_b: Array = mass_b) -> None:
+            q, kk = gq[..., lo:hi, :, :], gk[..., lo:hi, :, :]
+            a = xp.matmul(q, xp.matrix_transpose(kk))
+            a = xp.where(lower, a, 0.0)
+            num = xp.matmul(a, vc[..., lo:hi, :, :]) + xp.matmul(q, mem_b[..., lo:hi, :, :])
+            u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b[..., lo:hi, :], axis=-2), axis=-1)
+            part = _divide(xp, num, u, eps)
+            out[..., start + lo * c:start + hi * c, :] = xp.reshape(part, tuple(part.shape[:-3]) + ((hi - lo) * c, d_v))
+
+        run_blocks(one, parts)
+    return out
+
+
+def _parts(xp: Any, g: int) -> list[tuple[int, int]]:
+    """Chunk bounds [lo, hi) cutting a group's ``g`` chunks into parts for the block threads: up to
+    ``PARTS`` nearly equal parts of at least ``MIN_PART_CHUNKS`` chunks (NumPy); one part otherwise. Each
+    chunk's terms are the same products of the same rows whatever part it falls in."""
+    count = min(PARTS, g // MIN_PART_CHUNKS) if in_place_ok(xp) else 1
+    if count <= 1:
+        return [(0, g)]
+    return [(g * i // count, g * (i + 1) // count) for i in range(count)]
+
+
+def _joined(xp: Any, parts: list[Array], axis: int) -> Array:
+    """The parts' arrays joined along the chunk ``axis``."""
+    return xp.concat(parts, axis=axis) if len(parts) > 1 else parts[0]
 
 
 def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, eps: float,
@@ -119,42 +146,63 @@ def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, 
 
 def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
               chunk_size: int) -> CausalGrad:
-    """The body of :func:`chunked_backward` (BLAS on one thread)."""
+    """The body of :func:`chunked_backward` (BLAS on one thread), each group's chunks in parts on the block
+    threads; the prefix and suffix sums over the chunks in order in the calling thread."""
     eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
     _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_chunked", False)
-    c, k, d_v, batch = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2])
-    groups = _groups(v.shape[-2], c, k, d_v)
+    c, k, d_v, batch, n = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2]), v.shape[-2]
+    groups = _groups(n, c, k, d_v)
     memory = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_k, v), device=device_of(v))
     mass = xp.zeros(batch + (k,), dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
-    kept, dq_parts = [], []
+    dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
+    d_gamma_q, d_gamma_k, d_values = (xp.empty(batch + (n, w), dtype=dtype, device=device_of(v)) for w in (k, k, d_v))
+
+    def rows(a: Array, start: int, lo: int, hi: int) -> Array:  # chunks [lo, hi) of a group as token rows
+        return xp.reshape(a, tuple(a.shape[:-3]) + ((hi - lo) * c, a.shape[-1]))
+
+    kept = []
     for start, stop in groups:  # pass 1
         gq, gk, vc, do = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v, d_out))
-        mem_b, memory = _prefix(xp, memory, xp.matmul(xp.matrix_transpose(gk), vc), -3)
+        parts = _parts(xp, gq.shape[-3])
+        mem_b, memory = _prefix(xp, memory, _joined(xp, run_blocks(
+            lambda lo, hi, gk=gk, vc=vc: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]),
+            parts), -3), -3)
         mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
-        p, c_row, a, w, dq = _pass_one(xp, gq, gk, vc, do, mem_b, mass_b, eps)
-        kept.append((p, c_row, a, w))
-        dq_parts.append(xp.reshape(dq, batch + (stop - start, k)))
+
+        def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
+                do: Array = do, mem_b: Array = mem_b, mass_b: Array = mass_b) -> tuple[Array, ...]:
+            q = gq[..., lo:hi, :, :]
+            p, c_row, a, w, dq = _pass_one(xp, q, gk[..., lo:hi, :, :], vc[..., lo:hi, :, :], do[..., lo:hi, :, :],
+                                           mem_b[..., lo:hi, :, :], mass_b[..., lo:hi, :], eps)
+            d_gamma_q[..., start + lo * c:start + hi * c, :] = rows(dq, start, lo, hi)
+            # this part's terms of the suffix sums S^V, S^Z: (Γ^Q_c)ᵀ P_c and (Γ^Q_c)ᵀ c per chunk
+            return p, a, w, xp.matmul(xp.matrix_transpose(q), p), xp.sum(q * xp.expand_dims(c_row, axis=-1), axis=-2)
+
+        kept.append((parts, run_blocks(one, parts)))
     s_v = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
     s_z = xp.zeros_like(mass)
-    dk_parts, dv_parts = [], []
     for idx in range(len(groups) - 1, -1, -1):  # pass 2: suffix sums, in reverse chunk order
         start, stop = groups[idx]
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
-        p, c_row, a, w = kept[idx]
-        s_v_after, s_v = _suffix(xp, s_v, xp.matmul(xp.matrix_transpose(gq), p), -3)
-        s_z_after, s_z = _suffix(xp, s_z, xp.sum(gq * xp.expand_dims(c_row, axis=-1), axis=-2), -2)
-        d_v = xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(gk, s_v_after)
-        d_k = (xp.matmul(xp.matrix_transpose(w), gq) + xp.matmul(vc, xp.matrix_transpose(s_v_after))
-               + xp.expand_dims(s_z_after, axis=-2))
-        dv_parts.append(xp.reshape(d_v, batch + (stop - start, v.shape[-1])))
-        dk_parts.append(xp.reshape(d_k, batch + (stop - start, k)))
-    dk_parts.reverse()
-    dv_parts.reverse()
+        parts, results = kept[idx]
+        s_v_after, s_v = _suffix(xp, s_v, _joined(xp, [r[3] for r in results], -3), -3)
+        s_z_after, s_z = _suffix(xp, s_z, _joined(xp, [r[4] for r in results], -2), -2)
 
-    def cat(parts: list[Array]) -> Array:
-        return xp.concat(parts, axis=-2) if len(parts) > 1 else parts[0]
+        def two(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
+                results: list[tuple[Array, ...]] = results, parts: list[tuple[int, int]] = parts,
+                s_v_after: Array = s_v_after, s_z_after: Array = s_z_after) -> None:
+            p, a, w = results[parts.index((lo, hi))][:3]
+            kk, sv = gk[..., lo:hi, :, :], s_v_after[..., lo:hi, :, :]
+            dv = xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(kk, sv)
+            dk = (xp.matmul(xp.matrix_transpose(w), gq[..., lo:hi, :, :])
+                  + xp.matmul(vc[..., lo:hi, :, :], xp.matrix_transpose(sv))
+                  + xp.expand_dims(s_z_after[..., lo:hi, :], axis=-2))
+            d_values[..., start + lo * c:start + hi * c, :] = rows(dv, start, lo, hi)
+            d_gamma_k[..., start + lo * c:start + hi * c, :] = rows(dk, start, lo, hi)
 
-    return _causal_grad(xp, cat(dq_parts), cat(dk_parts), cat(dv_parts), None, gamma_q, gamma_k, v, None)
+        run_blocks(two, parts)
+        kept[idx] = None  # the group's arrays are no longer needed
+    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_values, None, gamma_q, gamma_k, v, None)
 
 
 def _suffix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Array]:
@@ -162,6 +210,18 @@ def _suffix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Arra
     the sum over the group and after it), added from the last chunk back, as the loop adds."""
     after, total = _prefix(xp, carry, xp.flip(terms, axis=axis), axis)
     return xp.flip(after, axis=axis), total
+
+
+def _terms_of_rows(xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array,
+                   eps: float) -> tuple[Array, Array, Array]:
+    """:func:`gma_ref.causal._row_terms`, (P, δ, c); for ε > 0, where every row sees mass (``seen`` all true,
+    ``safe`` = u + ε), without its masks, which then keep every value: the same values."""
+    if eps <= 0:
+        return _row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
+    p = d_out / xp.expand_dims(safe, axis=-1)
+    residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
+    delta = xp.sum(p * residual, axis=-1) / safe
+    return p, delta, delta - xp.sum(p * v, axis=-1)
 
 
 def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Array, mass_b: Array,
@@ -172,17 +232,17 @@ def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Arr
     mask = _lower_mask(xp, size, device_of(gq))
     strict = _lower_mask(xp, size, device_of(gq), strict=True)
     a_full = xp.matmul(gq, xp.matrix_transpose(gk))
-    a = xp.where(mask, a_full, xp.zeros_like(a_full))
-    a_before = xp.where(strict, a_full, xp.zeros_like(a_full))  # keys j < i of the chunk
+    a = xp.where(mask, a_full, 0.0)  # a scalar 0, not zeros_like: the same values, one N-sized array fewer
+    a_before = xp.where(strict, a_full, 0.0)  # keys j < i of the chunk
     mass_col = xp.expand_dims(mass_b, axis=-2)
     u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * mass_col, axis=-1)
     u = u_before + xp.sum(gq * gk, axis=-1)
     num_before = xp.matmul(a_before, vc) + xp.matmul(gq, mem_b)
     safe, seen = _divide_scalars(xp, u, eps)
-    p, delta, c = _row_terms(xp, vc, d_out, u_before, num_before, safe, seen, eps)
+    p, delta, c = _terms_of_rows(xp, vc, d_out, u_before, num_before, safe, seen, eps)
     # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
     w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
-    w = xp.where(strict, w, xp.zeros_like(w))
-    w = w + xp.where(mask & ~strict, xp.expand_dims(delta, axis=-1), xp.zeros_like(w))
+    w = xp.where(strict, w, 0.0)
+    w = w + xp.where(mask & ~strict, xp.expand_dims(delta, axis=-1), 0.0)
     dq = xp.matmul(p, xp.matrix_transpose(mem_b)) + xp.expand_dims(c, axis=-1) * mass_col + xp.matmul(w, gk)
     return p, c, a, w, dq

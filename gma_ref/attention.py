@@ -40,12 +40,12 @@ from ._array import (
     sum_to_shape,
 )
 from ._array import check_finite as _check_finite
+from ._blocks import one_blas_thread
 from ._causal_batched import chunked_backward, chunked_forward
+from ._latent_fast import latent_backward, latent_forward
 from .bidirectional import (
     check_routing_inputs,
-    gma_bidirectional,
     gma_bidirectional_backward,
-    latent_vjp,
     output_shape,
 )
 from .causal import (
@@ -90,8 +90,8 @@ def _check_form(causal: bool, form: str | None) -> str:
 def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Array]:
     if form == "materialized":
         return lambda gq, gk, v, eps: gma_materialized(gq, gk, v, eps, causal=causal, check_finite=False)
-    if not causal:
-        return lambda gq, gk, v, eps: gma_bidirectional(gq, gk, v, eps, check_finite=False)
+    if not causal:  # gma_bidirectional, in token blocks
+        return lambda gq, gk, v, eps: latent_forward(gq, gk, v, eps)
     if form == "prefix":
         return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
     if form == "streaming":
@@ -105,9 +105,9 @@ def _core_backward(causal: bool, form: str, chunk_size: int, out: Array | None
 
     ``out``, the forward's output from ``saved``, is used by the latent form (and checked there).
     """
-    if form == "latent" and out is not None:
-        return lambda gq, gk, v, g, eps: latent_vjp(gq, gk, v, g, eps, out, False, "saved.out",
-                                                    "saved=None to recompute it")
+    if form == "latent" and out is not None:  # latent_vjp's values, ∂L/∂Γ component-major for the score VJPs
+        return lambda gq, gk, v, g, eps: latent_backward(gq, gk, v, g, eps, out, "saved.out",
+                                                         "saved=None to recompute it")
     if form == "materialized":
         return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps=eps, causal=causal,
                                                                    check_finite=False)
@@ -189,9 +189,10 @@ def gma_attention(
     if not isinstance(return_saved, bool):
         raise TypeError(f"return_saved must be True or False, got {return_saved!r}")
     xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
-    (gamma_q, rows_q), (gamma_k, rows_k), _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps,
-                                                          eps_sigma, check_finite, form)
-    out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
+    with one_blas_thread(xp):  # every product in token blocks on the threads BLAS had (NumPy)
+        (gamma_q, rows_q), (gamma_k, rows_k), _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps,
+                                                              eps_sigma, check_finite, form)
+        out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
     if not return_saved:
         return out
     return out, AttentionSaved(gamma_q, gamma_k, out, rows_q, rows_k)
@@ -398,6 +399,15 @@ def gma_attention_backward(
     form = _check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     xp: Any = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits, d_out=d_out)
+    with one_blas_thread(xp):  # every product in token blocks on the threads BLAS had (NumPy)
+        return _backward(xp, q, k, v, means, omega, prior_logits, d_out, causal, form, eps, eps_sigma, chunk_size,
+                         check_finite, saved)
+
+
+def _backward(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, d_out: Array,
+              causal: bool, form: str, eps: float, eps_sigma: float, chunk_size: int, check_finite: bool,
+              saved: AttentionSaved | None) -> AttentionGrad:
+    """The body of :func:`gma_attention_backward`, its options checked."""
     if saved is None:
         (gamma_q, rows_q), (gamma_k, rows_k), variances, log_priors = _routing(
             xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite, form, True
@@ -496,7 +506,7 @@ def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array
     idx = xp.asarray(picks, device=device_of(x))
     fresh, s = responsibilities(xp.take(x, idx, axis=-2), means, variances, log_priors, return_scores=True,
                                 check_finite=False)
-    saved = xp.take(gamma, idx, axis=-2)
+    saved = xp.concat([gamma[..., i:i + 1, :] for i in picks], axis=-2)  # rows by slices: Γ in any layout
     cu = 4.0 * (x.shape[-1] + 4) * float(xp.finfo(gamma.dtype).eps) / 2.0
     top = xp.max(s, axis=-1, keepdims=True)
     tol = xp.minimum(cu * (1.0 + xp.abs(s) + xp.abs(top)), 0.5) * xp.maximum(xp.abs(saved), fresh) + cu

@@ -292,18 +292,32 @@ def check_saved_output(
     stale output, one from other inputs, or one modified after the forward); the
     message suggests ``instead`` as the way out.
     """
+    check_saved_layout(xp, out, shape, forward, name)
+    denom = xp.expand_dims(query_mass(gamma_q, mass) + eps, axis=-1)
+    lhs = xp.sum(denom * out, axis=-2)  # Σ_i D_i O_i
+    weights = xp.sum(gamma_q, axis=-2, keepdims=True)  # 1ᵀ Γ^Q
+    rhs = xp.matmul(weights, memory)[..., 0, :]
+    scale = xp.sum(xp.abs(denom * out), axis=-2) + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :]
+    check_output_identity(xp, lhs, rhs, scale, out.dtype, forward, name, instead)
+
+
+def check_saved_layout(xp: Any, out: Array, shape: tuple[int, ...], forward: str, name: str = "saved") -> None:
+    """The first half of :func:`check_saved_output`: ``TypeError`` unless ``out`` is real floating,
+    ``ValueError`` unless it has the output's ``shape``."""
     if not xp.isdtype(out.dtype, "real floating"):
         raise TypeError(f"{name} must have a real floating dtype, got {out.dtype}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(
             f"{name} must be the output of {forward}, of shape {tuple(shape)}, got shape {tuple(out.shape)}"
         )
-    denom = xp.expand_dims(query_mass(gamma_q, mass) + eps, axis=-1)
-    lhs = xp.sum(denom * out, axis=-2)  # Σ_i D_i O_i
-    weights = xp.sum(gamma_q, axis=-2, keepdims=True)  # 1ᵀ Γ^Q
-    rhs = xp.matmul(weights, memory)[..., 0, :]
-    scale = xp.sum(xp.abs(denom * out), axis=-2) + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :]
-    tol = math.sqrt(float(xp.finfo(out.dtype).eps))
+
+
+def check_output_identity(xp: Any, lhs: Array, rhs: Array, scale: Array, dtype: Any, forward: str,
+                          name: str = "saved", instead: str = "saved=None to recompute it") -> None:
+    """The second half of :func:`check_saved_output`: ``ValueError`` unless ``lhs`` = Σ_i D_i O_i and ``rhs`` =
+    (1ᵀ Γ^Q) Ṽ agree to √(unit roundoff of ``dtype``) times ``scale`` = Σ_i |D_i O_i| + |1ᵀ Γ^Q| |Ṽ|, and ``lhs``
+    is finite (``(..., d_v)`` each)."""
+    tol = math.sqrt(float(xp.finfo(dtype).eps))
     bad = xp.abs(lhs - rhs) > tol * scale
     if bool(xp.any(bad)) or not bool(xp.all(xp.isfinite(lhs))):
         raise ValueError(

@@ -113,6 +113,17 @@ def _centred_mixture(xp: Any, means: Array, variances: Array) -> tuple[Array, Ar
 
 def _features(xp: Any, x: Array, centre: Array) -> Array:
     """[x'², x', 1] ``(..., N, 2d_r + 1)`` with x' = x − c."""
+    d_r = x.shape[-1]
+    if in_place_ok(xp):  # NumPy: the three parts written into one array, without three temporaries to join
+        batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(centre.shape[:-2]))
+        out = xp.empty(batch + (x.shape[-2], 2 * d_r + 1), dtype=xp.result_type(x, centre), device=device_of(x))
+        xc = out[..., d_r:2 * d_r]
+        xc[...] = x
+        xc -= centre
+        out[..., :d_r] = xc
+        out[..., :d_r] *= xc
+        out[..., 2 * d_r] = 1.0
+        return out
     xc = x - centre
     ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
     return xp.concat([xc * xc, xc, ones], axis=-1)
@@ -129,8 +140,10 @@ class ScoreWeights(NamedTuple):
 
     #: [−½w, μ'w, b − ½C] ``(..., K, 2d_r + 1)``
     weights: Array
-    #: offset_k = b + own/2 − C/R ``(..., 1, K)``
+    #: offset_k = b + own/2 − C/R ``(..., K, 1)``, a column: the scores are formed component-major
     offset: Array
+    #: min_k offset_k ``(..., 1)``, for the cheapest form of the guard
+    offset_min: Array
     #: max_k w_km ``(..., d_r, 1)``, for the cheap bound a_i
     w_max: Array
     #: μ' and w ``(..., K, d_r)``, for A's product (formed only when the cheap bound fails)
@@ -150,30 +163,42 @@ def score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances:
     # step 5: reject where s + A/R > offset = b + own/2 − C/R
     d_r = variances.shape[-1]
     own = xp.abs(xp.sum(xp.log(variances), axis=-1)) + d_r * _LOG_2PI
-    offset = xp.expand_dims(base + 0.5 * own - c / _CANCELLATION_BUDGET, axis=-2)
-    return ScoreWeights(weights, offset, xp.expand_dims(xp.max(precisions, axis=-2), axis=-1), precisions)
+    offset = xp.expand_dims(base + 0.5 * own - c / _CANCELLATION_BUDGET, axis=-1)
+    return ScoreWeights(weights, offset, xp.min(offset, axis=-2),
+                        xp.expand_dims(xp.max(precisions, axis=-2), axis=-1), precisions)
 
 
-def scores_of_features(xp: Any, features: Array, sw: ScoreWeights) -> tuple[Array, Array]:
-    """Steps 3, 5, 6 for the tokens of ``features``: (s, the boolean rows ``(..., N)`` the guard rejects)."""
-    s = xp.matmul(features, xp.matrix_transpose(sw.weights))  # step 3
+def scores_of_features(xp: Any, features: Array, sw: ScoreWeights) -> tuple[Array, Array, Array]:
+    """Steps 3, 5, 6 for the tokens of ``features``, component-major: (sᵀ ``(..., K, n)``, the boolean rows
+    ``(..., n)`` the guard rejects, max_k s_ik ``(..., n)``).
+
+    The scores are formed as sᵀ = weights · featuresᵀ, so that every reduction over the K components (the
+    row maxima here, the softmax's sum, Eq. 18's) runs over the leading of two axes, element-wise down
+    contiguous rows of tokens, rather than over K numbers at a time.
+    """
+    s_t = xp.matmul(sw.weights, xp.matrix_transpose(features))  # step 3
+    top = xp.max(s_t, axis=-2)
     budget = _CANCELLATION_BUDGET
     d_r = sw.precisions.shape[-1]
-    # step 6, first with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product)
-    a_row = xp.matmul(features[..., :d_r], sw.w_max)[..., 0]
-    rows = xp.max(s - sw.offset, axis=-1) > -a_row / budget
+    # step 6, first with A_ik ≤ a_i = Σ_m x'²_im max_k w_km (one matrix–vector product), and at first
+    # with max_k (s_ik − offset_k) ≤ max_k s_ik − min_k offset_k, from the maximum the softmax needs anyway
+    bound = -xp.matmul(features[..., :d_r], sw.w_max)[..., 0] / budget
+    if bool(xp.all(top - sw.offset_min <= bound)):
+        return s_t, xp.zeros(tuple(top.shape), dtype=xp.bool, device=device_of(top)), top
+    rows = xp.max(s_t - sw.offset, axis=-2) > bound
     if bool(xp.any(rows)):  # then s + A/R itself, by one product: weights + [w/R, 0, 0] (step 6)
         zeros = xp.zeros_like(sw.precisions)
         guard_weights = sw.weights + xp.concat([sw.precisions / budget, zeros, zeros[..., :1]], axis=-1)
-        guard = xp.matmul(features, xp.matrix_transpose(guard_weights))
-        rows = xp.max(guard - sw.offset, axis=-1) > 0
-    return s, rows
+        guard = xp.matmul(guard_weights, xp.matrix_transpose(features))
+        rows = xp.max(guard - sw.offset, axis=-2) > 0
+    return s_t, rows, top
 
 
 def expanded_scores(xp: Any, ex: Expanded, variances: Array, log_priors: Array | None) -> tuple[Array, Array]:
     """Steps 3–6: s = [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the boolean rows ``(..., N)`` the guard rejects."""
     sw = score_weights(xp, ex.means, ex.precisions, ex.c, variances, log_priors)
-    return scores_of_features(xp, ex.features, sw)
+    s_t, rows, _ = scores_of_features(xp, ex.features, sw)
+    return xp.matrix_transpose(s_t), rows
 
 
 def flagged_rows(xp: Any, x: Array, means: Array, variances: Array, rows: Array):
@@ -216,38 +241,39 @@ def guarded_scores(x: Array, means: Array, variances: Array, log_priors: Array |
     are taken in blocks (:mod:`gma_ref._blocks`); every row's score is the same in any blocking.
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
-    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s: s)
+    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s_t, top: s_t)
 
 
 def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
-                      finish: Callable[[Array], Array]) -> tuple[Array, Array]:
-    """(finish(s), rows) computed block by block of tokens; ``finish`` maps a block's own scores
-    (an array it may overwrite) to what is kept of them."""
+                      finish: Callable[[Array, Array], Array]) -> tuple[Array, Array]:
+    """(finish(sᵀ, max_k s)ᵀ, rows) computed block by block of tokens; ``finish`` maps a block's own scores,
+    component-major ``(..., K, n)`` (an array it may overwrite), and their row maxima to what is kept of them."""
     centre, mc, w, c = _centred_mixture(xp, means, variances)
     sw = score_weights(xp, mc, w, c, variances, log_priors)
 
     def block(xs: Array) -> tuple[Array, Array]:
-        s, rows = scores_of_features(xp, _features(xp, xs, centre), sw)
-        if n_elements(s) and bool(xp.any(rows)):
-            s = _exact_rows(xp, s, rows, xs, means, variances, log_priors)
-        return finish(s), rows
+        s_t, rows, top = scores_of_features(xp, _features(xp, xs, centre), sw)
+        if n_elements(s_t) and bool(xp.any(rows)):
+            s_t = xp.matrix_transpose(_exact_rows(xp, xp.matrix_transpose(s_t), rows, xs, means, variances,
+                                                  log_priors))
+            top = xp.max(s_t, axis=-2)
+        return finish(s_t, top), rows
 
-    blocks = token_blocks(xp, x.shape[-2], means.shape[-2] + 2 * x.shape[-1] + 1)
+    n = x.shape[-2]
+    blocks = token_blocks(xp, n, means.shape[-2] + 2 * x.shape[-1] + 1)
     if len(blocks) <= 1:
-        return block(x)
-    out: list[Array] = []
+        s_t, rows = block(x)
+        return xp.matrix_transpose(s_t), rows
+    batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(sw.weights.shape[:-2]))
+    dtype = xp.result_type(x.dtype, sw.weights.dtype)
+    out_t = xp.empty(batch + (means.shape[-2], n), dtype=dtype, device=device_of(x))
+    out_rows = xp.empty(batch + (n,), dtype=xp.bool, device=device_of(x))
 
     def one(start: int, stop: int) -> None:
-        s, rows = block(x[..., start:stop, :])
-        if not out:  # the first block, run before the others: the results' dtypes and batch axes
-            n = x.shape[-2]
-            out.append(xp.empty(tuple(s.shape[:-2]) + (n, s.shape[-1]), dtype=s.dtype, device=device_of(s)))
-            out.append(xp.empty(tuple(rows.shape[:-1]) + (n,), dtype=rows.dtype, device=device_of(rows)))
-        out[0][..., start:stop, :] = s
-        out[1][..., start:stop] = rows
+        out_t[..., start:stop], out_rows[..., start:stop] = block(x[..., start:stop, :])
 
     run_blocks(one, blocks)
-    return out[0], out[1]
+    return xp.matrix_transpose(out_t), out_rows
 
 
 def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variances: Array,
@@ -262,19 +288,21 @@ def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variance
     return _set_rows(xp, s, rows, exact)
 
 
-def _softmax_own(xp: Any, s: Array) -> Array:
-    """Γ = softmax(s) along the last axis (Eq. 3b), max-subtracted, overwriting ``s`` (which the caller owns)
-    where :func:`~gma_ref._blocks.in_place_ok` allows it (NumPy), out of place otherwise:
+def _softmax_own(xp: Any, s_t: Array, top: Array) -> Array:
+    """Γᵀ = softmax(s) over the components (Eq. 3b), component-major: ``s_t`` is sᵀ ``(..., K, n)`` and ``top``
+    max_k s_ik ``(..., n)``; max-subtracted, overwriting ``s_t`` (which the caller owns) where
+    :func:`~gma_ref._blocks.in_place_ok` allows it (NumPy), out of place otherwise:
     γ_ik = exp(s_ik − max_l s_il) / Σ_j exp(s_ij − max_l s_il), one rounding for the exponential and one
     for the division."""
-    if n_elements(s) == 0:
-        return softmax_scores(s)[0]
+    if n_elements(s_t) == 0:
+        return xp.matrix_transpose(softmax_scores(xp.matrix_transpose(s_t))[0])
+    top = xp.expand_dims(top, axis=-2)
     if not in_place_ok(xp):  # the same operations, out of place (an autograd graph may hold s and exp(s))
-        gamma = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
-        return gamma / xp.sum(gamma, axis=-1, keepdims=True)
-    s -= xp.max(s, axis=-1, keepdims=True)
-    gamma = xp.exp(s)
-    gamma /= xp.sum(gamma, axis=-1, keepdims=True)
+        gamma = xp.exp(s_t - top)
+        return gamma / xp.sum(gamma, axis=-2, keepdims=True)
+    s_t -= top
+    gamma = xp.exp(s_t)
+    gamma /= xp.sum(gamma, axis=-2, keepdims=True)
     return gamma
 
 
@@ -287,7 +315,8 @@ def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_pri
     tokens at a time (for NumPy arrays), so that no N × K array but Γ itself is written to memory.
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
-    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s: _softmax_own(xp, s))
+    return _blockwise_scores(xp, x, means, variances, log_priors,
+                             lambda s_t, top: _softmax_own(xp, s_t, top))
 
 
 def scores_backward_guarded(x: Array, means: Array, variances: Array, d_scores: Array,
@@ -308,55 +337,52 @@ def scores_backward_guarded(x: Array, means: Array, variances: Array, d_scores: 
     taken in blocks; the sums over tokens are then added block by block, in block order.
     """
     xp = namespace(x=x, means=means, variances=variances, d_scores=d_scores)
-    return _blockwise_backward(xp, x, means, variances, rows, log_priors_shape, d_scores.shape[-1],
-                               lambda start, stop: d_scores[..., start:stop, :])
+    return _blockwise_backward(xp, x, means, variances, rows, log_priors_shape, d_scores.shape[-1], d_scores.dtype,
+                               lambda start, stop: xp.matrix_transpose(d_scores[..., start:stop, :]))
 
 
 def _blockwise_backward(xp: Any, x: Array, means: Array, variances: Array, rows: Array | None,
-                        log_priors_shape: tuple[int, ...], k: int, block_delta: Callable[[int, int], Array]
-                        ) -> ScoresGrad:
-    """:func:`scores_backward_guarded` with δ of the tokens [start, stop) given by ``block_delta(start, stop)``."""
+                        log_priors_shape: tuple[int, ...], k: int, delta_dtype: Any,
+                        block_delta: Callable[[int, int], Array]) -> ScoresGrad:
+    """:func:`scores_backward_guarded` with δᵀ of the tokens [start, stop), component-major ``(..., K, n)``, given
+    by ``block_delta(start, stop)`` (of dtype ``delta_dtype``)."""
     centre, mc, w, c = _centred_mixture(xp, means, variances)
     d_r = x.shape[-1]
     right = xp.concat([mc * w, w], axis=-1)  # [μ'w, w], (..., K, 2 d_r)
     sw = score_weights(xp, mc, w, c, variances, None) if rows is None else None
 
-    def block(xs: Array, d_scores: Array, rows_b: Array | None) -> tuple[Array, Array, Array, Array]:
+    def block(xs: Array, delta_t: Array, rows_b: Array | None) -> tuple[Array, Array, Array, Array]:
         features = _features(xp, xs, centre)
         if rows_b is None:
             rows_b = scores_of_features(xp, features, sw)[1]
         any_rows = bool(xp.any(rows_b)) if n_elements(rows_b) else False
-        delta = xp.where(xp.expand_dims(rows_b, axis=-1), xp.zeros_like(d_scores), d_scores) if any_rows \
-            else d_scores
-        both = xp.matmul(delta, right)  # [δ (μ'w), δ w], (..., N, 2 d_r)
+        kept = xp.where(xp.expand_dims(rows_b, axis=-2), xp.zeros_like(delta_t), delta_t) if any_rows \
+            else delta_t
+        both = xp.matmul(xp.matrix_transpose(kept), right)  # [δ (μ'w), δ w], (..., n, 2 d_r)
         d_x = both[..., :d_r] - features[..., d_r:2 * d_r] * both[..., d_r:]
-        # δᵀ [x'², x', 1], (..., K, 2 d_r + 1), as ([x'², x', 1]ᵀ δ)ᵀ: OpenBLAS runs this orientation of the
-        # long reduction several times faster
-        sums = xp.matrix_transpose(xp.matmul(xp.matrix_transpose(features), delta))
+        sums = xp.matmul(kept, features)  # δᵀ [x'², x', 1], (..., K, 2 d_r + 1)
         s2, s1, s0 = sums[..., :d_r], sums[..., d_r:2 * d_r], sums[..., 2 * d_r:]
         d_means = w * (s1 - s0 * mc)
         sq_sum = w * w * (s2 - 2.0 * mc * s1 + s0 * mc * mc)
         if any_rows:
-            d_x, d_means, sq_sum = _backward_flagged_rows(xp, xs, means, variances, d_scores, rows_b,
-                                                          d_x, d_means, sq_sum)
-        return sum_to_shape(xp, d_x, tuple(xs.shape)), d_means, sq_sum, xp.sum(d_scores, axis=-2)
+            d_x, d_means, sq_sum = _backward_flagged_rows(xp, xs, means, variances, xp.matrix_transpose(delta_t),
+                                                          rows_b, d_x, d_means, sq_sum)
+        return sum_to_shape(xp, d_x, tuple(xs.shape)), d_means, sq_sum, xp.sum(delta_t, axis=-1)
 
-    blocks = token_blocks(xp, x.shape[-2], k + 2 * d_r + 1)
+    n = x.shape[-2]
+    blocks = token_blocks(xp, n, k + 2 * d_r + 1)
     if len(blocks) <= 1:
-        d_x, d_means, sq_sum, delta_sum = block(x, block_delta(0, x.shape[-2]), rows)
+        d_x, d_means, sq_sum, delta_sum = block(x, block_delta(0, n), rows)
     else:
-        out: list[Array] = []
+        dtype = xp.result_type(x.dtype, means.dtype, variances.dtype, delta_dtype)
+        d_x = xp.empty(tuple(x.shape), dtype=dtype, device=device_of(x))
 
         def one(start: int, stop: int) -> tuple[Array, Array, Array]:
-            d_x, *sums = block(x[..., start:stop, :], block_delta(start, stop),
-                               None if rows is None else rows[..., start:stop])
-            if not out:  # the first block, run before the others: the dtype of ∂L/∂x
-                out.append(xp.empty(tuple(x.shape), dtype=d_x.dtype, device=device_of(d_x)))
-            out[0][..., start:stop, :] = d_x
+            d_x[..., start:stop, :], *sums = block(x[..., start:stop, :], block_delta(start, stop),
+                                                   None if rows is None else rows[..., start:stop])
             return tuple(sums)
 
         parts = run_blocks(one, blocks)
-        d_x = out[0]
         d_means, sq_sum, delta_sum = parts[0]
         for more in parts[1:]:  # in block order, whatever the threads
             d_means, sq_sum, delta_sum = d_means + more[0], sq_sum + more[1], delta_sum + more[2]
@@ -397,21 +423,25 @@ def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_
     return d_x, d_means, sq_sum
 
 
-def _scores_cotangent(xp: Any, gamma: Array, d_gamma: Array) -> Array:
-    """Eq. 18, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij), as :func:`~gma_ref.posterior.scores_cotangent` forms it
-    (g first shifted to 0 at the row's largest γ, so that γ rounded to 1 cancels nothing), in fewer passes:
-    the reference is g at the row's *first* largest γ (the posterior form averages g over tied maxima;
-    δ is the same, and a tie has γ ≤ ½, where nothing cancels), Σ_j γ_ij g_ij one ``vecdot``, and
-    the last two steps in place on the array formed here where :func:`~gma_ref._blocks.in_place_ok`."""
-    if n_elements(gamma) == 0:
-        return scores_cotangent(gamma, d_gamma)
-    top = xp.argmax(gamma, axis=-1, keepdims=True)
-    g = d_gamma - xp.take_along_axis(d_gamma, top, axis=-1)
-    centre = xp.expand_dims(xp.vecdot(gamma, g, axis=-1), axis=-1)
+def _scores_cotangent(xp: Any, gamma_t: Array, d_gamma_t: Array) -> Array:
+    """Eq. 18 component-major: δᵀ from Γᵀ and (∂L/∂Γ)ᵀ ``(..., K, n)``, δ_ik = γ_ik (g_ik − Σ_j γ_ij g_ij), as
+    :func:`~gma_ref.posterior.scores_cotangent` forms it (g first shifted to 0 at the row's largest γ, so that
+    γ rounded to 1 cancels nothing; at tied maxima the largest of their g, where the reader's form takes their
+    mean: the same δ, and a tie has γ ≤ ½, where nothing cancels); every sum over the components runs down
+    contiguous rows of tokens, and the last two steps update the array formed here in place where
+    :func:`~gma_ref._blocks.in_place_ok`."""
+    if n_elements(gamma_t) == 0:
+        return xp.matrix_transpose(scores_cotangent(xp.matrix_transpose(gamma_t), xp.matrix_transpose(d_gamma_t)))
+    top = gamma_t == xp.max(gamma_t, axis=-2, keepdims=True)
+    # the reference: g at the row's largest γ; at a tie (γ ≤ ½ there, where nothing cancels) the largest
+    # such g; a row without a maximum (NaN) is left unshifted
+    ref = xp.max(xp.where(top, d_gamma_t, -math.inf), axis=-2, keepdims=True)
+    g = d_gamma_t - xp.where(xp.any(top, axis=-2, keepdims=True), ref, 0.0)
+    centre = xp.sum(gamma_t * g, axis=-2, keepdims=True)
     if not in_place_ok(xp):
-        return gamma * (g - centre)
+        return gamma_t * (g - centre)
     g -= centre
-    g *= gamma
+    g *= gamma_t
     return g
 
 
@@ -431,7 +461,8 @@ def responsibilities_backward_guarded(
     check_cotangent(xp, "d_gamma", d_gamma, tuple(gamma.shape), "gamma", False)  # before it is cut into blocks
 
     def block_delta(start: int, stop: int) -> Array:
-        return _scores_cotangent(xp, gamma[..., start:stop, :], d_gamma[..., start:stop, :])
+        return _scores_cotangent(xp, xp.matrix_transpose(gamma[..., start:stop, :]),
+                                 xp.matrix_transpose(d_gamma[..., start:stop, :]))
 
     return _blockwise_backward(xp, x, means, variances, direct_rows, tuple(log_priors.shape), gamma.shape[-1],
-                               block_delta)
+                               xp.result_type(gamma.dtype, d_gamma.dtype), block_delta)

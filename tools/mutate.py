@@ -100,6 +100,8 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/scores_fast.py": [*_SCORES_TESTS, "tests/scores_fast/test_blocked_path.py"],
     "gma_ref/_blocks.py": ["tests/scores_fast/test_blocked_path.py", "tests/scores_fast/test_token_blocks.py"],
     "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py"],
+    "gma_ref/_latent_fast.py": ["tests/attention/test_latent_fast.py", "tests/attention/test_saved.py",
+                                "tests/attention/test_entry.py"],
     "gma_ref/bidirectional.py": [
         "tests/bidirectional/test_equations.py",
         "tests/bidirectional/test_routing_input_checks.py",

@@ -87,7 +87,7 @@ def _spy(monkeypatch, name):
 
 
 @pytest.mark.parametrize("causal, form, core", [
-    (False, None, "gma_bidirectional"), (False, "latent", "gma_bidirectional"),
+    (False, None, "latent_forward"), (False, "latent", "latent_forward"),  # gma_bidirectional, in token blocks
     (False, "materialized", "gma_materialized"), (True, "materialized", "gma_materialized"),
     (True, "prefix", "gma_causal_prefix"), (True, "streaming", "gma_causal_streaming"),
     (True, None, "chunked_forward"), (True, "chunked", "chunked_forward"),  # gma_causal_chunked, batched

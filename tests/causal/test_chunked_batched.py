@@ -111,3 +111,61 @@ def test_arrays_on_another_device_stay_there():
             assert got.device == dev
             host = np.asarray(xs.asarray(got, device=xs.Device("CPU_DEVICE")))
             np.testing.assert_allclose(host, ref, rtol=1e-13, atol=1e-13)
+
+
+def test_parts_cut_a_group_into_nearly_equal_runs_of_chunks(monkeypatch):
+    """A group's chunks go to the block threads in at most PARTS parts of at least MIN_PART_CHUNKS chunks,
+    whose sizes differ by at most one chunk (NumPy); other namespaces take the group whole."""
+    import array_api_strict
+    from array_api_compat import array_namespace
+
+    xp = array_namespace(np.zeros(1))
+    assert cf.PARTS == 4 and cf.MIN_PART_CHUNKS == 4
+    assert cf._parts(xp, 7) == [(0, 7)]
+    assert cf._parts(xp, 8) == [(0, 4), (4, 8)]
+    assert cf._parts(xp, 13) == [(0, 4), (4, 8), (8, 13)]
+    assert cf._parts(xp, 128) == [(0, 32), (32, 64), (64, 96), (96, 128)]
+    assert cf._parts(array_api_strict, 128) == [(0, 128)]
+    for g in range(1, 70):
+        parts = cf._parts(xp, g)
+        assert [i for lo, hi in parts for i in range(lo, hi)] == list(range(g))
+        sizes = [hi - lo for lo, hi in parts]
+        assert max(sizes) - min(sizes) <= 1 and (len(parts) == 1 or min(sizes) >= cf.MIN_PART_CHUNKS)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_parts_on_threads_give_the_loop_bit_for_bit(monkeypatch, threads, eps):
+    """Chunks in parts of one or two on 1, 2 or 3 threads, in groups of three chunks: the reader's chunked
+    form bit for bit, forward and backward (each chunk's terms are the same products whatever its part)."""
+    pytest.importorskip("threadpoolctl")
+    import gma_ref._blocks as blocks
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: threads)
+    monkeypatch.setattr(cf, "MIN_PART_CHUNKS", 1)
+    monkeypatch.setattr(cf, "PARTS", 2)
+    monkeypatch.setattr(cf, "GROUP_ELEMENTS", 3 * 64)  # max(K d_v, C²) = 64: three chunks a group
+    gq, gk, v, d_out = _inputs(np.random.default_rng(11), (2,), 56)
+    if eps == 0.0:
+        gk[..., :9, :] = 0.0
+    out = cf.chunked_forward(gq, gk, v, eps, 8)
+    np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, eps, 8))
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
+    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_component_major_responsibilities_give_the_loop_bit_for_bit():
+    """Γ laid out component-major, as the pipeline's scores leave it ((K, N) arrays seen transposed): the
+    reader's chunked form on the same arrays, bit for bit (and, to rounding, Γ in token-major order)."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(12), (), 64)
+    gq_t, gk_t = np.ascontiguousarray(gq.T).T, np.ascontiguousarray(gk.T).T
+    out = cf.chunked_forward(gq_t, gk_t, v, 1e-6, 8)
+    np.testing.assert_array_equal(out, gma_causal_chunked(gq_t, gk_t, v, 1e-6, 8))
+    np.testing.assert_allclose(out, gma_causal_chunked(gq, gk, v, 1e-6, 8), rtol=1e-13, atol=1e-15)
+    got = cf.chunked_backward(gq_t, gk_t, v, d_out, eps=1e-6, chunk_size=8)
+    want = gma_causal_chunked_backward(gq_t, gk_t, v, d_out, eps=1e-6, chunk_size=8)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        np.testing.assert_array_equal(a, b)

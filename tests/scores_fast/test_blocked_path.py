@@ -63,7 +63,7 @@ def test_blocks_agree_with_one_block(monkeypatch, case, batch):
     assert blocks.token_blocks(np, x.shape[-2], 14) == [(0, x.shape[-2])]
     one = _all(x, means, var, lp, None)
     _blocked(monkeypatch, True)
-    assert len(blocks.token_blocks(np, x.shape[-2], 14)) == 5  # 4 of 8 tokens, one of 5
+    assert len(blocks.token_blocks(np, x.shape[-2], 14)) == 6  # at most 8 tokens each, an even count: 5 of 6, 7
     many = _all(x, means, var, lp, None)
     if case == "generic":
         assert not np.any(one["rows"])
@@ -106,19 +106,26 @@ def test_a_wrong_cotangent_shape_is_refused_before_the_blocks(monkeypatch):
 
 
 def test_token_blocks_cover_every_token_once(monkeypatch):
+    """Every token in one block; sizes within one token of each other and at most BLOCK_ELEMENTS / width
+    (8 here); an even count where the minimum allows; none under MIN_BLOCK_ROWS but a lone block."""
     _blocked(monkeypatch, True)
-    for n in (0, 1, 7, 8, 9, 40):
+    for n in (0, 1, 7, 8, 9, 16, 17, 40, 41):
         got = blocks.token_blocks(np, n, 14)
         covered = [i for a, b in got for i in range(a, b)]
         assert covered == list(range(n))
-        assert all(b - a == 8 for a, b in got[:-1]) and all(0 < b - a <= 8 for a, b in got)
+        sizes = [b - a for a, b in got]
+        assert all(0 < size <= 8 for size in sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
+        assert len(got) == {0: 0, 1: 1, 7: 1, 8: 1, 9: 2, 16: 2, 17: 4, 40: 6, 41: 6}[n]
+    assert blocks.token_blocks(np, 40, 14) == [(0, 6), (6, 13), (13, 20), (20, 26), (26, 33), (33, 40)]
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 20)
-    assert blocks.token_blocks(np, 45, 14) == [(0, 20), (20, 40), (40, 45)]
+    assert blocks.token_blocks(np, 45, 14) == [(0, 22), (22, 45)]  # three of 15 would be under the minimum
+    assert blocks.token_blocks(np, 39, 14) == [(0, 39)]
+    assert blocks.token_blocks(np, 60, 14) == [(0, 20), (20, 40), (40, 60)]  # four would be under it: odd
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
     assert blocks.token_blocks(np, 3, 1000) == [(0, 1), (1, 2), (2, 3)]  # at least one token a block
     assert blocks.token_blocks(array_api_strict, 40, 14) == [(0, 40)]  # other namespaces: one block
     monkeypatch.setattr(blocks, "worker_count", lambda: 1)
-    assert blocks.token_blocks(np, 40, 14) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]  # any thread count
+    assert blocks.token_blocks(np, 40, 14) == [(0, 6), (6, 13), (13, 20), (20, 26), (26, 33), (33, 40)]  # any count
 
 
 def test_the_default_block_holds_the_documented_elements():
@@ -276,3 +283,70 @@ def test_blocks_run_in_a_forked_child(monkeypatch):
         os.waitpid(pid, 0)
         pytest.fail("the blocks hung in the forked child")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_run_blocks_shares_the_blocks_between_the_calling_thread_and_the_pool(monkeypatch):
+    """The calling thread takes block 0 and then whatever block is free: while the pool's thread is held up
+    in its first block, the caller runs every other one (results in block order all the same)."""
+    pytest.importorskip("threadpoolctl")
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    caller = threading.get_ident()
+    where = {}
+    pool_started = threading.Event()
+
+    def fn(a, b):
+        where[a] = threading.get_ident()
+        if where[a] == caller and a == 0:
+            assert pool_started.wait(10)  # block 0 ends only once the pool has taken a block
+        elif where[a] != caller:
+            pool_started.set()
+            time.sleep(0.3)  # the pool's block: the caller meanwhile takes every other one
+        return a * b
+
+    assert blocks.run_blocks(fn, [(i, 2) for i in range(8)]) == [2 * i for i in range(8)]
+    assert where[0] == caller
+    assert sum(1 for t in where.values() if t == caller) == 7  # all but the pool's one block
+
+
+def test_run_blocks_finishes_every_block_then_raises_the_first_error(monkeypatch):
+    """Blocks 2 and 5 raise: every block still runs (none is left running when BLAS gets its threads back),
+    and block 2's error, the first in block order, is the one raised."""
+    pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    ran = []
+
+    def fn(a, b):
+        ran.append(a)
+        if a in (2, 5):
+            raise RuntimeError(f"block {a}")
+        return a
+
+    with pytest.raises(RuntimeError, match="block 2"):
+        blocks.run_blocks(fn, [(i, 0) for i in range(7)])
+    assert sorted(ran) == list(range(7)) and blocks._holders[0] == 0
+
+
+def test_one_blas_thread_holds_blas_for_a_call_and_keeps_the_thread_count():
+    """Inside one_blas_thread (NumPy) BLAS runs on one thread, the blocks on the threads BLAS had before
+    (nested holds share the limit); after it BLAS has its threads back. Other namespaces: nothing held."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from array_api_compat import array_namespace  # noqa: PLC0415
+
+    xp = array_namespace(np.zeros(1))
+
+    def blas_threads():
+        return min(lib.num_threads for lib in threadpoolctl.ThreadpoolController().select(user_api="blas")
+                   .lib_controllers)
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        with blocks.one_blas_thread(xp):
+            assert blas_threads() == 1 and blocks.worker_count() == 2
+            with blocks.small_products(xp):
+                assert blas_threads() == 1 and blocks.worker_count() == 2
+            assert blas_threads() == 1
+        assert blas_threads() == 2 and blocks._holders[0] == 0
+        with blocks.one_blas_thread(array_api_strict):
+            assert blas_threads() == 2 and blocks._holders[0] == 0

@@ -1,0 +1,125 @@
+"""The pipeline's latent core (:mod:`gma_ref._latent_fast`) against the reader's (:mod:`gma_ref.bidirectional`).
+
+The fast path computes the latent form's output and its VJP in token blocks on the block threads, with
+∂L/∂Γ formed component-major. Here, on inputs cut into several blocks: forward first, then the three
+cotangents for a random cotangent, agree with ``gma_bidirectional`` / ``latent_vjp`` to rounding, with batch
+axes, N_q ≠ N_k, in float64 and float32; the results are bit for bit the same on 1, 2 and 3 threads; a
+stale, mistyped or misshapen saved output is refused as the reader refuses it; the cases the blocked form
+does not take (ε = 0, broadcast batch axes, V near the float maximum, no keys) are the reader's form itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gma_ref._blocks as blocks
+import gma_ref._latent_fast as lf
+from gma_ref.bidirectional import gma_bidirectional, latent_vjp
+
+
+def _inputs(rng, batch=(2,), n_q=37, n_k=29, k=5, d_v=3, dtype=np.float64):
+    gq = rng.dirichlet(np.ones(k), size=batch + (n_q,))
+    gk = rng.dirichlet(np.ones(k), size=batch + (n_k,))
+    v = rng.normal(size=batch + (n_k, d_v)) + 3.0  # an offset, which the centring of V takes out
+    d_out = rng.normal(size=batch + (n_q, d_v))
+    return tuple(a.astype(dtype) for a in (gq, gk, v, d_out))
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of a few tokens, so that every sum over tokens spans several blocks."""
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 40)
+    monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
+
+
+def _close(a, b, dtype, name=""):
+    """Agreement to rounding, relative to the largest entry: ∂L/∂Γ^Q = P Ṽ_cᵀ + c Zᵀ cancels to small entries."""
+    scale = float(np.max(np.abs(b))) if b.size else 1.0
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("batch", [(), (2,), (2, 3)])
+def test_blocked_latent_core_agrees_with_the_reader(small_blocks, dtype, batch):
+    """Forward (asserted first), then ∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V for a random cotangent, each of its input's
+    shape and dtype, equal to the reader's to rounding."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(len(batch)), batch, dtype=dtype)
+    assert len(blocks.token_blocks(np, gq.shape[-2], 5 + 2 * 3)) > 2
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    want_out = gma_bidirectional(gq, gk, v, 1e-6, check_finite=False)
+    assert out.dtype == want_out.dtype and out.shape == want_out.shape
+    _close(out, want_out, dtype)
+    got = lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")
+    want = latent_vjp(gq, gk, v, d_out, 1e-6, want_out, False)
+    for name, a, b, x in zip(("d_gamma_q", "d_gamma_k", "d_v"), got, want, (gq, gk, v), strict=True):
+        assert a.shape == x.shape and a.dtype == x.dtype, name
+        _close(a, b, dtype, name)
+
+
+def test_blocked_latent_core_is_the_same_on_any_number_of_threads(small_blocks, monkeypatch):
+    """The blocks' sums are added in block order: 1, 2 and 3 threads give the same bits."""
+    pytest.importorskip("threadpoolctl")
+    gq, gk, v, d_out = _inputs(np.random.default_rng(3), (2,))
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(blocks, "worker_count", lambda threads=threads: threads)
+        out = lf.latent_forward(gq, gk, v, 1e-6)
+        results.append((out, *lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")))
+    for other in results[1:]:
+        for a, b in zip(other, results[0], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_the_cotangents_of_gamma_are_component_major_views():
+    """∂L/∂Γ come back as (..., N, K) arrays whose transposes are contiguous (K, N) rows: what the score VJPs
+    read one block of tokens at a time."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(4), ())
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    d_gq, d_gk, _ = lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")
+    assert d_gq.shape == gq.shape and d_gq.T.flags.c_contiguous
+    assert d_gk.shape == gk.shape and d_gk.T.flags.c_contiguous
+
+
+@pytest.mark.parametrize("change", ["stale", "dtype", "shape"])
+def test_a_wrong_saved_output_is_refused_as_the_reader_refuses_it(small_blocks, change):
+    """The identity Σ_i (u_i + ε) O_i = (1ᵀ Γ^Q) Ṽ summed over the query blocks: a stale output (one entry
+    moved by 1e-3) is a ValueError naming it and its remedy; a wrong dtype a TypeError, a wrong shape a
+    ValueError, with the reader's messages."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(5), (2,))
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    bad = {"stale": out + np.where(np.arange(out.size).reshape(out.shape) == 7, 1e-3, 0.0),
+           "dtype": out.astype(np.int64), "shape": out[..., :-1, :]}[change]
+    kind = TypeError if change == "dtype" else ValueError
+    with pytest.raises(kind) as fast:
+        lf.latent_backward(gq, gk, v, d_out, 1e-6, bad, "saved.out", "saved=None to recompute it")
+    with pytest.raises(kind) as reader:
+        latent_vjp(gq, gk, v, d_out, 1e-6, bad, False, "saved.out", "saved=None to recompute it")
+    assert str(fast.value) == str(reader.value)
+    assert "saved.out" in str(fast.value)
+
+
+@pytest.mark.parametrize("case", ["eps_zero", "broadcast", "huge_v", "no_keys"])
+def test_other_cases_are_the_readers_form(small_blocks, case):
+    """ε = 0 (rows that see no mass), batch axes that broadcast, V near the float maximum (scaled), no keys:
+    the blocked form does not apply and the results are the reader's, bit for bit."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(6), (2,))
+    eps = 0.0 if case == "eps_zero" else 1e-6
+    if case == "eps_zero":
+        gk[..., :, 0] = 0.0
+        gk /= gk.sum(-1, keepdims=True)
+        gq[..., :3, :] = 0.0
+        gq[..., :3, 0] = 1.0  # these queries see no key mass: their rows are 0
+    if case == "broadcast":
+        gk, v = gk[:1], v[:1]
+    if case == "huge_v":
+        v = v * 1e306
+    if case == "no_keys":
+        gk, v = gk[..., :0, :], v[..., :0, :]
+    out = lf.latent_forward(gq, gk, v, eps)
+    np.testing.assert_array_equal(out, gma_bidirectional(gq, gk, v, eps, check_finite=False))
+    got = lf.latent_backward(gq, gk, v, d_out, eps, out, "saved.out", "saved=None")
+    want = latent_vjp(gq, gk, v, d_out, eps, out, False)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
