@@ -35,8 +35,10 @@ from gma_ref.testing.cases import (
     layer_case_arrays,
     tie_head_width,
     tiling_cases,
+    tiling_rows,
     with_gate,
 )
+from gma_ref.testing.covering import uncovered_pairs
 
 from ..support.oracle_helpers import routed_mass
 
@@ -132,13 +134,13 @@ def test_floor_regime_puts_three_quarters_of_the_variances_at_the_floor() -> Non
 def test_tiny_eps_routed_mass_runs_log_uniformly_from_a_tenth_to_three_eps(eps) -> None:
     """tiny_eps: the query N_q // 2 of the r-th (batch, head) pair (batch-major) reads u_i = c_r·ε with
     c_r = 10^(−1 + 1.5·r / (P − 1)) over the P pairs, to 1e-9 (bisection on the key); a single pair reads 0.3 ε.
-    The causal case counts only the keys the query sees."""
+    The causal case counts only the keys the query sees (at N = 1, key 0 alone)."""
     for case in [c for c in default_cases() if c.regime == "tiny_eps"]:
         case = replace(case, eps=eps)
         u = routed_mass(case)[:, :, case.n_q // 2].ravel() / eps
         p = u.size
         np.testing.assert_allclose(u, 10.0 ** (-1.0 + 1.5 * np.arange(p) / (p - 1)), rtol=1e-9, err_msg=case.case_id)
-    for variant, n in (("causal", 9), ("bidirectional", 6), ("cross", 7)):
+    for variant, n in (("causal", 9), ("causal", 1), ("bidirectional", 6), ("cross", 7)):
         single = Case(variant, 1, 1, n, n + (variant == "cross"), 3, 4, 2, regime="tiny_eps", eps=eps, seed=3)
         np.testing.assert_allclose(routed_mass(single)[0, 0, n // 2] / eps, 0.3, rtol=1e-9)
 
@@ -172,6 +174,21 @@ def test_tiny_eps_with_a_single_component_draws_as_normal() -> None:
     assert all(np.isfinite(x).all() for x in a.values())
     assert np.all(a["omega"] > -8.0) or not np.any(a["omega"] == -8.0)
     assert not np.any(a["q"][:, :, 4] == a["means"][None, :, 0])
+
+
+def test_tiny_eps_moves_no_key_where_the_other_keys_alone_read_more_than_three_eps() -> None:
+    """tiny_eps with ε = 1e-300: the keys the query sees besides key 0 already read more than 3 ε, so no key is moved
+    (key 0 keeps a responsibility below 1e-30 for component 0) and every u_i stays above 3 ε."""
+    from gma_ref.mixture import log_priors_from_logits, variances_from_omega
+    from gma_ref.posterior import responsibilities
+
+    case = Case("causal", 2, 3, 20, 20, 4, 5, 2, regime="tiny_eps", eps=1e-300)
+    a = case_arrays(case)
+    assert all(np.isfinite(x).all() for x in a.values())
+    assert np.all(routed_mass(case)[:, :, 10] > 3e-300)
+    var = variances_from_omega(a["omega"], case.eps_sigma)
+    gk = responsibilities(a["k"], a["means"], var, log_priors_from_logits(a["prior_logits"]))
+    assert float(gk[:, :, :, 0].max()) < 1e-30
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
@@ -400,6 +417,17 @@ def test_the_tiling_axes_are_the_documented_straddles() -> None:
         assert {c.n_k for c in cross} == set((FULL_SIZE_AXES if full else SIZE_AXES)["n"]) | {257}
 
 
+def test_tiling_rows_refuse_no_variant_or_an_unknown_one() -> None:
+    """tiling_rows and tiling_cases raise ValueError for no variant or an unknown one; a single variant gets rows of
+    its own only."""
+    for bad in ((), ("sideways",), ("causal", "sideways")):
+        with pytest.raises(ValueError, match="variants must be a non-empty tuple"):
+            tiling_rows(bad)
+        with pytest.raises(ValueError, match="variants must be a non-empty tuple"):
+            tiling_cases(bad)
+    assert {r["variant"] for r in tiling_rows(["cross"])} == {"cross"}
+
+
 DEFAULT_IDS = [
     "bidirectional-B2-H3-N63-K7-dr5-dv60-f32-s0", "bidirectional-B2-H3-N1-K7-dr5-dv60-f32-s1",
     "bidirectional-B2-H3-N20-K1-dr5-dv60-f32-s2", "bidirectional-B2-H3-N63-K4-dr1-dv60-f32-s3",
@@ -491,6 +519,7 @@ def test_the_case_sets_are_the_documented_ones() -> None:
     assert all(c.chunk_size == 5 for c in default_layer_cases())
     seeded = default_cases(("cross",), dtype="float16", seed=2)
     assert [c.seed for c in seeded] == [2000 + i for i in range(9)] and {c.dtype for c in seeded} == {"float16"}
+    assert [c.seed for c in default_cases(("causal",), seed=2)] == [2000 + i for i in range(10)] + [2011]
     assert [c.seed for c in default_layer_cases(("causal",), seed=3)] == [3000 + i for i in range(8)] + [3020]
     assert {c.dtype for c in default_layer_cases(dtype="bfloat16")} == {"bfloat16"}
     assert [c.seed for c in tiling_cases(("causal",), seed=1)][-1] == 1099
@@ -605,3 +634,19 @@ def test_the_arrays_of_each_case_are_pinned() -> None:
     got = _set_fingerprints()
     changed = {k: v for k, v in got.items() if ARRAY_FINGERPRINTS.get(k) != v}
     assert not changed, changed
+
+
+def test_tiling_rows_join_the_groups_in_any_order_of_variants() -> None:
+    """tiling_rows() is the default axes' rows (those of tiling_cases()); with cross first, cross has more loop rows
+    than size rows, and the extra loop rows run with the cheap sizes (N = 17, K = 8, d_r = d_v = 16); every pair of
+    each group with the variant is still covered."""
+    rows = tiling_rows()
+    assert len(rows) == len(TILING_IDS) - 2 and rows == tiling_rows(full=False)
+    assert all(r[name] in values for r in rows for name, values in SIZE_AXES.items())
+    for variants in (("cross", "bidirectional"), ("cross", "causal", "bidirectional")):
+        rows = tiling_rows(variants)
+        for group in (SIZE_AXES, LOOP_AXES):
+            assert not uncovered_pairs({"variant": variants, **group}, rows), (variants, group)
+        cheap = [r for r in rows if r["variant"] == "cross" and (r["n"], r["n_components"], r["d_r"], r["d_v"]) ==
+                 (17, 8, 16, 16) and r["heads"] * r["batch"] > 1]
+        assert cheap, variants
