@@ -522,6 +522,7 @@ def test_the_case_sets_are_the_documented_ones() -> None:
     assert [c.seed for c in default_cases(("causal",), seed=2)] == [2000 + i for i in range(10)] + [2011]
     assert [c.seed for c in default_layer_cases(("causal",), seed=3)] == [3000 + i for i in range(8)] + [3020]
     assert {c.dtype for c in default_layer_cases(dtype="bfloat16")} == {"bfloat16"}
+    assert {c.dtype for c in tiling_cases(dtype="float16")} == {"float16"}
     assert [c.seed for c in tiling_cases(("causal",), seed=1)][-1] == 1099
     assert tiling_cases(("causal",), seed=1)[0].seed == 1100
 
