@@ -168,8 +168,10 @@ MODULE_TESTS: dict[str, list[str]] = {
     # Its first tests take one small float64 case each (no worker process): seconds per mutant; the contract
     # tests through check() after them run only for the mutants they reach.
     "gma_ref/testing/case_runner.py": ["tests/testing/test_case_runner.py"],
-    # The case set's properties first; the tiling file also runs the harness over a few tiling cases.
-    "gma_ref/testing/cases.py": ["tests/testing/test_cases.py", "tests/testing/test_tiling_cases.py"],
+    # The generated data's properties and the pinned case sets first (a few seconds for the whole file), then the
+    # case set's other tests; the tiling file also runs the harness over a few tiling cases.
+    "gma_ref/testing/cases.py": ["tests/testing/test_case_generation.py", "tests/testing/test_cases.py",
+                                 "tests/testing/test_tiling_cases.py"],
     # check() in process: the default and 200-case runs, then small explicit case lists.
     "gma_ref/testing/runner.py": ["tests/testing/test_runner.py"],
 }
