@@ -59,6 +59,15 @@ def test_an_unwritable_repro_directory_is_refused_before_any_case(tmp_path) -> N
     assert calls == []
 
 
+def test_a_repro_directory_must_be_searchable_as_well_as_writable(tmp_path, monkeypatch) -> None:
+    """A parent that can be written but not entered (no search permission) is refused, as check's repro=."""
+    import os
+
+    monkeypatch.setattr(os, "access", lambda path, mode: not mode & os.X_OK)
+    with pytest.raises(ValueError, match=r"repro directory .* is not writable"):
+        check(_K64, cases=[_CASE], repro=str(tmp_path / "sub"))
+
+
 def test_elapsed_time_is_the_run_s_own() -> None:
     """Report.elapsed_s is positive and no longer than the call to check took."""
     t0 = time.perf_counter()
@@ -159,6 +168,29 @@ def test_a_case_file_whose_inputs_overflow_the_dtype_is_an_error_not_a_failure(t
     good = _case_file(tmp_path / "ok", _CASE.with_dtype("float64"), grad=False)
     (r,) = check(Forgetful(), case_file=good, contract=False).results
     assert (r.check, r.passed) == ("harness", False)
+
+
+def test_a_case_file_is_run_as_written_whatever_the_declared_limits_and_gate(tmp_path) -> None:
+    """The case of a file is neither mapped onto the declared sizes nor given the declared gate, and no limit is
+    listed: it is the case that failed."""
+    from gma_ref.testing import default_layer_cases
+    from gma_ref.testing.cases import layer_case_arrays, with_gate
+
+    case = _CASE.with_dtype("float64")
+    path = _case_file(tmp_path / "a", case, grad=False)
+    impl, _ = _recorder(n_max=2)
+    report = check(impl, case_file=path, contract=False)
+    assert report.case_ids == [case.case_id] and report.envelope_limits == [] and report.passed
+
+    layer = with_gate(default_layer_cases(("cross",), dtype="float64")[0], "headwise")
+    path = write_reproducer(str(tmp_path / "b"), layer, layer_case_arrays(layer), Declaration(mode="layer"),
+                            name="k:f", grad=False, failures=[])
+
+    def raising(*a, **kw):
+        raise RuntimeError("not run")
+
+    raising.gma_declaration = Declaration(dtypes=("float64",), mode="layer", variants=("cross",))
+    assert check(raising, case_file=path, contract=False).case_ids == [layer.case_id]
 
 
 # --------------------------------------------------------------------------- interrupts

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from gma_ref.testing import Case, check
+from gma_ref.testing import Case, Declaration, check
 
 _CASES = [Case("bidirectional", 1, 1, 4, 4, 2, 2, 3), Case("cross", 1, 1, 3, 5, 2, 2, 3)]
 _IDS = [c.with_dtype("float64").case_id for c in _CASES]
@@ -93,11 +93,21 @@ def test_the_framework_is_probed_in_the_worker(module) -> None:
         def probed(*a, **kw):
             return good(*a, **kw)
         probed.gma_declaration = Declaration(dtypes=("float32",))
+        def flush_declared(*a, **kw):
+            return good(*a, **kw)
+        flush_declared.gma_declaration = Declaration(dtypes=("float32",), flush_subnormals=True)
+        def half(*a, **kw):
+            return good(*a, **kw)
+        half.gma_declaration = Declaration(dtypes=("float16",))
     """)
     report = check("k_run_probed:probed", cases=_CASES[:1], contract=False)
     assert len(report.notes) == 2
     assert report.notes[0].startswith("numpy on cpu rounds float32 matrix products to TF32 (probed)")
     assert report.notes[1].startswith("numpy on cpu flushes subnormals to zero in float32 (probed)")
+    # a declared flush needs no note; float16's tolerance does not depend on it
+    (note,) = check("k_run_probed:flush_declared", cases=_CASES[:1], contract=False).notes
+    assert note.startswith("numpy on cpu rounds float32 matrix products to TF32 (probed)")
+    assert check("k_run_probed:half", cases=_CASES[:1], contract=False).notes == []
 
 
 def test_the_dtype_is_looked_up_in_the_worker(module) -> None:
@@ -129,3 +139,65 @@ def test_declared_gradients_without_a_vjp_in_the_worker_are_a_requested_skip(mod
     report = check("k_run_novjp:novjp", cases=_CASES[:1], contract=False, grad=False)
     skip = next(s for s in report.skipped if s.what == "gradients")
     assert not skip.requested and skip.reason == "declared but not requested (grad=False)" and report.exit_code == 0
+
+
+def test_declared_gradients_with_a_vjp_in_the_worker_are_checked(module) -> None:
+    """grad declared and a gma_vjp on the kernel: the worker's VJP is checked, nothing is skipped."""
+    module("k_run_vjp", """
+        from gma_ref.testing.emulated import NumpyKernel
+        K = NumpyKernel("float64")
+        def withvjp(*a, **kw):
+            return K(*a, **kw)
+        withvjp.gma_vjp = K.gma_vjp
+        withvjp.gma_declaration = Declaration(dtypes=("float64",), grad=True)
+    """)
+    report = check("k_run_vjp:withvjp", cases=_CASES[:1], contract=False)
+    assert report.passed and report.exit_code == 0 and "gradients" not in {s.what for s in report.skipped}
+    assert {"d_q", "d_prior_logits"} <= {r.tensor for r in report.results}
+
+
+def test_an_interrupt_while_the_worker_runs_stops_the_run_with_a_report(module) -> None:
+    """KeyboardInterrupt in the oracle while it waits on the worker: Interrupted, with the report of the cases
+    finished before (none here) and the note saying so."""
+    import _thread
+    import threading
+
+    from gma_ref.testing.report import Interrupted
+
+    module("k_run_slow", """
+        def slow(*a, **kw):
+            time.sleep(30)
+            return good(*a, **kw)
+        slow.gma_declaration = DECL
+    """)
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(Interrupted) as info:
+            check("k_run_slow:slow", cases=_CASES, contract=False)
+    finally:
+        timer.cancel()
+    report = info.value.report
+    assert report.interrupted and report.isolated and report.case_ids == []
+    assert report.notes == ["interrupted (KeyboardInterrupt) after 0 of 2 cases: the results are those of the "
+                            "cases finished before"]
+
+
+def test_an_isolated_case_file_whose_inputs_overflow_the_dtype_is_an_error(module, tmp_path) -> None:
+    """As in process: a case file's input beyond float16's range is a NonFiniteInputError from check."""
+    from gma_ref.testing.case_runner import NonFiniteInputError
+    from gma_ref.testing.cases import case_arrays
+    from gma_ref.testing.repro import write_reproducer
+
+    module("k_run_half", """
+        def half(*a, **kw):
+            return good(*a, **kw)
+        half.gma_declaration = Declaration(dtypes=("float16",))
+    """)
+    case = _CASES[0].with_dtype("float16")
+    arrays = dict(case_arrays(case))
+    arrays["q"] = arrays["q"] * 1e6
+    path = write_reproducer(str(tmp_path / "r"), case, arrays, Declaration(dtypes=("float16",)), name="k:f",
+                            grad=False, failures=[])
+    with pytest.raises(NonFiniteInputError):
+        check("k_run_half:half", case_file=path)

@@ -99,6 +99,33 @@ def test_a_dtype_the_framework_lacks_here_is_skipped(monkeypatch) -> None:
     assert "dtype float64" not in _skips(check(_K64, cases=[_CASE], contract=False))
 
 
+def test_advice_on_the_declaration_is_given_only_when_none_was_passed() -> None:
+    """A kernel that declares NumPy but refers to PyTorch gets the advice to declare it (first in the report); a
+    declaration passed to check is taken as meant: no advice."""
+    import types
+
+    torch_like = types.ModuleType("torch")
+
+    def k(*a, **kw):
+        if not a:
+            torch_like.zeros(1)
+        return _K64(*a, **kw)
+
+    k.gma_declaration = Declaration(dtypes=("float64",))
+    (advice,) = check(k, cases=[_CASE], contract=False).advice
+    assert advice.startswith("k declares namespace='numpy' but uses torch")
+    assert check(k, Declaration(dtypes=("float64",)), cases=[_CASE], contract=False).advice == []
+    assert check(_K64, cases=[_CASE], contract=False).advice == []
+
+
+def test_nothing_to_run_probes_nothing(monkeypatch) -> None:
+    """When the request leaves nothing to check (an undeclared device), the framework is not probed: no note."""
+    calls = _probes(monkeypatch, flushes=True, tf32=True)
+    report = check(_K64, cases=[_CASE], device="cuda")
+    assert calls == [] and report.notes == [] and report.reference_backend == "numpy"
+    assert [s.what for s in report.skipped if s.what.startswith("device")] == ["device cuda"]
+
+
 # --------------------------------------------------------------------------- probes of the framework
 
 
@@ -176,7 +203,8 @@ def test_a_declared_tf32_is_listed_and_one_the_probe_contradicts_fails(monkeypat
     report = check(_declared(_K32, dtypes=("float32", "float64"), tf32=True), cases=[_CASE], contract=False)
     assert report.passed and report.notes == []
     assert report.envelope_limits == ["tf32 = True (declared: the tolerance of float32 with TF32 products)"]
-    assert check(_declared(tf32=True), cases=[_CASE], contract=False).envelope_limits == []
+    float64 = check(_declared(tf32=True), cases=[_CASE], contract=False)
+    assert float64.passed and float64.envelope_limits == [] and float64.notes == []
     _probes(monkeypatch, tf32=False)
     report = check(_declared(_K32, dtypes=("float32",), tf32=True), cases=[_CASE], contract=False)
     (bad,) = report.failures
@@ -271,6 +299,66 @@ def test_long_cases_reach_n_max_else_the_declared_one_else_131072(n_max, declare
     assert report.envelope["n"] == largest
 
 
+def test_long_cases_are_those_of_the_seed_and_dtype_and_limited_against_their_own_envelope() -> None:
+    """scale='long' with a seed: the long cases of that seed in the dtype under test (each prepared, then
+    failing at once); a declared n_max below n_max is listed against the long cases' envelope (up to n_max, not
+    the short default set's)."""
+    from gma_ref.testing.cases import envelope_limits
+    from gma_ref.testing.long import long_cases
+
+    class RefusesToPrepare(_StopsAtPrepare):
+        def gma_prepare(self, arrays, dtype, device, returns_state):
+            raise RuntimeError("not prepared")
+
+    report = check(RefusesToPrepare(), scale="long", n_max=4096, seed=2, contract=False)
+    assert report.case_ids == [c.case_id for c in long_cases(("cross",), dtype="float64", seed=2, n_max=4096)]
+    with pytest.raises(Interrupted) as info:
+        check(_StopsAtPrepare(n_max=4096), scale="long", n_max=32768, contract=False)
+    planned = case_envelope(long_cases(("cross",), dtype="float64", n_max=32768))
+    assert info.value.report.envelope_limits == envelope_limits(planned, n_max=4096, baseline="default")
+    assert info.value.report.envelope_limits == ["n_max = 4096 (default N up to 32768)"]
+
+
+def test_every_declared_constraint_maps_the_cases_and_is_listed() -> None:
+    """Declared ε, ε_σ, size multiples and limits (no chunk size accepted): the cases run are the default ones
+    mapped under all of them, each edge that cannot be realised is listed once per variant, and every limit is
+    listed against the default envelope."""
+    from gma_ref.testing.cases import constrain_case, envelope_limits
+
+    fields = {"eps": 1e-5, "eps_sigma": 0.01, "n_multiple": 4, "n_max": 40, "k_multiple": 2, "k_max": 6,
+              "d_multiple": 2, "d_max": 8}
+    report = check(_raising(variants=("causal",), **fields), contract=False, tiling=False)
+    cases = default_cases(("causal",), dtype="float64", seed=0, tiling=False)
+    mapped = [constrain_case(c, chunked=False, **fields) for c in cases]
+    assert report.case_ids == [m.case_id for m, _ in mapped]
+    notes = list(dict.fromkeys(n for _, ns in mapped for n in ns))
+    assert len(notes) < sum(len(ns) for _, ns in mapped)  # one note comes from two cases: listed once
+    assert [(s.what, s.reason) for s in report.skipped if s.what.endswith(" edge")] == [
+        ("causal edge", f"not realisable under the declaration: {n}") for n in notes]
+    assert report.envelope_limits == envelope_limits(case_envelope(cases), baseline="default", **fields)
+    assert report.envelope == case_envelope([m for m, _ in mapped])
+
+
+@pytest.mark.parametrize("limit", ["n_max", "k_max", "d_max"])
+def test_limits_that_leave_only_degenerate_cases_are_refused(limit) -> None:
+    """A declared limit of 1 leaves nothing of attention to check: a ValueError before any case."""
+    with pytest.raises(ValueError, match="the declared limits leave no case"):
+        check(_raising(**{limit: 1}), cases=[_CASE])
+
+
+def test_generated_cases_need_a_declared_variant_to_run() -> None:
+    """n_cases with nothing to run (an undeclared dtype): no case is generated, the run fails as unchecked."""
+    report = check(_raising(), dtype="float32", n_cases=2)
+    assert report.case_ids == [] and report.exit_code == 1
+
+
+def test_nothing_planned_lists_no_declared_limit() -> None:
+    """Given cases none of which is checked: no declared limit is listed (there is no envelope to cut)."""
+    report = check(_declared(eps=1e-6), cases=[_CASES[2]], variants=("bidirectional",), contract=False)
+    assert report.case_ids == [] and report.envelope_limits == []
+    assert check(_declared(eps=1e-6), cases=[_CASE], contract=False).envelope_limits != []
+
+
 def test_declared_constraints_map_the_cases_and_list_what_cannot_be_realised() -> None:
     """A declared n_max cuts the cases (the envelope is that of the cases run) and is listed against the requested
     envelope; an edge it makes unrealisable is listed once per variant."""
@@ -324,14 +412,29 @@ def test_a_declared_fixed_eps_is_confirmed_first_in_attention_mode_only() -> Non
     impl = _declared(eps=1e-6)
     report = check(impl, cases=[_CASE])
     assert report.results[0].case_id == "declared-eps" and report.results[0].check == "declaration"
+    assert report.case_ids == [_CASE.with_dtype("float64").case_id]
     assert "declared-eps" not in {r.case_id for r in check(impl, cases=[_CASE], contract=False).results}
     layer = check(_raising(mode="layer", eps=1e-6, variants=("cross",)), contract=True, tiling=False)
     assert _skips(layer)["declared eps = 1e-06"].reason == (
         "not confirmed: a fixed eps is confirmed in attention mode only")
+    assert layer.case_ids  # the layer cases still run
     failing = check(_raising(eps=1e-6), cases=[_CASE])
     assert _skips(failing)["declared eps = 1e-06"].reason.startswith("not confirmed: the call at eps = 1e-06 failed")
+    assert failing.case_ids == [_CASE.with_dtype("float64").case_id]
     nothing = check(impl, cases=[_CASES[2]], variants=("bidirectional",))
     assert nothing.results == [] and nothing.case_ids == []
+
+
+def test_what_the_kernel_prints_while_the_eps_is_confirmed_is_kept_under_that_check() -> None:
+    """Output during the fixed-eps confirmation is listed under 'declared-eps', not under a case id."""
+    def chatty(*a, **kw):
+        print("confirming")
+        return _K64(*a, **kw)
+
+    chatty.gma_declaration = Declaration(dtypes=("float64",), eps=1e-6)
+    report = check(chatty, cases=[_CASE])
+    assert "confirming" in report.candidate_output["declared-eps"]
+    assert "confirming" in report.candidate_output[_CASE.with_dtype("float64").case_id]
 
 
 def test_a_confirmation_that_times_out_stops_the_run_before_the_cases() -> None:
@@ -370,7 +473,9 @@ def test_scaling_reports_one_case_per_sweep_with_its_memory_and_time_lines(monke
     monkeypatch.setattr(scaling, "run_sweeps", sweeps)
     impl = _declared(variants=("causal", "cross"), grad=True)
     impl.gma_vjp = _K64.gma_vjp
+    t0 = time.perf_counter()
     report = check(impl, scale="scaling", variants=("causal",), n_max=2048, timeout=9.0)
+    wall = time.perf_counter() - t0
     assert report.case_ids == ["scaling-causal-length", "scaling-causal-width"]
     mem = [(r.case_id, r.check, r.tensor, r.metric, r.value, r.threshold, r.passed, r.detail)
            for r in report.results if r.tensor == "memory"]
@@ -380,7 +485,7 @@ def test_scaling_reports_one_case_per_sweep_with_its_memory_and_time_lines(monke
     assert tim == [(1.1, None, True, "time ~ N^1.1"), (2.0, None, True, "time ~ w^2")]
     assert asked["variants"] == ("causal",) and asked["n_max"] == 2048 and asked["timeout"] == 9.0
     assert asked["grad"] is True and asked["vjp"] is not None and asked["dtype"] == "float64"
-    assert asked["device"] == "cpu" and report.elapsed_s > 0
+    assert asked["device"] == "cpu" and 0 < report.elapsed_s <= wall
     check(_declared(n_max=4096), scale="scaling")
     assert asked["n_max"] == 4096 and asked["variants"] == () and asked["grad"] is False and asked["vjp"] is None
 
@@ -513,3 +618,35 @@ def test_the_shrinking_budget_is_shared_by_the_run(monkeypatch, tmp_path) -> Non
     assert len(calls) == 2 and calls[0]["budget_s"] == pytest.approx(0.3)
     assert 0 < calls[1]["budget_s"] < 0.11
     assert report.notes[-1].endswith("(budget 0.3 s per run, 30 s per case; 1 later failing case(s) not shrunk)")
+
+
+def test_progress_gets_the_elapsed_time_of_the_run() -> None:
+    """progress(done, total, case_id, elapsed_s): elapsed_s grows from 0 and stays within the run's own time."""
+    seen = []
+    t0 = time.perf_counter()
+    check(_K64, cases=_CASES, contract=False, progress=lambda done, total, cid, s: seen.append(s))
+    wall = time.perf_counter() - t0
+    assert len(seen) == 3 and 0 < seen[0] <= seen[1] <= seen[2] <= wall
+
+
+def test_only_failing_cases_are_shrunk(monkeypatch, tmp_path) -> None:
+    """A passing run with a repro directory shrinks nothing and says nothing about shrinking."""
+    calls = _fake_shrink(monkeypatch, ["p1"])
+    report = check(_K64, cases=_CASES, contract=False, repro=str(tmp_path))
+    assert report.passed and calls == [] and report.reproducers == [] and report.notes == []
+
+
+def test_the_shrinker_gets_the_failure_lines_in_full(monkeypatch, tmp_path) -> None:
+    """A failure whose detail is longer than the report keeps is handed to the reproducer whole."""
+    from gma_ref.testing.capture import MAX_TEXT
+
+    calls = _fake_shrink(monkeypatch, [None])
+    message = "x" * (MAX_TEXT + 500)
+
+    def raises(*a, **kw):
+        raise ValueError(message)
+
+    raises.gma_declaration = Declaration(dtypes=("float64",))
+    report = check(raises, cases=_CASES[:1], contract=False, repro=str(tmp_path))
+    (failure,) = calls[0]["failures"]
+    assert message in failure and message not in report.failures[0].detail
