@@ -503,20 +503,36 @@ def test_scaling_needs_attention_mode_and_what_was_declared(monkeypatch) -> None
 # --------------------------------------------------------------------------- the shrinker's bookkeeping
 
 
-def _off(delay: float = 0.0, fields=None):
-    """A float64 kernel 1 % off (every case fails), optionally slow."""
+def _off(fields=None):
+    """A float64 kernel 1 % off: every case fails."""
     def off(*a, **kw):
-        if delay:
-            time.sleep(delay)
         return _K64(*a, **kw) * 1.01
 
     off.gma_declaration = Declaration(**{"dtypes": ("float64",), **(fields or {})})
     return off
 
 
-def _fake_shrink(monkeypatch, answers):
+class _Clock:
+    """The runner's clock, standing still unless a test advances it: the durations a run measures are exact."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _clock(monkeypatch) -> _Clock:
+    import gma_ref.testing.runner as runner
+
+    clock = _Clock()
+    monkeypatch.setattr(runner, "time", clock)
+    return clock
+
+
+def _fake_shrink(monkeypatch, answers, clock: _Clock | None = None):
     """Replace the shrink-and-write step: the n-th failing case gets ``answers[n]`` (a path, None, an exception,
-    'hung', or a number of seconds to take); returns the keyword arguments of every call."""
+    'hung', or a number of seconds it takes on ``clock``); returns the keyword arguments of every call."""
     calls = []
 
     def fake(impl, case, decl, directory, **kw):
@@ -528,7 +544,7 @@ def _fake_shrink(monkeypatch, answers):
             kw["stats"]["hung"] = True
             return None
         if isinstance(answer, float):
-            time.sleep(answer)
+            clock.now += answer
             return None
         return answer
 
@@ -571,10 +587,15 @@ def test_the_shrinker_is_given_the_run_s_settings(monkeypatch, tmp_path) -> None
     assert report.reproducers == []
 
     calls.clear()
-    t0 = time.perf_counter()
-    check(_off(delay=0.15), cases=_CASES[:1], contract=False, repro=str(tmp_path))
-    wall = time.perf_counter() - t0
-    assert 1.5 <= calls[0]["step_s"] <= 10 * wall
+    clock = _clock(monkeypatch)
+
+    def slow(*a, **kw):  # a case that takes 0.15 s on the runner's clock
+        clock.now += 0.15
+        return _K64(*a, **kw) * 1.01
+
+    slow.gma_declaration = Declaration(dtypes=("float64",))
+    check(slow, cases=_CASES[:1], contract=False, repro=str(tmp_path))
+    assert calls[0]["step_s"] == pytest.approx(1.5)
 
     def oom(*a, **kw):
         raise MemoryError
@@ -609,14 +630,15 @@ def test_after_a_hung_shrink_nothing_more_is_shrunk(monkeypatch, tmp_path) -> No
 
 
 def test_the_shrinking_budget_is_shared_by_the_run(monkeypatch, tmp_path) -> None:
-    """With a run budget of 0.3 s and shrinks of 0.2 s: the second gets what is left of it, the third none."""
+    """With a run budget of 0.3 s and shrinks of 0.2 s (on the runner's clock): the second gets what is left of
+    it, the third none."""
     import gma_ref.testing.runner as runner
 
     monkeypatch.setattr(runner, "SHRINK_TOTAL_S", 0.3)
-    calls = _fake_shrink(monkeypatch, [0.2, 0.2, 0.2])
+    calls = _fake_shrink(monkeypatch, [0.2, 0.2, 0.2], _clock(monkeypatch))
     report = check(_off(), cases=_CASES, contract=False, repro=str(tmp_path))
     assert len(calls) == 2 and calls[0]["budget_s"] == pytest.approx(0.3)
-    assert 0 < calls[1]["budget_s"] < 0.11
+    assert calls[1]["budget_s"] == pytest.approx(0.1)
     assert report.notes[-1].endswith("(budget 0.3 s per run, 30 s per case; 1 later failing case(s) not shrunk)")
 
 
