@@ -270,7 +270,7 @@ def test_timeout_fails_the_case_and_stops_the_run():
 
     t0 = time.perf_counter()
     report = check(_wrap(hangs), timeout=0.3, tiling=False)
-    assert time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 < 25  # well before the 30 s hang ends, whatever the load
     assert [r.metric for r in report.failures] == ["timeout"] and report.exit_code == 1
     assert sum("timed out" in s.reason for s in report.skipped) == 28
 
