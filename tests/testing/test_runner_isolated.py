@@ -5,6 +5,7 @@ the framework is probed, and the VJP resolved, in the worker (the candidate's pr
 from __future__ import annotations
 
 import textwrap
+import time
 
 import pytest
 
@@ -166,18 +167,30 @@ def test_an_interrupt_while_the_worker_runs_stops_the_run_with_a_report(module) 
 
     module("k_run_slow", """
         def slow(*a, **kw):
-            time.sleep(30)
+            open("calling", "w").close()
+            time.sleep(60)
             return good(*a, **kw)
         slow.gma_declaration = DECL
     """)
-    main = threading.main_thread().ident  # a real SIGINT to the main thread, which waits on the worker's reply
-    timer = threading.Timer(1.5, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
+    main = threading.main_thread().ident
+    done = threading.Event()
+
+    def interrupt() -> None:  # a real SIGINT to the main thread, once it waits on the kernel's call
+        import os
+
+        while not done.is_set() and not os.path.exists("calling"):
+            time.sleep(0.05)
+        if not done.is_set():
+            signal.pthread_kill(main, signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt)
+    thread.start()
     try:
         with pytest.raises(Interrupted) as info:
             check("k_run_slow:slow", cases=_CASES, contract=False)
     finally:
-        timer.cancel()
+        done.set()
+        thread.join()
     report = info.value.report
     assert report.interrupted and report.isolated and report.case_ids == []
     assert report.notes == ["interrupted (KeyboardInterrupt) after 0 of 2 cases: the results are those of the "

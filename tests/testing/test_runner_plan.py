@@ -571,6 +571,7 @@ def test_the_shrinker_is_given_the_run_s_settings(monkeypatch, tmp_path) -> None
     least); an out-of-memory failure is shrunk to the smallest sizes only."""
     from gma_ref.testing.compare import TOLERANCES
 
+    clock = _clock(monkeypatch)  # the cases take no time on the runner's clock
     calls = _fake_shrink(monkeypatch, [None, None])
     tol = TOLERANCES["float64"]
     impl = _off(fields={"grad": True})
@@ -587,7 +588,6 @@ def test_the_shrinker_is_given_the_run_s_settings(monkeypatch, tmp_path) -> None
     assert report.reproducers == []
 
     calls.clear()
-    clock = _clock(monkeypatch)
 
     def slow(*a, **kw):  # a case that takes 0.15 s on the runner's clock
         clock.now += 0.15
