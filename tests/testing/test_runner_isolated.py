@@ -184,6 +184,8 @@ def test_an_interrupt_while_the_worker_runs_stops_the_run_with_a_report(module) 
             signal.pthread_kill(main, signal.SIGINT)
 
     thread = threading.Thread(target=interrupt)
+    # SIGINT as an interactive terminal has it (a background job may start with it ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     thread.start()
     try:
         with pytest.raises(Interrupted) as info:
@@ -191,6 +193,7 @@ def test_an_interrupt_while_the_worker_runs_stops_the_run_with_a_report(module) 
     finally:
         done.set()
         thread.join()
+        signal.signal(signal.SIGINT, previous)
     report = info.value.report
     assert report.interrupted and report.isolated and report.case_ids == []
     assert report.notes == ["interrupted (KeyboardInterrupt) after 0 of 2 cases: the results are those of the "
