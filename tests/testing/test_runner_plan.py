@@ -672,3 +672,21 @@ def test_the_shrinker_gets_the_failure_lines_in_full(monkeypatch, tmp_path) -> N
     report = check(raises, cases=_CASES[:1], contract=False, repro=str(tmp_path))
     (failure,) = calls[0]["failures"]
     assert message in failure and message not in report.failures[0].detail
+
+
+def test_the_report_names_the_reference_backend_it_used(monkeypatch) -> None:
+    """reference_backend is the last part of the reference namespace's name (here NumPy's, renamed as CuPy's would
+    be on a GPU machine)."""
+    import types
+
+    import array_api_compat.numpy as np_xp
+
+    import gma_ref.testing.runner as runner
+
+    class Renamed(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(np_xp, name)
+
+    monkeypatch.setattr(runner, "reference_namespace", lambda device: Renamed("array_api_compat.cupy"))
+    report = check(_K64, cases=[_CASE], contract=False)
+    assert report.reference_backend == "cupy"
