@@ -172,8 +172,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     # case set's other tests; the tiling file also runs the harness over a few tiling cases.
     "gma_ref/testing/cases.py": ["tests/testing/test_case_generation.py", "tests/testing/test_cases.py",
                                  "tests/testing/test_tiling_cases.py"],
-    # check() in process: the default and 200-case runs, then small explicit case lists.
-    "gma_ref/testing/runner.py": ["tests/testing/test_runner.py"],
+    # check() in process on small explicit case lists first, then the plan, the other entries (case files,
+    # targets) and the worker's side; the default and 200-case runs (seconds each) last.
+    "gma_ref/testing/runner.py": ["tests/testing/test_runner.py", "tests/testing/test_runner_plan.py",
+                                  "tests/testing/test_runner_entry.py", "tests/testing/test_runner_isolated.py",
+                                  "tests/testing/test_runner_full.py"],
 }
 
 #: Decorators/functions whose bodies are not mutated (pure formatting of messages, reprs).
