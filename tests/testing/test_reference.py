@@ -689,6 +689,17 @@ def test_the_projection_condition_of_no_token_is_zero():
         assert _projscore_condition(xp, gq, gk, gq, gk, causal) == 0.0
 
 
+def test_a_query_that_sees_no_key_mass_adds_nothing_to_the_projection_condition():
+    """κ_P of a query whose responsibilities miss every key's component (u = 0) is 0 for that query, not 0/0: the
+    maximum is the other query's γ (P^Q u + Σ_j γ^K P^K) / u, by hand, causal or not."""
+    gq = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    gk = np.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    p_q = np.array([[5.0, 0.5, 7.0], [9.0, 0.25, 3.0]])
+    p_k = np.array([[2.0, 0.75, 4.0], [6.0, 1.25, 8.0]])
+    for causal in (False, True):
+        assert _projscore_condition(xp, p_q, p_k, gq, gk, causal) == 0.25 + (0.75 + 1.25) / 2
+
+
 def test_the_repr_of_a_reference_leaves_out_the_namespace_and_the_grains():
     """repr(Reference) names the tensors, floors and conditions but not the namespace module or the (large) grain
     arrays; the defaults are λ = 1, κ_P = 0, no grains, no flushing, no TF32."""
