@@ -566,14 +566,14 @@ def test_layer_floors_and_conditions_follow_their_definitions(cross, causal, gat
 
 
 def test_layer_reference_without_a_cotangent_or_floors():
-    """No d_out: only out (its floor from the heads and RMS(v) through |W_O|). floors=False: every gradient's floor
-    is 0."""
+    """No d_out: only out (its floor from the heads and RMS(v) through |W_O|), and the namespace it ran on.
+    floors=False: every gradient's floor is 0."""
     from gma_ref.testing.reference import layer_reference
 
     a = _layer_arrays(True, None, seed=7)
     inputs = {n: a[n] for n in ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")}
     ref = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2)
-    assert set(ref.tensors) == set(ref.floors) == {"out"}
+    assert set(ref.tensors) == set(ref.floors) == {"out"} and ref.xp is xp
     want, _ = _layer_floors(a, False, 1e-3, 1e-2, 0.0)
     assert ref.floors["out"] == pytest.approx(want["out"], rel=1e-12, abs=0)
     bare = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"], floors=False)
