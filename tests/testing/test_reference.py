@@ -423,12 +423,12 @@ def test_root_sum_squares_are_scaled_so_tiny_terms_do_not_underflow():
 # --------------------------------------------------------------------------- the multi-head layer
 
 
-def _layer_arrays(cross: bool, gate: str | None, seed: int = 0, batch: tuple[int, ...] = (2,)
+def _layer_arrays(cross: bool, gate: str | None, seed: int = 0, batch: tuple[int, ...] = (2,), d_v: int = 2
                   ) -> dict[str, np.ndarray | None]:
-    """A layer case: B = 2 (or the axes ``batch``), H = 2 heads, d_model = 3, K = 3, d_r = 2, d_v = 2, N_q = 3 and
-    N_k = 4 (cross) or N = 3."""
+    """A layer case: B = 2 (or the axes ``batch``), H = 2 heads, d_model = 3, K = 3, d_r = 2, d_v = 2 (or ``d_v``),
+    N_q = 3 and N_k = 4 (cross) or N = 3."""
     rng = np.random.default_rng(seed)
-    h, d_model, n_c, d_r, d_v, n_q = 2, 3, 3, 2, 2, 3
+    h, d_model, n_c, d_r, n_q = 2, 3, 3, 2, 3
     a = {
         "x": rng.normal(size=(*batch, n_q, d_model)), "y": rng.normal(size=(*batch, 4, d_model)) if cross else None,
         "w_q": rng.normal(size=(h, d_model, d_r)), "w_k": rng.normal(size=(h, d_model, d_r)),
@@ -579,6 +579,19 @@ def test_layer_reference_without_a_cotangent_or_floors():
     bare = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"], floors=False)
     assert set(bare.floors) == set(bare.tensors) and "d_y" in bare.floors
     assert all(f == 0.0 for n, f in bare.floors.items() if n != "out")
+
+
+@pytest.mark.parametrize("gate", [None, "elementwise", "headwise"])
+def test_layer_floors_with_more_value_channels_than_heads(gate):
+    """d_v = 3 channels per head with H = 2 heads (the other cases have d_v = H): every floor follows the
+    independent root-sum-square chain, so no head count is taken for a channel count."""
+    a = _layer_arrays(True, gate, seed=19, d_v=3)
+    ref = layer_reference(xp, {n: a[n] for n in (*LAYER_INPUTS, "gate_w", "gate_b")}, causal=False, eps=1e-3,
+                          eps_sigma=1e-2, d_out=a["d_out"])
+    want, _ = _layer_floors(a, False, 1e-3, 1e-2, 0.0)
+    assert set(ref.floors) == set(want)
+    for name, f in want.items():
+        assert ref.floors[name] == pytest.approx(f, rel=1e-12, abs=0), name
 
 
 @pytest.mark.parametrize("name", LAYER_INPUTS)
