@@ -77,6 +77,9 @@ MODULE_TESTS: dict[str, list[str]] = {
     # (decode, to_float64) and these in-process tests of extract; worker.py is exercised by test_isolation.py only.
     "gma_ref/testing/buffers.py": ["tests/testing/test_buffers.py", "tests/testing/test_wire.py"],
     "gma_ref/testing/wire.py": ["tests/testing/test_wire.py"],
+    # Each reply of the worker on its own (canned replies, no process; seconds) first, then the whole runs
+    # against hostile kernels (a minute).
+    "gma_ref/testing/isolation.py": ["tests/testing/test_isolation_protocol.py", "tests/testing/test_isolation.py"],
     "gma_ref/mixture.py": [
         "tests/mixture/test_equations.py",
         "tests/mixture/test_contract.py",

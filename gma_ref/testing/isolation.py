@@ -203,7 +203,7 @@ class IsolatedCandidate:
         self.close()
 
     def _alive(self) -> bool:
-        return self.proc is not None and not getattr(self, "_dead", False)
+        return self.proc is not None and not self._dead
 
     def _ensure(self) -> None:
         """A running, configured worker (a fresh one after a crash or a timeout)."""

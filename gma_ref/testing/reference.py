@@ -261,7 +261,7 @@ def _grad_magnitudes(xp: Any, q: Array, k: Array, v: Array, means: Array, omega:
 
 def _grad_grains(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, variances: Array,
                  log_priors: Array, gamma_q: Array, gamma_k: Array, out: Array, causal: bool, denom: Array,
-                 eta: float, eta_in: float = 0.0) -> dict[str, Array]:
+                 eta: float, eta_in: float) -> dict[str, Array]:
     """Elementwise granularity allowance G of every gradient: η carried through the backward pass.
 
     Every intermediate of the backward pass that a correct kernel forms may err by an
@@ -365,8 +365,6 @@ def _projscore_condition(xp: Any, p_q: Array, p_k: Array, gamma_q: Array, gamma_
     ≈ 0 but its gradients are proportional to those products). O(N K) with
     prefix sums.
     """
-    if gamma_q.shape[-2] == 0 or gamma_k.shape[-2] == 0:
-        return 0.0
     gp = gamma_k * p_k
     if causal:
         z, wz = xp.cumulative_sum(gamma_k, axis=-2), xp.cumulative_sum(gp, axis=-2)

@@ -30,28 +30,40 @@ from gma_ref.testing.compare import compare_tensor
 from gma_ref.testing.conditioning import read_condition, score_condition
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.names import GRAD_NAMES
-from gma_ref.testing.reference import Reference, _grad_grains, _rms, _rss, _rss_mm, reference
+from gma_ref.testing.reference import (
+    Reference,
+    _grad_grains,
+    _grad_magnitudes,
+    _projscore_condition,
+    _rms,
+    _rss,
+    _rss_mm,
+    layer_reference,
+    reference,
+)
 
 from ..support.oracle_helpers import routed_mass as _routed_mass
 from ..support.planted_impls import make_torch_impl
 
 INPUTS = ("q", "k", "v", "means", "omega", "prior_logits")
+LAYER_INPUTS = ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")
 
 
-def _arrays(causal: bool, seed: int = 0) -> dict[str, np.ndarray]:
-    """A batched case (B = 2 beyond the mixture's H = 2 heads), K = 3, d_r = 2, d_v = 3; N_q = 3, N_k = 4 (cross)
-    or N = 4 (causal). Means per head, variances from −1 to 1 through softplus, a cotangent of O(1)."""
+def _arrays(causal: bool, seed: int = 0, batch: tuple[int, ...] = (2,)) -> dict[str, np.ndarray]:
+    """A batched case (B = 2 beyond the mixture's H = 2 heads, or the axes ``batch``), K = 3, d_r = 2, d_v = 3;
+    N_q = 3, N_k = 4 (cross) or N = 4 (causal). Means per head, variances from −1 to 1 through softplus, a cotangent
+    of O(1)."""
     rng = np.random.default_rng(seed)
-    b, h, n_c, d_r, d_v = 2, 2, 3, 2, 3
+    h, n_c, d_r, d_v = 2, 3, 2, 3
     n_q, n_k = (4, 4) if causal else (3, 4)
     return {
-        "q": rng.normal(size=(b, h, n_q, d_r)),
-        "k": rng.normal(size=(b, h, n_k, d_r)),
-        "v": rng.normal(size=(b, h, n_k, d_v)),
+        "q": rng.normal(size=(*batch, h, n_q, d_r)),
+        "k": rng.normal(size=(*batch, h, n_k, d_r)),
+        "v": rng.normal(size=(*batch, h, n_k, d_v)),
         "means": rng.normal(size=(h, n_c, d_r)),
         "omega": rng.uniform(-1.0, 1.0, size=(h, n_c, d_r)),
         "prior_logits": rng.normal(size=(h, n_c)),
-        "d_out": rng.normal(size=(b, h, n_q, d_v)),
+        "d_out": rng.normal(size=(*batch, h, n_q, d_v)),
     }
 
 
@@ -274,6 +286,111 @@ def test_a_query_that_sees_no_mass_has_finite_grains():
         np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=0, err_msg=name)
 
 
+@pytest.mark.parametrize("name", INPUTS)
+def test_an_infinite_input_is_evaluated_not_refused(name):
+    """reference() takes the caller's arrays as they are (assert_gma_close passes its own inputs unchecked; the
+    harness refuses non-finite ones before): without a cotangent, an infinite entry in any input gives what
+    gma_attention gives with check_finite=False (Inf/NaN where it reaches), not a ValueError."""
+    a = _arrays(True, seed=8)
+    a[name] = a[name].copy()
+    a[name].reshape(-1)[0] = np.inf
+    ins = {n: a[n] for n in INPUTS}
+    kw = {"causal": True, "eps": 1e-3, "eps_sigma": 1e-2}
+    with np.errstate(all="ignore"):
+        ref = reference(xp, ins, **kw)
+        want = gma_attention(*ins.values(), check_finite=False, **kw)
+    assert set(ref.tensors) == {"out", "memory", "mass"}
+    np.testing.assert_array_equal(ref.tensors["out"], want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_by_default_no_underflow_no_tiny_and_no_cotangent_error(causal):
+    """reference(grains=True) without underflow, tiny or grain_in: the floors are the magnitudes with t = 0 and
+    tiny = 0, the grains those with η_in = 0; layer_reference without underflow: its floors with t = 0."""
+    a = _arrays(causal, seed=13)
+    parts = _parts(a, causal, 1e-3, 1e-2)
+    ref = reference(xp, {n: a[n] for n in INPUTS}, causal=causal, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"],
+                    grains=True)
+    mags, grains = _magnitudes(a, parts), _grains(a, parts, 1.0, 0.0)
+    for name in GRAD_NAMES:
+        assert ref.floors[name] == pytest.approx(_rms_plain(mags[name]), rel=1e-12, abs=0), name
+        np.testing.assert_allclose(ref.grains[name], grains[name], rtol=1e-12, atol=0, err_msg=name)
+    la = _layer_arrays(False, None, seed=14)
+    lref = layer_reference(xp, {n: la[n] for n in LAYER_INPUTS}, causal=causal, eps=1e-3, eps_sigma=1e-2,
+                           d_out=la["d_out"])
+    want, _ = _layer_floors(la, causal, 1e-3, 1e-2, 0.0)
+    for name, f in want.items():
+        assert lref.floors[name] == pytest.approx(f, rel=1e-12, abs=0), name
+
+
+def _flat(a: np.ndarray, keep: int) -> np.ndarray:
+    """``a`` with its leading (batch) axes, those before the last ``keep``, made into one."""
+    return a.reshape((-1, *a.shape[a.ndim - keep:]))
+
+
+@pytest.mark.parametrize("batch", [(), (3, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_floors_grains_and_conditions_take_any_number_of_batch_axes(causal, batch):
+    """No batch axis (3-D q, k, v) or two (5-D): the floors, grains, κ and λ are those of the same tokens with the
+    batch axes made into one, computed independently (the RMS and the grains over the same entries; the mixture's
+    gradients summed over every batch axis)."""
+    a = _arrays(causal, seed=10, batch=batch)
+    eps, eps_sigma = 1e-3, 1e-2
+    ref = reference(xp, {n: a[n] for n in INPUTS}, causal=causal, eps=eps, eps_sigma=eps_sigma, d_out=a["d_out"],
+                    grains=True, grain_in=1.0, tiny=0.01, underflow=1e-3)
+    flat = {n: _flat(a[n], 3) if n in ("q", "k", "v", "d_out") else a[n] for n in a}
+    parts = _parts(flat, causal, eps, eps_sigma)
+    mags = _magnitudes(flat, parts, 1e-3, 0.01)
+    grains = _grains(flat, parts, 1.0, 1.0)
+    assert ref.kappa > 1.0 and ref.read_condition > 1.0
+    for name in GRAD_NAMES:
+        assert ref.tensors[name].shape == a[name[2:]].shape, name
+        assert ref.floors[name] == pytest.approx(_rms_plain(mags[name]), rel=1e-12, abs=0), name
+        got = ref.grains[name]
+        np.testing.assert_allclose(_flat(got, 3) if name in ("d_q", "d_k", "d_v") else got, grains[name],
+                                   rtol=1e-12, atol=0, err_msg=name)
+    whole = reference(xp, {n: flat[n] for n in INPUTS}, causal=causal, eps=eps, eps_sigma=eps_sigma)
+    assert ref.kappa == pytest.approx(whole.kappa, rel=1e-13, abs=0)
+    assert ref.read_condition == pytest.approx(whole.read_condition, rel=1e-13, abs=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_mixture_without_head_or_batch_axes(causal):
+    """q, k, v of shape (N, d) and one mixture (means (K, d_r), prior_logits (K,)): the floors, grains, κ and λ are
+    those of the same arrays given a head and a batch axis of one, computed independently."""
+    a = _arrays(causal, seed=18, batch=())
+    one = {n: a[n][0] for n in a}  # the first head's tokens and mixture
+    eps, eps_sigma = 1e-3, 1e-2
+    ref = reference(xp, {n: one[n] for n in INPUTS}, causal=causal, eps=eps, eps_sigma=eps_sigma,
+                    d_out=one["d_out"], grains=True, grain_in=1.0, tiny=0.01, underflow=1e-3)
+    up = {n: one[n][None, None] if n in ("q", "k", "v", "d_out") else one[n][None] for n in one}
+    parts = _parts(up, causal, eps, eps_sigma)
+    mags, grains = _magnitudes(up, parts, 1e-3, 0.01), _grains(up, parts, 1.0, 1.0)
+    for name in GRAD_NAMES:
+        assert ref.floors[name] == pytest.approx(_rms_plain(mags[name]), rel=1e-12, abs=0), name
+        want = grains[name][0, 0] if name in ("d_q", "d_k", "d_v") else grains[name][0]
+        np.testing.assert_allclose(ref.grains[name], want, rtol=1e-12, atol=0, err_msg=name)
+    whole = reference(xp, {n: up[n] for n in INPUTS}, causal=causal, eps=eps, eps_sigma=eps_sigma)
+    assert ref.kappa == pytest.approx(whole.kappa, rel=1e-13, abs=0)
+    assert ref.read_condition == pytest.approx(whole.read_condition, rel=1e-13, abs=0)
+
+
+def test_a_query_that_sees_no_mass_has_finite_floors():
+    """D = 0 (ε = 0 and a query whose responsibilities miss every key's component) is replaced by 1 in the
+    magnitudes' G/D: they stay finite and are those of D = 1 for that query."""
+    a = _arrays(False, seed=5)
+    p = _parts(a, False, 0.0, 1e-2)
+    den = p["den"].copy()
+    den[0, 1, 2] = 0.0
+    got = _grad_magnitudes(xp, a["q"], a["k"], a["v"], a["means"], a["omega"], p["var"], p["gq"], p["gk"],
+                           a["d_out"], p["out"], False, den)
+    assert all(np.isfinite(g).all() for g in got.values())
+    p["den"] = np.where(den > 0, den, 1.0)
+    want = _magnitudes(a, p)
+    for name in GRAD_NAMES:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=0, err_msg=name)
+
+
 # --------------------------------------------------------------------------- scaled root-sum-squares
 
 
@@ -306,16 +423,18 @@ def test_root_sum_squares_are_scaled_so_tiny_terms_do_not_underflow():
 # --------------------------------------------------------------------------- the multi-head layer
 
 
-def _layer_arrays(cross: bool, gate: str | None, seed: int = 0) -> dict[str, np.ndarray | None]:
-    """A layer case: B = 2, H = 2 heads, d_model = 3, K = 3, d_r = 2, d_v = 2, N_q = 3 and N_k = 4 (cross) or N = 3."""
+def _layer_arrays(cross: bool, gate: str | None, seed: int = 0, batch: tuple[int, ...] = (2,), d_v: int = 2
+                  ) -> dict[str, np.ndarray | None]:
+    """A layer case: B = 2 (or the axes ``batch``), H = 2 heads, d_model = 3, K = 3, d_r = 2, d_v = 2 (or ``d_v``),
+    N_q = 3 and N_k = 4 (cross) or N = 3."""
     rng = np.random.default_rng(seed)
-    b, h, d_model, n_c, d_r, d_v, n_q = 2, 2, 3, 3, 2, 2, 3
+    h, d_model, n_c, d_r, n_q = 2, 3, 3, 2, 3
     a = {
-        "x": rng.normal(size=(b, n_q, d_model)), "y": rng.normal(size=(b, 4, d_model)) if cross else None,
+        "x": rng.normal(size=(*batch, n_q, d_model)), "y": rng.normal(size=(*batch, 4, d_model)) if cross else None,
         "w_q": rng.normal(size=(h, d_model, d_r)), "w_k": rng.normal(size=(h, d_model, d_r)),
         "w_v": rng.normal(size=(h, d_model, d_v)), "w_o": rng.normal(size=(h * d_v, d_model)),
         "means": rng.normal(size=(h, n_c, d_r)), "omega": rng.uniform(-1.0, 1.0, size=(h, n_c, d_r)),
-        "prior_logits": rng.normal(size=(h, n_c)), "d_out": rng.normal(size=(b, n_q, d_model)),
+        "prior_logits": rng.normal(size=(h, n_c)), "d_out": rng.normal(size=(*batch, n_q, d_model)),
         "gate_w": None, "gate_b": None,
     }
     if gate == "elementwise":
@@ -447,14 +566,14 @@ def test_layer_floors_and_conditions_follow_their_definitions(cross, causal, gat
 
 
 def test_layer_reference_without_a_cotangent_or_floors():
-    """No d_out: only out (its floor from the heads and RMS(v) through |W_O|). floors=False: every gradient's floor
-    is 0."""
+    """No d_out: only out (its floor from the heads and RMS(v) through |W_O|), and the namespace it ran on.
+    floors=False: every gradient's floor is 0."""
     from gma_ref.testing.reference import layer_reference
 
     a = _layer_arrays(True, None, seed=7)
     inputs = {n: a[n] for n in ("x", "y", "w_q", "w_k", "w_v", "w_o", "means", "omega", "prior_logits")}
     ref = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2)
-    assert set(ref.tensors) == set(ref.floors) == {"out"}
+    assert set(ref.tensors) == set(ref.floors) == {"out"} and ref.xp is xp
     want, _ = _layer_floors(a, False, 1e-3, 1e-2, 0.0)
     assert ref.floors["out"] == pytest.approx(want["out"], rel=1e-12, abs=0)
     bare = layer_reference(xp, inputs, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"], floors=False)
@@ -462,9 +581,141 @@ def test_layer_reference_without_a_cotangent_or_floors():
     assert all(f == 0.0 for n, f in bare.floors.items() if n != "out")
 
 
+@pytest.mark.parametrize("gate", [None, "elementwise", "headwise"])
+def test_layer_floors_with_more_value_channels_than_heads(gate):
+    """d_v = 3 channels per head with H = 2 heads (the other cases have d_v = H): every floor follows the
+    independent root-sum-square chain, so no head count is taken for a channel count."""
+    a = _layer_arrays(True, gate, seed=19, d_v=3)
+    ref = layer_reference(xp, {n: a[n] for n in (*LAYER_INPUTS, "gate_w", "gate_b")}, causal=False, eps=1e-3,
+                          eps_sigma=1e-2, d_out=a["d_out"])
+    want, _ = _layer_floors(a, False, 1e-3, 1e-2, 0.0)
+    assert set(ref.floors) == set(want)
+    for name, f in want.items():
+        assert ref.floors[name] == pytest.approx(f, rel=1e-12, abs=0), name
+
+
+@pytest.mark.parametrize("name", LAYER_INPUTS)
+def test_an_infinite_layer_input_is_evaluated_not_refused(name):
+    """layer_reference() likewise: an infinite entry in any input of a cross layer (no cotangent) gives gma_layer's
+    output with check_finite=False, not a ValueError."""
+    from gma_ref.layer import GMALayerParams, gma_layer
+
+    a = _layer_arrays(True, None, seed=9)
+    a[name] = a[name].copy()
+    a[name].reshape(-1)[0] = np.inf
+    ins = {n: a[n] for n in LAYER_INPUTS}
+    params = GMALayerParams(**{n: a[n] for n in LAYER_INPUTS if n not in ("x", "y")})
+    kw = {"causal": False, "eps": 1e-3, "eps_sigma": 1e-2}
+    with np.errstate(all="ignore"):
+        ref = layer_reference(xp, ins, **kw)
+        want = gma_layer(params, a["x"], a["y"], check_finite=False, **kw)
+    assert set(ref.tensors) == {"out"}
+    np.testing.assert_array_equal(ref.tensors["out"], want)
+
+
+@pytest.mark.parametrize("batch", [(), (3, 2)])
+@pytest.mark.parametrize(("cross", "causal", "gate"), [(True, False, "headwise"), (False, True, "elementwise")])
+def test_layer_floors_and_conditions_take_any_number_of_batch_axes(cross, causal, gate, batch):
+    """A layer whose x (and y) has no batch axis or two: every floor and κ_P are those of the same tokens with the
+    batch axes made into one, computed independently."""
+    a = _layer_arrays(cross, gate, seed=11, batch=batch)
+    eps, eps_sigma = 1e-3, 1e-2
+    names = (*LAYER_INPUTS, "gate_w", "gate_b")
+    ref = layer_reference(xp, {n: a[n] for n in names}, causal=causal, eps=eps, eps_sigma=eps_sigma,
+                          d_out=a["d_out"], underflow=1e-3)
+    flat = dict(a)
+    for n in ("x", "y", "d_out"):
+        if a[n] is not None:
+            flat[n] = _flat(a[n], 2)
+    want, (q, k, gq, gk, var, mask) = _layer_floors(flat, causal, eps, eps_sigma, 1e-3)
+    assert set(ref.floors) == set(want)
+    for name, f in want.items():
+        assert ref.floors[name] == pytest.approx(f, rel=1e-12, abs=0), name
+    assert ref.proj_condition == pytest.approx(_proj_condition(flat, q, k, gq, gk, var, mask), rel=1e-12, abs=0)
+    assert ref.tensors["out"].shape == a["x"].shape
+
+
+def test_the_default_chunk_size_is_the_cores():
+    """Without chunk_size the reference runs the causal core with gma_attention's (and gma_layer's) own default:
+    on N = 130 (three chunks of 64; chunks of 65 round 78 entries differently) the values are the core's, bit for
+    bit."""
+    from gma_ref.layer import GMALayerParams, gma_layer, gma_layer_backward
+
+    rng = np.random.default_rng(12)
+    h, n, n_c, d_r, d_v = 1, 130, 3, 2, 2
+    a = {"q": rng.normal(size=(h, n, d_r)), "k": rng.normal(size=(h, n, d_r)), "v": rng.normal(size=(h, n, d_v)),
+         "means": rng.normal(size=(h, n_c, d_r)), "omega": rng.uniform(-1.0, 1.0, size=(h, n_c, d_r)),
+         "prior_logits": rng.normal(size=(h, n_c))}
+    d_out = rng.normal(size=(h, n, d_v))
+    kw = {"causal": True, "eps": 1e-3, "eps_sigma": 1e-2}
+    ref = reference(xp, a, d_out=d_out, floors=False, **kw)
+    np.testing.assert_array_equal(ref.tensors["out"], gma_attention(*a.values(), **kw))
+    grads = gma_attention_backward(*a.values(), d_out, **kw)._asdict()
+    for name in GRAD_NAMES:
+        np.testing.assert_array_equal(ref.tensors[name], grads[name], err_msg=name)
+    d_model = 2
+    la = {"x": rng.normal(size=(n, d_model)), "y": None, "w_q": rng.normal(size=(h, d_model, d_r)),
+          "w_k": rng.normal(size=(h, d_model, d_r)), "w_v": rng.normal(size=(h, d_model, d_v)),
+          "w_o": rng.normal(size=(h * d_v, d_model)), "means": a["means"], "omega": a["omega"],
+          "prior_logits": a["prior_logits"]}
+    d_x = rng.normal(size=(n, d_model))
+    lref = layer_reference(xp, la, d_out=d_x, floors=False, **kw)
+    params = GMALayerParams(**{k: la[k] for k in LAYER_INPUTS if k not in ("x", "y")})
+    np.testing.assert_array_equal(lref.tensors["out"], gma_layer(params, la["x"], **kw))
+    np.testing.assert_array_equal(lref.tensors["d_x"], gma_layer_backward(params, la["x"], d_x, **kw).d_x)
+
+
+def test_the_reference_runs_on_the_inputs_namespace_and_device():
+    """array_api_strict arrays on its second device (not the default one): the causal reference and layer reference
+    give the NumPy values (every floor, every grain, κ_P) and keep everything on that device (the causal mask is
+    made there too)."""
+    xs = pytest.importorskip("array_api_strict")
+    dev = xs.Device("device1")
+
+    def on(a):
+        return None if a is None else xs.asarray(a, device=dev)
+
+    a = _arrays(True, seed=15)
+    kw = {"causal": True, "eps": 1e-3, "eps_sigma": 1e-2}
+    want = reference(xp, {n: a[n] for n in INPUTS}, d_out=a["d_out"], grains=True, **kw)
+    got = reference(xs, {n: on(a[n]) for n in INPUTS}, d_out=on(a["d_out"]), grains=True, **kw)
+    for name in GRAD_NAMES:
+        assert got.floors[name] == pytest.approx(want.floors[name], rel=1e-12, abs=0), name
+        assert got.grains[name].device == dev and got.tensors[name].device == dev
+        np.testing.assert_allclose(np.asarray(xs.asarray(got.grains[name], device=xs.Device("CPU_DEVICE"))),
+                                   want.grains[name], rtol=1e-12, atol=0, err_msg=name)
+    la = _layer_arrays(False, "elementwise", seed=16)
+    names = (*LAYER_INPUTS, "gate_w", "gate_b")
+    lwant = layer_reference(xp, {n: la[n] for n in names}, d_out=la["d_out"], **kw)
+    lgot = layer_reference(xs, {n: on(la[n]) for n in names}, d_out=on(la["d_out"]), **kw)
+    assert lgot.tensors["d_x"].device == dev
+    assert lgot.proj_condition == pytest.approx(lwant.proj_condition, rel=1e-12, abs=0)
+    for name, f in lwant.floors.items():
+        assert lgot.floors[name] == pytest.approx(f, rel=1e-12, abs=0), name
+
+
+def test_the_projection_condition_of_no_token_is_zero():
+    """κ_P with no query or no key (causal or not) is 0: no read to be moved."""
+    rng = np.random.default_rng(17)
+    for n_q, n_k, causal in ((0, 4, False), (3, 0, False), (0, 0, True)):
+        gq, gk = rng.uniform(size=(2, n_q, 3)), rng.uniform(size=(2, n_k, 3))
+        assert _projscore_condition(xp, gq, gk, gq, gk, causal) == 0.0
+
+
+def test_a_query_that_sees_no_key_mass_adds_nothing_to_the_projection_condition():
+    """κ_P of a query whose responsibilities miss every key's component (u = 0) is 0 for that query, not 0/0: the
+    maximum is the other query's γ (P^Q u + Σ_j γ^K P^K) / u, by hand, causal or not."""
+    gq = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    gk = np.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    p_q = np.array([[5.0, 0.5, 7.0], [9.0, 0.25, 3.0]])
+    p_k = np.array([[2.0, 0.75, 4.0], [6.0, 1.25, 8.0]])
+    for causal in (False, True):
+        assert _projscore_condition(xp, p_q, p_k, gq, gk, causal) == 0.25 + (0.75 + 1.25) / 2
+
+
 def test_the_repr_of_a_reference_leaves_out_the_namespace_and_the_grains():
     """repr(Reference) names the tensors, floors and conditions but not the namespace module or the (large) grain
-    arrays; the defaults are λ = 1, κ_P = 0, no grains, no flushing."""
+    arrays; the defaults are λ = 1, κ_P = 0, no grains, no flushing, no TF32."""
     a = _arrays(False)
     ref = reference(xp, {n: a[n] for n in INPUTS}, causal=False, eps=1e-3, eps_sigma=1e-2, d_out=a["d_out"],
                     grains=True)
@@ -472,8 +723,8 @@ def test_the_repr_of_a_reference_leaves_out_the_namespace_and_the_grains():
     assert "kappa=" in text and "floors=" in text
     assert "xp=" not in text and "grains=" not in text and "array_api_compat" not in text
     bare = Reference({}, {}, 2.0)
-    assert (bare.read_condition, bare.xp, bare.proj_condition, bare.grains, bare.flush_subnormals) == (
-        1.0, None, 0.0, {}, False)
+    assert (bare.read_condition, bare.xp, bare.proj_condition, bare.grains, bare.flush_subnormals, bare.tf32) == (
+        1.0, None, 0.0, {}, False, False)
 
 
 def test_each_row_is_scaled_by_its_own_largest_entry():
