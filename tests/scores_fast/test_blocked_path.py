@@ -350,3 +350,14 @@ def test_one_blas_thread_holds_blas_for_a_call_and_keeps_the_thread_count():
         assert blas_threads() == 2 and blocks._holders[0] == 0
         with blocks.one_blas_thread(array_api_strict):
             assert blas_threads() == 2 and blocks._holders[0] == 0
+
+
+def test_worker_count_is_at_least_one_whatever_blas_reports(monkeypatch):
+    """A BLAS library that reports no threads (0) among those loaded still leaves one worker, the calling
+    thread: the count is never 0."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    fake = SimpleNamespace(lib_controllers=[SimpleNamespace(num_threads=4), SimpleNamespace(num_threads=0)])
+    monkeypatch.setattr(blocks, "_controller", lambda: fake)
+    monkeypatch.setattr(blocks, "_holders", [0])
+    assert blocks.worker_count() == 1
