@@ -132,8 +132,8 @@ def test_other_cases_are_the_readers_form(small_blocks, case):
 @pytest.mark.parametrize("case", ["blocked", "eps_zero", "broadcast"])
 def test_non_finite_inputs_pass_unchecked(small_blocks, case):
     """Both steps are the reader's with ``check_finite=False`` (the pipeline checks its inputs once, before):
-    a NaN in V reaches the output and a NaN or an infinity in ∂L/∂O the gradients, with no error, on the blocked
-    form and on the reader's alike."""
+    a NaN in V reaches the output and the gradients, and a NaN or an infinity in ∂L/∂O the gradients, with no
+    error, on the blocked form and on the reader's alike."""
     gq, gk, v, d_out = _inputs(np.random.default_rng(7), (2,))
     eps = 0.0 if case == "eps_zero" else 1e-6
     if case == "broadcast":
@@ -150,6 +150,11 @@ def test_non_finite_inputs_pass_unchecked(small_blocks, case):
     with np.errstate(invalid="ignore"):
         got = lf.latent_backward(gq, gk, v, bad_d_out, eps, out, "saved.out", "saved=None")
     assert all(not np.isfinite(a).all() for a in got)
+    # a NaN in V with the output of the finite V: the saved output's identity cannot tell (its right side is
+    # NaN), and V itself is not checked either
+    with np.errstate(invalid="ignore"):
+        got = lf.latent_backward(gq, gk, bad_v, d_out, eps, out, "saved.out", "saved=None")
+    assert np.isnan(got[0]).any() and np.isnan(got[1]).any()
 
 
 def test_each_pass_is_cut_at_its_row_width(monkeypatch):
@@ -170,3 +175,17 @@ def test_each_pass_is_cut_at_its_row_width(monkeypatch):
     cuts.clear()
     lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")
     assert cuts == [(29, 8), (37, 11), (29, 11)]
+
+
+@pytest.mark.parametrize("shape", [(2, 38, 3), (2, 37, 4), (2, 37, 1), (1, 37, 3)])
+def test_a_misshapen_cotangent_is_refused_as_the_reader_refuses_it(small_blocks, shape):
+    """∂L/∂O of another shape than the output's (a row or a column too many, one column that would broadcast,
+    a batch axis that would) is a ValueError with the reader's message, before any block reads it."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(9), (2,))
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    bad = np.random.default_rng(10).normal(size=shape)
+    with pytest.raises(ValueError, match="d_out") as fast:
+        lf.latent_backward(gq, gk, v, bad, 1e-6, out, "saved.out", "saved=None")
+    with pytest.raises(ValueError) as reader:
+        latent_vjp(gq, gk, v, bad, 1e-6, out, False, "saved.out", "saved=None")
+    assert str(fast.value) == str(reader.value)

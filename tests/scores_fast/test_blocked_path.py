@@ -121,6 +121,8 @@ def test_token_blocks_cover_every_token_once(monkeypatch):
     assert blocks.token_blocks(np, 45, 14) == [(0, 22), (22, 45)]  # three of 15 would be under the minimum
     assert blocks.token_blocks(np, 39, 14) == [(0, 39)]
     assert blocks.token_blocks(np, 60, 14) == [(0, 20), (20, 40), (40, 60)]  # four would be under it: odd
+    monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 4)
+    assert blocks.token_blocks(np, 17, 14) == [(0, 4), (4, 8), (8, 12), (12, 17)]  # four of the minimum: even
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
     assert blocks.token_blocks(np, 3, 1000) == [(0, 1), (1, 2), (2, 3)]  # at least one token a block
     assert blocks.token_blocks(array_api_strict, 40, 14) == [(0, 40)]  # other namespaces: one block
@@ -361,3 +363,10 @@ def test_worker_count_is_at_least_one_whatever_blas_reports(monkeypatch):
     monkeypatch.setattr(blocks, "_controller", lambda: fake)
     monkeypatch.setattr(blocks, "_holders", [0])
     assert blocks.worker_count() == 1
+
+
+def test_token_blocks_of_rows_without_columns_are_one_columns_blocks(monkeypatch):
+    """A row width of 0 (no columns to hold) is cut as a width of 1, not divided by."""
+    _blocked(monkeypatch, True)
+    for n in (1, 9, 200):
+        assert blocks.token_blocks(np, n, 0) == blocks.token_blocks(np, n, 1)
