@@ -370,3 +370,22 @@ def test_token_blocks_of_rows_without_columns_are_one_columns_blocks(monkeypatch
     _blocked(monkeypatch, True)
     for n in (1, 9, 200):
         assert blocks.token_blocks(np, n, 0) == blocks.token_blocks(np, n, 1)
+
+
+@pytest.mark.parametrize("reported", [[], [0], [3, 0]])
+def test_the_held_count_is_at_least_one_whatever_blas_reports(monkeypatch, reported):
+    """While the blocks hold BLAS to one thread, worker_count is the count BLAS had before: at least 1, also
+    when no BLAS library is loaded or one reports no threads; the limit is lifted when the hold ends."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    lifted = []
+    limit = SimpleNamespace(restore_original_limits=lambda: lifted.append(True))
+    fake = SimpleNamespace(lib_controllers=[SimpleNamespace(num_threads=n) for n in reported],
+                           limit=lambda limits: limit)
+    monkeypatch.setattr(blocks, "_controller", lambda: fake)
+    monkeypatch.setattr(blocks, "_holders", [0])
+    monkeypatch.setattr(blocks, "_held", [])
+    monkeypatch.setattr(blocks, "_held_count", [5])
+    with blocks.one_blas_thread(np):
+        assert blocks.worker_count() == 1
+    assert lifted == [True] and blocks._holders[0] == 0
