@@ -189,3 +189,20 @@ def test_a_misshapen_cotangent_is_refused_as_the_reader_refuses_it(small_blocks,
     with pytest.raises(ValueError) as reader:
         latent_vjp(gq, gk, v, bad, 1e-6, out, False, "saved.out", "saved=None")
     assert str(fast.value) == str(reader.value)
+
+
+def test_a_stale_output_is_found_at_its_own_columns_scale(small_blocks):
+    """The saved output's identity is checked column by column, each at its own scale: with a first column of V
+    10⁶ times the others, a stale entry in the last column (moved by 1e-4, far below the first column's
+    rounding) is still a ValueError, as the reader finds it."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(11), (2,))
+    v[..., 0] *= 1e6
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")  # the fresh output passes
+    bad = out.copy()
+    bad[1, 5, 2] += 1e-4
+    with pytest.raises(ValueError, match="saved.out") as fast:
+        lf.latent_backward(gq, gk, v, d_out, 1e-6, bad, "saved.out", "saved=None")
+    with pytest.raises(ValueError) as reader:
+        latent_vjp(gq, gk, v, d_out, 1e-6, bad, False, "saved.out", "saved=None")
+    assert str(fast.value) == str(reader.value)

@@ -389,3 +389,18 @@ def test_the_held_count_is_at_least_one_whatever_blas_reports(monkeypatch, repor
     with blocks.one_blas_thread(np):
         assert blocks.worker_count() == 1
     assert lifted == [True] and blocks._holders[0] == 0
+
+
+def test_run_blocks_without_threadpoolctl_runs_the_blocks_in_the_calling_thread(monkeypatch):
+    """Without threadpoolctl (BLAS cannot be held to one thread) the blocks run one after the other in the
+    calling thread, in block order, whatever worker_count says."""
+    import sys  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    monkeypatch.setattr(blocks, "worker_count", lambda: 4)
+    caller = threading.get_ident()
+    seen = []
+    assert blocks.run_blocks(lambda a, b: seen.append((a, threading.get_ident())) or a + b,
+                             [(i, 10) for i in range(5)]) == [10, 11, 12, 13, 14]
+    assert seen == [(i, caller) for i in range(5)]
