@@ -404,3 +404,17 @@ def test_run_blocks_without_threadpoolctl_runs_the_blocks_in_the_calling_thread(
     assert blocks.run_blocks(lambda a, b: seen.append((a, threading.get_ident())) or a + b,
                              [(i, 10) for i in range(5)]) == [10, 11, 12, 13, 14]
     assert seen == [(i, caller) for i in range(5)]
+
+
+def test_a_single_block_runs_with_blas_on_its_own_threads():
+    """One block (a short sequence) runs in the calling thread with BLAS left as it is, so that its products
+    may still use BLAS's threads; several blocks run with BLAS held to one thread."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads(a, b):
+        return min(lib.num_threads for lib in threadpoolctl.ThreadpoolController().select(user_api="blas")
+                   .lib_controllers)
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        assert blocks.run_blocks(blas_threads, [(0, 5)]) == [2]
+        assert blocks.run_blocks(blas_threads, [(0, 5), (5, 9)]) == [1, 1]
