@@ -418,3 +418,21 @@ def test_a_single_block_runs_with_blas_on_its_own_threads():
     with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
         assert blocks.run_blocks(blas_threads, [(0, 5)]) == [2]
         assert blocks.run_blocks(blas_threads, [(0, 5), (5, 9)]) == [1, 1]
+
+
+def test_several_blocks_on_one_worker_run_in_the_calling_thread(monkeypatch):
+    """worker_count 1 (BLAS on one thread): several blocks run one after the other in the calling thread, in
+    block order, with BLAS held to one thread while they run."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 1)
+    caller = threading.get_ident()
+
+    def fn(a, b):
+        threads = min(lib.num_threads for lib in threadpoolctl.ThreadpoolController().select(user_api="blas")
+                      .lib_controllers)
+        return a * b, threading.get_ident() == caller, threads
+
+    assert blocks.run_blocks(fn, [(i, 3) for i in range(4)]) == [(3 * i, True, 1) for i in range(4)]
+    assert blocks._holders[0] == 0
