@@ -436,3 +436,16 @@ def test_several_blocks_on_one_worker_run_in_the_calling_thread(monkeypatch):
 
     assert blocks.run_blocks(fn, [(i, 3) for i in range(4)]) == [(3 * i, True, 1) for i in range(4)]
     assert blocks._holders[0] == 0
+
+
+def test_worker_count_without_blas_settings_counts_this_process_cores(monkeypatch):
+    """Without threadpoolctl and the BLAS variables, the count is the cores this process may run on (its own
+    affinity, pid 0), not the machine's."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5, 7} if pid == 0 else set(range(16)))
+    assert blocks.worker_count() == 3
