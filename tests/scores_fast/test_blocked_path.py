@@ -449,3 +449,16 @@ def test_worker_count_without_blas_settings_counts_this_process_cores(monkeypatc
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5, 7} if pid == 0 else set(range(16)))
     assert blocks.worker_count() == 3
+
+
+@pytest.mark.parametrize("case", ["generic", "mixed"])
+@pytest.mark.parametrize("on", [True, False])
+def test_gamma_is_the_softmax_of_the_scores_with_one_rounding_each(monkeypatch, case, on):
+    """Γ is exp(s − max_k s) / Σ_k exp(s − max_k s) of the guarded scores, bit for bit: one rounding for the
+    exponential, one for the division (K = 5: the sum over the components adds in the same order either way)."""
+    x, means, var, lp = _inputs(case, np.random.default_rng(12))
+    _blocked(monkeypatch, on)
+    gamma, _ = fast.responsibilities_and_guard(x, means, var, lp)
+    s, _ = fast.guarded_scores(x, means, var, lp)
+    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+    np.testing.assert_array_equal(gamma, e / np.sum(e, axis=-1, keepdims=True))
