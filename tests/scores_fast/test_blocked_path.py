@@ -462,3 +462,48 @@ def test_gamma_is_the_softmax_of_the_scores_with_one_rounding_each(monkeypatch, 
     s, _ = fast.guarded_scores(x, means, var, lp)
     e = np.exp(s - np.max(s, axis=-1, keepdims=True))
     np.testing.assert_array_equal(gamma, e / np.sum(e, axis=-1, keepdims=True))
+
+
+def test_no_tokens_give_an_empty_gamma_of_the_inputs_dtype():
+    """N = 0: Γ of shape (0, K) and ∂L/∂x of shape (0, d_r), in the inputs' dtype."""
+    x, means, var, lp = _inputs("generic", np.random.default_rng(13))
+    x = x[:0].astype(np.float32)
+    means, var, lp = means.astype(np.float32), var.astype(np.float32), lp.astype(np.float32)
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    assert gamma.shape == (0, 5) and gamma.dtype == np.float32 and rows.shape == (0,)
+    grads = fast.responsibilities_backward_guarded(x, means, var, gamma, np.zeros_like(gamma), lp, rows)
+    assert grads[0].shape == (0, 4) and grads[0].dtype == np.float32
+
+
+def test_gamma_out_of_place_subtracts_the_row_maximum():
+    """Other namespaces (out of place), with a batch axis: tokens whose scores are all near −4·10⁴ (far from
+    every narrow component) still get Γ with rows summing to 1, the reader's to rounding: the row maximum is
+    subtracted before the exponential, which would otherwise underflow to 0 for every component, and each
+    token's column of Γᵀ is divided by its own sum."""
+    from gma_ref.posterior import responsibilities  # noqa: PLC0415
+
+    x, means, var, lp = _inputs("generic", np.random.default_rng(14), (3,))
+    var = np.full_like(var, 1e-2)
+    x = x + 30.0
+    want = responsibilities(x, means, var, lp)
+    got, _ = fast.responsibilities_and_guard(*(array_api_strict.asarray(a) for a in (x, means, var, lp)))
+    got = np.asarray(got)
+    assert np.all(np.isfinite(got))
+    # Γ ≤ 1; its tiny entries carry the rounding of s ≈ −4·10⁴
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["generic", "mixed"])
+def test_the_vjp_of_gamma_is_the_vjp_of_eq_18s_delta_bit_for_bit(monkeypatch, case):
+    """∂L/∂Γ's VJP is the score VJP of δ = γ (g − Σ_j γ_j g_j), g = ∂L/∂Γ shifted to 0 at the row's largest γ
+    (Eq. 18 in the fast path's form: one subtraction, one sum over K = 5 in order, one product), bit for bit."""
+    x, means, var, lp = _inputs(case, np.random.default_rng(15))
+    _blocked(monkeypatch, True)
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    d_gamma = np.random.default_rng(16).normal(size=gamma.shape)
+    g = d_gamma - np.take_along_axis(d_gamma, np.argmax(gamma, axis=-1)[:, None], axis=-1)
+    delta = gamma * (g - np.sum(gamma * g, axis=-1, keepdims=True))
+    got = fast.responsibilities_backward_guarded(x, means, var, gamma, d_gamma, lp, rows)
+    want = fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape), rows)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
