@@ -105,6 +105,9 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py"],
     "gma_ref/_latent_fast.py": ["tests/attention/test_latent_fast.py", "tests/attention/test_saved.py",
                                 "tests/attention/test_entry.py"],
+    # the shared checks: their own tests first, then the entry points' refusals of bad input through them
+    "gma_ref/_array.py": ["tests/across_modules/test_array_helpers.py", "tests/across_modules/test_bad_input.py",
+                          "tests/attention/test_saved.py"],
     "gma_ref/bidirectional.py": [
         "tests/bidirectional/test_equations.py",
         "tests/bidirectional/test_routing_input_checks.py",

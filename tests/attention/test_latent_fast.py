@@ -72,14 +72,18 @@ def test_blocked_latent_core_is_the_same_on_any_number_of_threads(small_blocks, 
             np.testing.assert_array_equal(a, b)
 
 
-def test_the_cotangents_of_gamma_are_component_major_views():
-    """∂L/∂Γ come back as (..., N, K) arrays whose transposes are contiguous (K, N) rows: what the score VJPs
-    read one block of tokens at a time."""
-    gq, gk, v, d_out = _inputs(np.random.default_rng(4), ())
+@pytest.mark.parametrize(("batch", "n_q", "n_k"), [((), 37, 29), ((2,), 37, 29), ((2, 3), 37, 29), ((2,), 1, 29),
+                                                  ((2,), 37, 1)])
+def test_the_cotangents_of_gamma_are_component_major_views(batch, n_q, n_k):
+    """∂L/∂Γ come back as (..., N, K) arrays whose last two axes, swapped, are contiguous (K, N) rows: what the
+    score VJPs read one block of tokens at a time; with batch axes and for a single query or a single key too
+    (the blocked form's cases: the reader's form returns (..., N, K) rows, whose swap is not contiguous for
+    N > 1)."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(4), batch, n_q=n_q, n_k=n_k)
     out = lf.latent_forward(gq, gk, v, 1e-6)
     d_gq, d_gk, _ = lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")
-    assert d_gq.shape == gq.shape and d_gq.T.flags.c_contiguous
-    assert d_gk.shape == gk.shape and d_gk.T.flags.c_contiguous
+    assert d_gq.shape == gq.shape and np.swapaxes(d_gq, -1, -2).flags.c_contiguous
+    assert d_gk.shape == gk.shape and np.swapaxes(d_gk, -1, -2).flags.c_contiguous
 
 
 @pytest.mark.parametrize("change", ["stale", "dtype", "shape"])
@@ -123,3 +127,82 @@ def test_other_cases_are_the_readers_form(small_blocks, case):
     want = latent_vjp(gq, gk, v, d_out, eps, out, False)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["blocked", "eps_zero", "broadcast"])
+def test_non_finite_inputs_pass_unchecked(small_blocks, case):
+    """Both steps are the reader's with ``check_finite=False`` (the pipeline checks its inputs once, before):
+    a NaN in V reaches the output and the gradients, and a NaN or an infinity in ∂L/∂O the gradients, with no
+    error, on the blocked form and on the reader's alike."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(7), (2,))
+    eps = 0.0 if case == "eps_zero" else 1e-6
+    if case == "broadcast":
+        gk, v = gk[:1], v[:1]
+    out = lf.latent_forward(gq, gk, v, eps)
+    bad_v = v.copy()
+    bad_v[..., 4, 1] = np.nan
+    with np.errstate(invalid="ignore"):  # NaN and ∞ in the products: the values are what is asserted
+        bad_out = lf.latent_forward(gq, gk, bad_v, eps)
+    assert np.isnan(bad_out[..., 1]).all() and np.isfinite(np.delete(bad_out, 1, axis=-1)).all()
+    bad_d_out = d_out.copy()
+    bad_d_out[0, 2, 0] = np.nan
+    bad_d_out[-1, 5, 2] = np.inf
+    with np.errstate(invalid="ignore"):
+        got = lf.latent_backward(gq, gk, v, bad_d_out, eps, out, "saved.out", "saved=None")
+    assert all(not np.isfinite(a).all() for a in got)
+    # a NaN in V with the output of the finite V: the saved output's identity cannot tell (its right side is
+    # NaN), and V itself is not checked either
+    with np.errstate(invalid="ignore"):
+        got = lf.latent_backward(gq, gk, bad_v, d_out, eps, out, "saved.out", "saved=None")
+    assert np.isnan(got[0]).any() and np.isnan(got[1]).any()
+
+
+def test_each_pass_is_cut_at_its_row_width(monkeypatch):
+    """Each pass over tokens is cut by ``token_blocks`` at the row width of its block's intermediates: K + d_v
+    for the write step (a key's Γ^K and V rows) and the read step (a query's Γ^Q row and output row), K + 2 d_v
+    for the VJP's passes (a query's Γ^Q, O and ∂L/∂O rows; a key's Γ^K, V and ∂L/∂V rows). Batch axes (2, 4),
+    K = 5, d_v = 3, N_q = 37, N_k = 29: no two of these sizes are equal."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(8), (2, 4))
+    cuts = []
+
+    def spy(xp, n, width):
+        cuts.append((n, width))
+        return blocks.token_blocks(xp, n, width)
+
+    monkeypatch.setattr(lf, "token_blocks", spy)
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    assert cuts == [(29, 8), (37, 8)]
+    cuts.clear()
+    lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")
+    assert cuts == [(29, 8), (37, 11), (29, 11)]
+
+
+@pytest.mark.parametrize("shape", [(2, 38, 3), (2, 37, 4), (2, 37, 1), (1, 37, 3)])
+def test_a_misshapen_cotangent_is_refused_as_the_reader_refuses_it(small_blocks, shape):
+    """∂L/∂O of another shape than the output's (a row or a column too many, one column that would broadcast,
+    a batch axis that would) is a ValueError with the reader's message, before any block reads it."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(9), (2,))
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    bad = np.random.default_rng(10).normal(size=shape)
+    with pytest.raises(ValueError, match="d_out") as fast:
+        lf.latent_backward(gq, gk, v, bad, 1e-6, out, "saved.out", "saved=None")
+    with pytest.raises(ValueError) as reader:
+        latent_vjp(gq, gk, v, bad, 1e-6, out, False, "saved.out", "saved=None")
+    assert str(fast.value) == str(reader.value)
+
+
+def test_a_stale_output_is_found_at_its_own_columns_scale(small_blocks):
+    """The saved output's identity is checked column by column, each at its own scale: with a first column of V
+    10⁶ times the others, a stale entry in the last column (moved by 1e-4, far below the first column's
+    rounding) is still a ValueError, as the reader finds it."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(11), (2,))
+    v[..., 0] *= 1e6
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")  # the fresh output passes
+    bad = out.copy()
+    bad[1, 5, 2] += 1e-4
+    with pytest.raises(ValueError, match="saved.out") as fast:
+        lf.latent_backward(gq, gk, v, d_out, 1e-6, bad, "saved.out", "saved=None")
+    with pytest.raises(ValueError) as reader:
+        latent_vjp(gq, gk, v, d_out, 1e-6, bad, False, "saved.out", "saved=None")
+    assert str(fast.value) == str(reader.value)

@@ -121,6 +121,8 @@ def test_token_blocks_cover_every_token_once(monkeypatch):
     assert blocks.token_blocks(np, 45, 14) == [(0, 22), (22, 45)]  # three of 15 would be under the minimum
     assert blocks.token_blocks(np, 39, 14) == [(0, 39)]
     assert blocks.token_blocks(np, 60, 14) == [(0, 20), (20, 40), (40, 60)]  # four would be under it: odd
+    monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 4)
+    assert blocks.token_blocks(np, 17, 14) == [(0, 4), (4, 8), (8, 12), (12, 17)]  # four of the minimum: even
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
     assert blocks.token_blocks(np, 3, 1000) == [(0, 1), (1, 2), (2, 3)]  # at least one token a block
     assert blocks.token_blocks(array_api_strict, 40, 14) == [(0, 40)]  # other namespaces: one block
@@ -350,3 +352,171 @@ def test_one_blas_thread_holds_blas_for_a_call_and_keeps_the_thread_count():
         assert blas_threads() == 2 and blocks._holders[0] == 0
         with blocks.one_blas_thread(array_api_strict):
             assert blas_threads() == 2 and blocks._holders[0] == 0
+
+
+def test_worker_count_is_at_least_one_whatever_blas_reports(monkeypatch):
+    """A BLAS library that reports no threads (0) among those loaded still leaves one worker, the calling
+    thread: the count is never 0."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    fake = SimpleNamespace(lib_controllers=[SimpleNamespace(num_threads=4), SimpleNamespace(num_threads=0)])
+    monkeypatch.setattr(blocks, "_controller", lambda: fake)
+    monkeypatch.setattr(blocks, "_holders", [0])
+    assert blocks.worker_count() == 1
+
+
+def test_token_blocks_of_rows_without_columns_are_one_columns_blocks(monkeypatch):
+    """A row width of 0 (no columns to hold) is cut as a width of 1, not divided by."""
+    _blocked(monkeypatch, True)
+    for n in (1, 9, 200):
+        assert blocks.token_blocks(np, n, 0) == blocks.token_blocks(np, n, 1)
+
+
+@pytest.mark.parametrize("reported", [[], [0], [3, 0]])
+def test_the_held_count_is_at_least_one_whatever_blas_reports(monkeypatch, reported):
+    """While the blocks hold BLAS to one thread, worker_count is the count BLAS had before: at least 1, also
+    when no BLAS library is loaded or one reports no threads; the limit is lifted when the hold ends."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    lifted = []
+    limit = SimpleNamespace(restore_original_limits=lambda: lifted.append(True))
+    fake = SimpleNamespace(lib_controllers=[SimpleNamespace(num_threads=n) for n in reported],
+                           limit=lambda limits: limit)
+    monkeypatch.setattr(blocks, "_controller", lambda: fake)
+    monkeypatch.setattr(blocks, "_holders", [0])
+    monkeypatch.setattr(blocks, "_held", [])
+    monkeypatch.setattr(blocks, "_held_count", [5])
+    with blocks.one_blas_thread(np):
+        assert blocks.worker_count() == 1
+    assert lifted == [True] and blocks._holders[0] == 0
+
+
+def test_run_blocks_without_threadpoolctl_runs_the_blocks_in_the_calling_thread(monkeypatch):
+    """Without threadpoolctl (BLAS cannot be held to one thread) the blocks run one after the other in the
+    calling thread, in block order, whatever worker_count says."""
+    import sys  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    monkeypatch.setattr(blocks, "worker_count", lambda: 4)
+    caller = threading.get_ident()
+    seen = []
+    assert blocks.run_blocks(lambda a, b: seen.append((a, threading.get_ident())) or a + b,
+                             [(i, 10) for i in range(5)]) == [10, 11, 12, 13, 14]
+    assert seen == [(i, caller) for i in range(5)]
+
+
+def test_a_single_block_runs_with_blas_on_its_own_threads():
+    """One block (a short sequence) runs in the calling thread with BLAS left as it is, so that its products
+    may still use BLAS's threads; several blocks run with BLAS held to one thread."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads(a, b):
+        return min(lib.num_threads for lib in threadpoolctl.ThreadpoolController().select(user_api="blas")
+                   .lib_controllers)
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        assert blocks.run_blocks(blas_threads, [(0, 5)]) == [2]
+        assert blocks.run_blocks(blas_threads, [(0, 5), (5, 9)]) == [1, 1]
+
+
+def test_several_blocks_on_one_worker_run_in_the_calling_thread(monkeypatch):
+    """worker_count 1 (BLAS on one thread): several blocks run one after the other in the calling thread, in
+    block order, with BLAS held to one thread while they run."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 1)
+    caller = threading.get_ident()
+
+    def fn(a, b):
+        threads = min(lib.num_threads for lib in threadpoolctl.ThreadpoolController().select(user_api="blas")
+                      .lib_controllers)
+        return a * b, threading.get_ident() == caller, threads
+
+    assert blocks.run_blocks(fn, [(i, 3) for i in range(4)]) == [(3 * i, True, 1) for i in range(4)]
+    assert blocks._holders[0] == 0
+
+
+def test_worker_count_without_blas_settings_counts_this_process_cores(monkeypatch):
+    """Without threadpoolctl and the BLAS variables, the count is the cores this process may run on (its own
+    affinity, pid 0), not the machine's."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5, 7} if pid == 0 else set(range(16)))
+    assert blocks.worker_count() == 3
+
+
+@pytest.mark.parametrize("case", ["generic", "mixed"])
+@pytest.mark.parametrize("on", [True, False])
+def test_gamma_is_the_softmax_of_the_scores_with_one_rounding_each(monkeypatch, case, on):
+    """Γ is exp(s − max_k s) / Σ_k exp(s − max_k s) of the guarded scores, bit for bit: one rounding for the
+    exponential, one for the division (K = 5: the sum over the components adds in the same order either way)."""
+    x, means, var, lp = _inputs(case, np.random.default_rng(12))
+    _blocked(monkeypatch, on)
+    gamma, _ = fast.responsibilities_and_guard(x, means, var, lp)
+    s, _ = fast.guarded_scores(x, means, var, lp)
+    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+    np.testing.assert_array_equal(gamma, e / np.sum(e, axis=-1, keepdims=True))
+
+
+def test_no_tokens_give_an_empty_gamma_of_the_inputs_dtype():
+    """N = 0: Γ of shape (0, K) and ∂L/∂x of shape (0, d_r), in the inputs' dtype."""
+    x, means, var, lp = _inputs("generic", np.random.default_rng(13))
+    x = x[:0].astype(np.float32)
+    means, var, lp = means.astype(np.float32), var.astype(np.float32), lp.astype(np.float32)
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    assert gamma.shape == (0, 5) and gamma.dtype == np.float32 and rows.shape == (0,)
+    grads = fast.responsibilities_backward_guarded(x, means, var, gamma, np.zeros_like(gamma), lp, rows)
+    assert grads[0].shape == (0, 4) and grads[0].dtype == np.float32
+
+
+def test_gamma_out_of_place_subtracts_the_row_maximum():
+    """Other namespaces (out of place), with a batch axis: tokens whose scores are all near −4·10⁴ (far from
+    every narrow component) still get Γ with rows summing to 1, the reader's to rounding: the row maximum is
+    subtracted before the exponential, which would otherwise underflow to 0 for every component, and each
+    token's column of Γᵀ is divided by its own sum."""
+    from gma_ref.posterior import responsibilities  # noqa: PLC0415
+
+    x, means, var, lp = _inputs("generic", np.random.default_rng(14), (3,))
+    var = np.full_like(var, 1e-2)
+    x = x + 30.0
+    want = responsibilities(x, means, var, lp)
+    got, _ = fast.responsibilities_and_guard(*(array_api_strict.asarray(a) for a in (x, means, var, lp)))
+    got = np.asarray(got)
+    assert np.all(np.isfinite(got))
+    # Γ ≤ 1; its tiny entries carry the rounding of s ≈ −4·10⁴
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["generic", "mixed"])
+def test_the_vjp_of_gamma_is_the_vjp_of_eq_18s_delta_bit_for_bit(monkeypatch, case):
+    """∂L/∂Γ's VJP is the score VJP of δ = γ (g − Σ_j γ_j g_j), g = ∂L/∂Γ shifted to 0 at the row's largest γ
+    (Eq. 18 in the fast path's form: one subtraction, one sum over K = 5 in order, one product), bit for bit."""
+    x, means, var, lp = _inputs(case, np.random.default_rng(15))
+    _blocked(monkeypatch, True)
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    d_gamma = np.random.default_rng(16).normal(size=gamma.shape)
+    g = d_gamma - np.take_along_axis(d_gamma, np.argmax(gamma, axis=-1)[:, None], axis=-1)
+    delta = gamma * (g - np.sum(gamma * g, axis=-1, keepdims=True))
+    got = fast.responsibilities_backward_guarded(x, means, var, gamma, d_gamma, lp, rows)
+    want = fast.scores_backward_guarded(x, means, var, delta, tuple(lp.shape), rows)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_vjp_of_gamma_out_of_place_agrees_with_numpys():
+    """Other namespaces (out of place, one block): ∂L/∂x, ∂L/∂μ, ∂L/∂σ², ∂L/∂log π from ∂L/∂Γ equal NumPy's (in
+    place, pinned bit for bit to Eq. 18 above) to rounding."""
+    x, means, var, lp = _inputs("generic", np.random.default_rng(17))
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    d_gamma = np.random.default_rng(18).normal(size=gamma.shape)
+    want = fast.responsibilities_backward_guarded(x, means, var, gamma, d_gamma, lp, rows)
+    strict = [array_api_strict.asarray(a) for a in (x, means, var, gamma, d_gamma, lp, rows)]
+    got = fast.responsibilities_backward_guarded(*strict)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-10, atol=1e-12 * float(np.max(np.abs(b))))
