@@ -59,3 +59,17 @@ def test_value_scale_reads_the_largest_magnitude_of_either_sign():
     assert value_scale(xp, np.array([[np.nan, -big]]), 4) == 1.0
     assert value_scale(xp, np.array([[np.inf, 1.0]]), 4) == 1.0
     assert value_scale(xp, np.zeros((0, 2)), 4) == 1.0
+
+
+def test_value_scale_threshold_and_power_pinned():
+    """No scale while max |V| · (n_terms + 1) < max float / 4, a scale from that value on; the scale is
+    2^(e − 512) for max |V| = m · 2^e (frexp), so that |V / s| < 2^512."""
+    top = float(np.finfo(np.float64).max)
+    edge = top / 16  # exact: a power-of-two division; edge · 4 = top / 4 exactly
+    assert value_scale(xp, np.array([[edge]]), 3) != 1.0  # at the threshold: scaled
+    assert value_scale(xp, np.array([[-edge]]), 3) != 1.0
+    assert value_scale(xp, np.array([[np.nextafter(edge, 0.0)]]), 3) == 1.0  # just below: not
+    assert value_scale(xp, np.array([[edge * 0.75]]), 3) == 1.0
+    assert value_scale(xp, np.array([[edge * 0.75]]), 5) != 1.0  # (n + 1) = 6 times 0.75 top / 16 > top / 4
+    assert value_scale(xp, np.array([[2.0 ** 1000]]), 1 << 30) == 2.0 ** 489  # frexp: 2^1000 = 0.5 · 2^1001
+    assert value_scale(xp, np.array([[3.0 * 2.0 ** 1000]]), 1 << 30) == 2.0 ** 490

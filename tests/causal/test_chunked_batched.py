@@ -169,3 +169,19 @@ def test_component_major_responsibilities_give_the_loop_bit_for_bit():
     want = gma_causal_chunked_backward(gq_t, gk_t, v, d_out, eps=1e-6, chunk_size=8)
     for a, b in zip(got[:3], want[:3], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_batched_path_keeps_float32():
+    """float32 inputs on the batched path (N a multiple of C, one batch shape): the output and the three
+    cotangents are float32, as the reader's are, and equal to them bit for bit."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(13), (2,), 48, dtype=np.float32)
+    assert cf._batched(__import__("array_api_compat").array_namespace(gq), gq, gk, v, 8)
+    out = cf.chunked_forward(gq, gk, v, 1e-6, 8)
+    want = gma_causal_chunked(gq, gk, v, 1e-6, 8)
+    assert out.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(out, want)
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    ref = gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    for a, b in zip(got[:3], ref[:3], strict=True):
+        assert a.dtype == b.dtype == np.float32
+        np.testing.assert_array_equal(a, b)
