@@ -97,9 +97,7 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
     for start, stop in _groups(v.shape[-2], c, k, d_v):
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
         parts = _parts(xp, gq.shape[-3])
-        mem_b, memory = _prefix(xp, memory, _joined(xp, run_blocks(
-            lambda lo, hi, gk=gk, vc=vc: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]),
-            parts), -3), -3)
+        mem_b, memory = _prefix(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
         mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
 
         def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
@@ -110,7 +108,7 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
             num = xp.matmul(a, vc[..., lo:hi, :, :]) + xp.matmul(q, mem_b[..., lo:hi, :, :])
             u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b[..., lo:hi, :], axis=-2), axis=-1)
             part = _divide(xp, num, u, eps)
-            out[..., start + lo * c:start + hi * c, :] = xp.reshape(part, tuple(part.shape[:-3]) + ((hi - lo) * c, d_v))
+            out[..., start + lo * c:start + hi * c, :] = _as_rows(xp, part)
 
         run_blocks(one, parts)
     return out
@@ -124,6 +122,17 @@ def _parts(xp: Any, g: int) -> list[tuple[int, int]]:
     if count <= 1:
         return [(0, g)]
     return [(g * i // count, g * (i + 1) // count) for i in range(count)]
+
+
+def _memory_terms(xp: Any, gk: Array, vc: Array, parts: list[tuple[int, int]]) -> Array:
+    """(Γ^K_c)ᵀ V_c ``(..., G, K, d_v)`` for every chunk of a group ``(..., G, C, ·)``, parts on the block threads."""
+    return _joined(xp, run_blocks(
+        lambda lo, hi: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]), parts), -3)
+
+
+def _as_rows(xp: Any, a: Array) -> Array:
+    """Chunks ``(..., G, C, w)`` as token rows ``(..., G·C, w)``."""
+    return xp.reshape(a, tuple(a.shape[:-3]) + (a.shape[-3] * a.shape[-2], a.shape[-1]))
 
 
 def _joined(xp: Any, parts: list[Array], axis: int) -> Array:
@@ -157,16 +166,11 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
     dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
     d_gamma_q, d_gamma_k, d_values = (xp.empty(batch + (n, w), dtype=dtype, device=device_of(v)) for w in (k, k, d_v))
 
-    def rows(a: Array, start: int, lo: int, hi: int) -> Array:  # chunks [lo, hi) of a group as token rows
-        return xp.reshape(a, tuple(a.shape[:-3]) + ((hi - lo) * c, a.shape[-1]))
-
     kept = []
     for start, stop in groups:  # pass 1
         gq, gk, vc, do = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v, d_out))
         parts = _parts(xp, gq.shape[-3])
-        mem_b, memory = _prefix(xp, memory, _joined(xp, run_blocks(
-            lambda lo, hi, gk=gk, vc=vc: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]),
-            parts), -3), -3)
+        mem_b, memory = _prefix(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
         mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
 
         def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
@@ -174,7 +178,7 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
             q = gq[..., lo:hi, :, :]
             p, c_row, a, w, dq = _pass_one(xp, q, gk[..., lo:hi, :, :], vc[..., lo:hi, :, :], do[..., lo:hi, :, :],
                                            mem_b[..., lo:hi, :, :], mass_b[..., lo:hi, :], eps)
-            d_gamma_q[..., start + lo * c:start + hi * c, :] = rows(dq, start, lo, hi)
+            d_gamma_q[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dq)
             # this part's terms of the suffix sums S^V, S^Z: (Γ^Q_c)ᵀ P_c and (Γ^Q_c)ᵀ c per chunk
             return p, a, w, xp.matmul(xp.matrix_transpose(q), p), xp.sum(q * xp.expand_dims(c_row, axis=-1), axis=-2)
 
@@ -197,8 +201,8 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
             dk = (xp.matmul(xp.matrix_transpose(w), gq[..., lo:hi, :, :])
                   + xp.matmul(vc[..., lo:hi, :, :], xp.matrix_transpose(sv))
                   + xp.expand_dims(s_z_after[..., lo:hi, :], axis=-2))
-            d_values[..., start + lo * c:start + hi * c, :] = rows(dv, start, lo, hi)
-            d_gamma_k[..., start + lo * c:start + hi * c, :] = rows(dk, start, lo, hi)
+            d_values[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dv)
+            d_gamma_k[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dk)
 
         run_blocks(two, parts)
         kept[idx] = None  # the group's arrays are no longer needed

@@ -17,6 +17,17 @@ def _inputs(rng, batch, n, k=5, d_v=3, dtype=np.float64):
     return tuple(a.astype(dtype) for a in (gq, gk, v, d_out))
 
 
+def _assert_the_loop_bit_for_bit(gq, gk, v, d_out, eps):
+    """The batched forward and backward (C = 8) equal the reader's chunked form bit for bit, dtypes and shapes too."""
+    out = cf.chunked_forward(gq, gk, v, eps, 8)
+    np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, eps, 8))
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
+    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("batch", [(), (2, 3)])
 @pytest.mark.parametrize("n", [8, 40, 64, 37])
 @pytest.mark.parametrize("group_elements", [1 << 20, 30, 1])
@@ -26,13 +37,7 @@ def test_batched_chunks_give_the_loop_bit_for_bit(monkeypatch, batch, n, group_e
     gq, gk, v, d_out = _inputs(np.random.default_rng(n), batch, n)
     if eps == 0.0:
         gk[..., :9, :] = 0.0  # early queries see no mass: their rows are 0
-    out = cf.chunked_forward(gq, gk, v, eps, 8)
-    np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, eps, 8))
-    got = cf.chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
-    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
-    for a, b in zip(got[:3], want[:3], strict=True):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
+    _assert_the_loop_bit_for_bit(gq, gk, v, d_out, eps)
 
 
 def test_groups_cover_the_tokens_in_whole_chunks(monkeypatch):
@@ -148,13 +153,7 @@ def test_parts_on_threads_give_the_loop_bit_for_bit(monkeypatch, threads, eps):
     gq, gk, v, d_out = _inputs(np.random.default_rng(11), (2,), 56)
     if eps == 0.0:
         gk[..., :9, :] = 0.0
-    out = cf.chunked_forward(gq, gk, v, eps, 8)
-    np.testing.assert_array_equal(out, gma_causal_chunked(gq, gk, v, eps, 8))
-    got = cf.chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
-    want = gma_causal_chunked_backward(gq, gk, v, d_out, eps=eps, chunk_size=8)
-    for a, b in zip(got[:3], want[:3], strict=True):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
+    _assert_the_loop_bit_for_bit(gq, gk, v, d_out, eps)
 
 
 def test_component_major_responsibilities_give_the_loop_bit_for_bit():
