@@ -352,22 +352,28 @@ def _blockwise_backward(xp: Any, x: Array, means: Array, variances: Array, rows:
     sw = score_weights(xp, mc, w, c, variances, None) if rows is None else None
 
     def block(xs: Array, delta_t: Array, rows_b: Array | None) -> tuple[Array, Array, Array, Array]:
-        features = _features(xp, xs, centre)
-        if rows_b is None:
+        if rows_b is None:  # the guard's verdict needs the forward's features
+            features = _features(xp, xs, centre)
             rows_b = scores_of_features(xp, features, sw)[1]
+            x_c, x_sq = features[..., d_r:2 * d_r], features[..., :d_r]
+        else:  # x' and x'² as arrays of their own: no strided writes into a joined array
+            x_c = xs - centre
+            x_sq = x_c * x_c
         any_rows = bool(xp.any(rows_b)) if n_elements(rows_b) else False
         kept = xp.where(xp.expand_dims(rows_b, axis=-2), xp.zeros_like(delta_t), delta_t) if any_rows \
             else delta_t
         both = xp.matmul(xp.matrix_transpose(kept), right)  # [δ (μ'w), δ w], (..., n, 2 d_r)
-        d_x = both[..., :d_r] - features[..., d_r:2 * d_r] * both[..., d_r:]
-        sums = xp.matmul(kept, features)  # δᵀ [x'², x', 1], (..., K, 2 d_r + 1)
-        s2, s1, s0 = sums[..., :d_r], sums[..., d_r:2 * d_r], sums[..., 2 * d_r:]
+        d_x = both[..., :d_r] - x_c * both[..., d_r:]
+        # δᵀ [x'², x', 1] by parts, (..., K, d_r) twice and (..., K, 1)
+        s2, s1 = xp.matmul(kept, x_sq), xp.matmul(kept, x_c)
+        delta_sum = xp.sum(delta_t, axis=-1)
+        s0 = xp.expand_dims(xp.sum(kept, axis=-1) if any_rows else delta_sum, axis=-1)
         d_means = w * (s1 - s0 * mc)
         sq_sum = w * w * (s2 - 2.0 * mc * s1 + s0 * mc * mc)
         if any_rows:
             d_x, d_means, sq_sum = _backward_flagged_rows(xp, xs, means, variances, xp.matrix_transpose(delta_t),
                                                           rows_b, d_x, d_means, sq_sum)
-        return sum_to_shape(xp, d_x, tuple(xs.shape)), d_means, sq_sum, xp.sum(delta_t, axis=-1)
+        return sum_to_shape(xp, d_x, tuple(xs.shape)), d_means, sq_sum, delta_sum
 
     n = x.shape[-2]
     blocks = token_blocks(xp, n, k + 2 * d_r + 1)
@@ -432,11 +438,12 @@ def _scores_cotangent(xp: Any, gamma_t: Array, d_gamma_t: Array) -> Array:
     :func:`~gma_ref._blocks.in_place_ok`."""
     if n_elements(gamma_t) == 0:
         return xp.matrix_transpose(scores_cotangent(xp.matrix_transpose(gamma_t), xp.matrix_transpose(d_gamma_t)))
-    top = gamma_t == xp.max(gamma_t, axis=-2, keepdims=True)
+    largest = xp.max(gamma_t, axis=-2, keepdims=True)
+    top = gamma_t == largest
     # the reference: g at the row's largest γ; at a tie (γ ≤ ½ there, where nothing cancels) the largest
-    # such g; a row without a maximum (NaN) is left unshifted
+    # such g; a row without a maximum (a NaN γ, whose maximum is NaN: no entry equals it) is left unshifted
     ref = xp.max(xp.where(top, d_gamma_t, -math.inf), axis=-2, keepdims=True)
-    g = d_gamma_t - xp.where(xp.any(top, axis=-2, keepdims=True), ref, 0.0)
+    g = d_gamma_t - xp.where(largest == largest, ref, 0.0)
     centre = xp.sum(gamma_t * g, axis=-2, keepdims=True)
     if not in_place_ok(xp):
         return gamma_t * (g - centre)
