@@ -14,7 +14,11 @@ tokens. This module forms the same two cotangents transposed, with V centred on 
     ∂L/∂V = Γ^K ∂L/∂Ṽ
 
 Each rank-one term is added to its product's own array in place (NumPy; out of place elsewhere), and the two
-cotangents are returned as ``matrix_transpose`` views of shape ``(..., N, K)``, as the reader's. The products
+cotangents are returned as ``matrix_transpose`` views of shape ``(..., N, K)``, as the reader's.
+:class:`LatentBackward` computes the same thing in two passes that its caller drives block by block (queries,
+then keys), handing out each block of (∂L/∂Γ)ᵀ: the pipeline (:func:`gma_ref.attention.gma_attention_backward`)
+gives those blocks straight to the score VJP of the same tokens, so that neither cotangent is written to an
+N × K array; :func:`latent_backward` drives the passes itself and writes both. The products
 are the reader's, transposed: the values agree with :func:`~gma_ref.bidirectional.latent_vjp` to rounding
 (``tests/attention/test_latent_fast.py``). Only the case the pipeline meets in training takes this path: ε > 0,
 the forward's output at hand, the four arrays with one batch shape, no value scaling; any other case is
@@ -37,7 +41,7 @@ from .bidirectional import (
     output_shape,
 )
 
-__all__ = ["latent_forward", "latent_backward"]
+__all__ = ["latent_forward", "latent_backward", "LatentBackward"]
 
 
 def _fast_case(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float) -> bool:
@@ -88,57 +92,108 @@ def latent_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float) -> Arra
     return out
 
 
+class LatentBackward:
+    """:func:`~gma_ref.bidirectional.latent_vjp` (``check_finite=False``) in two passes over token blocks that the
+    caller drives, so that each block's ∂L/∂Γ can be used while it is in cache (the pipeline hands it to the score
+    VJP of the same block, :func:`gma_ref.scores_fast.responsibilities_backward_blocks`) instead of being written to
+    an N × K array first.
+
+    Construction validates as :func:`latent_backward` does and forms Ṽ_c and Z. Then
+    :meth:`queries` for blocks of query tokens covering ``range(N_q)`` (in any order, on any threads), then
+    :meth:`end_queries` (the blocks' sums in token order, the saved output's identity checked: raises what
+    :func:`~gma_ref.bidirectional.latent_vjp` raises), then :meth:`keys` for blocks covering ``range(N_k)``; ∂L/∂V
+    is then :attr:`d_values`. Where the blocked form does not apply (see the module docstring) the cotangents are
+    :func:`~gma_ref.bidirectional.latent_vjp`'s, formed at construction and handed out by slices.
+    """
+
+    def __init__(self, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array,
+                 out_name: str, out_instead: str) -> None:
+        xp = self.xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, **{out_name: out})
+        eps = self.eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
+        shape = output_shape(gamma_q, gamma_k, v)
+        self.gamma_q, self.gamma_k, self.v, self.d_out, self.out = gamma_q, gamma_k, v, d_out, out
+        self.names = (out_name, out_instead)
+        self.dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
+        self._reader: GMAGrad | None = None
+        if not _fast_case(xp, gamma_q, gamma_k, v, eps):
+            self._reader = latent_vjp(gamma_q, gamma_k, v, d_out, eps, out, False, out_name, out_instead)
+            self.d_values = self._reader.d_v
+            return
+        check_cotangent(xp, "d_out", d_out, shape, "the output of gma_bidirectional", False)
+        self.own = in_place_ok(xp)
+        self.centre = xp.sum(v, axis=-2, keepdims=True) / v.shape[-2]  # R, (..., 1, d_v)
+        self.memory_c, mass = _write(xp, gamma_k, v - self.centre)  # Ṽ_c = Ṽ − Z R, without the cancellation; Z
+        self.mass_col = xp.expand_dims(mass, axis=-1)
+        check_saved_layout(xp, out, shape, "gma_bidirectional", out_name)
+        self.d_values = xp.empty(tuple(v.shape), dtype=self.dtype, device=device_of(v))
+        self._sums: dict[int, tuple[Array, ...]] = {}
+
+    def queries(self, start: int, stop: int) -> Array:
+        """(∂L/∂Γ^Q)ᵀ of the query tokens [start, stop), ``(..., K, stop − start)``, not to be modified."""
+        xp = self.xp
+        if self._reader is not None:
+            return xp.matrix_transpose(self._reader.d_gamma_q[..., start:stop, :])
+        gq, o = self.gamma_q[..., start:stop, :], self.out[..., start:stop, :]
+        denom = xp.matmul(gq, self.mass_col) + self.eps  # D = u + ε, (..., n, 1)
+        p = self.d_out[..., start:stop, :] / denom  # P = G / D
+        c = -xp.vecdot(p, o - self.centre, axis=-1)  # (..., n)
+        gq_t = xp.matrix_transpose(gq)
+        weighted = denom * o  # this block's terms of the saved output's identity Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ
+        self._sums[start] = (xp.matmul(gq_t, p), xp.matmul(gq_t, xp.expand_dims(c, axis=-1)),
+                             xp.sum(weighted, axis=-2), xp.sum(xp.abs(weighted), axis=-2),
+                             xp.sum(gq, axis=-2, keepdims=True))
+        return _plus_outer(xp, xp.matmul(self.memory_c, xp.matrix_transpose(p)), self.mass_col, c, self.own)
+
+    def end_queries(self) -> None:
+        """Add the query blocks' sums in token order and check the saved output's identity."""
+        if self._reader is not None:
+            return
+        xp = self.xp
+        self.d_memory, self.d_mass, lhs, lhs_abs, weights = _summed(xp, [self._sums[i] for i in sorted(self._sums)])
+        self._sums.clear()
+        memory = self.memory_c + self.mass_col * self.centre  # Ṽ = Ṽ_c + Z R
+        check_output_identity(xp, lhs, xp.matmul(weights, memory)[..., 0, :],
+                              lhs_abs + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :], self.out.dtype,
+                              "gma_bidirectional", *self.names)
+
+    def keys(self, start: int, stop: int) -> Array:
+        """(∂L/∂Γ^K)ᵀ of the key tokens [start, stop), ``(..., K, stop − start)``, not to be modified; writes their
+        rows of ∂L/∂V."""
+        xp = self.xp
+        if self._reader is not None:
+            return xp.matrix_transpose(self._reader.d_gamma_k[..., start:stop, :])
+        v_c = self.v[..., start:stop, :] - self.centre
+        self.d_values[..., start:stop, :] = xp.matmul(self.gamma_k[..., start:stop, :], self.d_memory)
+        return _plus_outer(xp, xp.matmul(self.d_memory, xp.matrix_transpose(v_c)), self.d_mass, None, self.own)
+
+
 def latent_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array,
                     out_name: str, out_instead: str) -> GMAGrad:
     """:func:`~gma_ref.bidirectional.latent_vjp` (``check_finite=False``) with ∂L/∂Γ^Q and ∂L/∂Γ^K formed
-    component-major and returned as transposed views ``(..., N_q, K)``, ``(..., N_k, K)``.
+    component-major and returned as transposed views ``(..., N_q, K)``, ``(..., N_k, K)``: :class:`LatentBackward`'s
+    two passes, each in token blocks on the block threads.
 
     ``out`` is the forward's output, checked as there (``out_name`` and ``out_instead`` name it and its remedy
     in the error). Raises what :func:`~gma_ref.bidirectional.latent_vjp` raises.
     """
-    xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, **{out_name: out})
-    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
-    shape = output_shape(gamma_q, gamma_k, v)
-    batch = tuple(v.shape[:-2])
-    if not _fast_case(xp, gamma_q, gamma_k, v, eps):
-        return latent_vjp(gamma_q, gamma_k, v, d_out, eps, out, False, out_name, out_instead)
-    check_cotangent(xp, "d_out", d_out, shape, "the output of gma_bidirectional", False)
-    own = in_place_ok(xp)
-    n_q, n_k, k, d_v = gamma_q.shape[-2], v.shape[-2], gamma_q.shape[-1], v.shape[-1]
-    centre = xp.sum(v, axis=-2, keepdims=True) / n_k  # R, (..., 1, d_v)
-    memory_c, mass = _write(xp, gamma_k, v - centre)  # Ṽ_c = Ṽ − Z R, without the cancellation; Z
-    mass_col = xp.expand_dims(mass, axis=-1)
-    check_saved_layout(xp, out, shape, "gma_bidirectional", out_name)
-    dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
-    d_gamma_q_t = xp.empty(batch + (k, n_q), dtype=dtype, device=device_of(v))
-    d_gamma_k_t = xp.empty(batch + (k, n_k), dtype=dtype, device=device_of(v))
-    d_values = xp.empty(batch + (n_k, d_v), dtype=dtype, device=device_of(v))
+    lat = LatentBackward(gamma_q, gamma_k, v, d_out, eps, out, out_name, out_instead)
+    if lat._reader is not None:
+        return lat._reader
+    xp = lat.xp
+    batch, k, d_v = tuple(v.shape[:-2]), gamma_q.shape[-1], v.shape[-1]
+    d_gamma_q_t = xp.empty(batch + (k, gamma_q.shape[-2]), dtype=lat.dtype, device=device_of(v))
+    d_gamma_k_t = xp.empty(batch + (k, v.shape[-2]), dtype=lat.dtype, device=device_of(v))
 
-    def queries(start: int, stop: int) -> tuple[Array, ...]:
-        gq, o = gamma_q[..., start:stop, :], out[..., start:stop, :]
-        denom = xp.matmul(gq, mass_col) + eps  # D = u + ε, (..., n, 1)
-        p = d_out[..., start:stop, :] / denom  # P = G / D
-        c = -xp.vecdot(p, o - centre, axis=-1)  # (..., n)
-        d_gamma_q_t[..., start:stop] = _plus_outer(xp, xp.matmul(memory_c, xp.matrix_transpose(p)), mass_col, c, own)
-        gq_t = xp.matrix_transpose(gq)
-        weighted = denom * o  # this block's terms of the saved output's identity Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ
-        return (xp.matmul(gq_t, p), xp.matmul(gq_t, xp.expand_dims(c, axis=-1)), xp.sum(weighted, axis=-2),
-                xp.sum(xp.abs(weighted), axis=-2), xp.sum(gq, axis=-2, keepdims=True))
-
-    d_memory, d_mass, lhs, lhs_abs, weights = _summed(xp, run_blocks(queries, token_blocks(xp, n_q, k + 2 * d_v)))
-    memory = memory_c + mass_col * centre  # Ṽ = Ṽ_c + Z R
-    check_output_identity(xp, lhs, xp.matmul(weights, memory)[..., 0, :],
-                          lhs_abs + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :], out.dtype,
-                          "gma_bidirectional", out_name, out_instead)
+    def queries(start: int, stop: int) -> None:
+        d_gamma_q_t[..., start:stop] = lat.queries(start, stop)
 
     def keys(start: int, stop: int) -> None:
-        v_c = v[..., start:stop, :] - centre
-        d_gamma_k_t[..., start:stop] = _plus_outer(xp, xp.matmul(d_memory, xp.matrix_transpose(v_c)), d_mass, None,
-                                                   own)
-        d_values[..., start:stop, :] = xp.matmul(gamma_k[..., start:stop, :], d_memory)
+        d_gamma_k_t[..., start:stop] = lat.keys(start, stop)
 
-    run_blocks(keys, token_blocks(xp, n_k, k + 2 * d_v))
-    return GMAGrad(xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values)
+    run_blocks(queries, token_blocks(xp, gamma_q.shape[-2], k + 2 * d_v))
+    lat.end_queries()
+    run_blocks(keys, token_blocks(xp, v.shape[-2], k + 2 * d_v))
+    return GMAGrad(xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), lat.d_values)
 
 
 def _plus_outer(xp: Any, a: Array, col: Array, row: Array | None, own: bool) -> Array:

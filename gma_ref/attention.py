@@ -42,7 +42,7 @@ from ._array import (
 from ._array import check_finite as _check_finite
 from ._blocks import one_blas_thread
 from ._causal_batched import chunked_backward, chunked_forward
-from ._latent_fast import latent_backward, latent_forward
+from ._latent_fast import LatentBackward, latent_backward, latent_forward
 from .bidirectional import (
     check_routing_inputs,
     gma_bidirectional_backward,
@@ -65,7 +65,11 @@ from .mixture import (
     variances_from_omega_backward,
 )
 from .posterior import responsibilities
-from .scores_fast import responsibilities_and_guard, responsibilities_backward_guarded
+from .scores_fast import (
+    responsibilities_and_guard,
+    responsibilities_backward_blocks,
+    responsibilities_backward_guarded,
+)
 
 __all__ = ["FORMS", "gma_attention", "AttentionSaved", "AttentionGrad", "gma_attention_backward"]
 
@@ -423,11 +427,21 @@ def _backward(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array,
                 _check_finite(xp, "saved.out", saved_out)
             saved_out = None  # non-finite values let through: its identity cannot be checked, recompute it
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
-    d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out, eps)[:3]
-    side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, d_gamma_q,
-                                               log_priors, rows_q)
-    side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, d_gamma_k,
-                                               log_priors, rows_k)
+    if form == "latent" and saved_out is not None:  # ∂L/∂Γ block by block, each used by the score VJP at once
+        lat = LatentBackward(gamma_q, gamma_k, v, d_out, eps, saved_out, "saved.out", "saved=None to recompute it")
+        side_q = responsibilities_backward_blocks(q, means, variances, gamma_q, lat.queries, lat.dtype,
+                                                  log_priors, rows_q)
+        lat.end_queries()
+        side_k = responsibilities_backward_blocks(k, means, variances, gamma_k, lat.keys, lat.dtype,
+                                                  log_priors, rows_k)
+        d_v = lat.d_values
+    else:
+        d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out,
+                                                                                        eps)[:3]
+        side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, d_gamma_q,
+                                                   log_priors, rows_q)
+        side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, d_gamma_k,
+                                                   log_priors, rows_k)
     d_variances = side_q.d_variances + side_k.d_variances
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors
     return AttentionGrad(

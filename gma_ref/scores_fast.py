@@ -75,6 +75,7 @@ __all__ = [
     "responsibilities_and_guard",
     "scores_backward_guarded",
     "responsibilities_backward_guarded",
+    "responsibilities_backward_blocks",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -466,10 +467,26 @@ def responsibilities_backward_guarded(
     """
     xp = namespace(x=x, means=means, variances=variances, gamma=gamma, d_gamma=d_gamma)
     check_cotangent(xp, "d_gamma", d_gamma, tuple(gamma.shape), "gamma", False)  # before it is cut into blocks
+    return responsibilities_backward_blocks(x, means, variances, gamma,
+                                            lambda start, stop: xp.matrix_transpose(d_gamma[..., start:stop, :]),
+                                            xp.result_type(gamma.dtype, d_gamma.dtype), log_priors, direct_rows)
+
+
+def responsibilities_backward_blocks(
+    x: Array, means: Array, variances: Array, gamma: Array, d_gamma_t: Callable[[int, int], Array],
+    d_gamma_dtype: Any, log_priors: Array, direct_rows: Array,
+) -> ScoresGrad:
+    """:func:`responsibilities_backward_guarded` with ∂L/∂Γ given a block of tokens at a time: ``d_gamma_t(start,
+    stop)`` returns (∂L/∂Γ)ᵀ of the tokens [start, stop), component-major ``(..., K, stop − start)`` with Γ's batch
+    shape and dtype ``d_gamma_dtype`` (an array this function does not modify). It is called once for each block
+    of a cover of ``range(N)``, in any order and on any of the block threads, and its block is used at once
+    (Eq. 18, then the score VJP's products), so a caller that forms ∂L/∂Γ block by block
+    (:class:`gma_ref._latent_fast.LatentBackward`) never writes an N × K array of it.
+    """
+    xp = namespace(x=x, means=means, variances=variances, gamma=gamma)
 
     def block_delta(start: int, stop: int) -> Array:
-        return _scores_cotangent(xp, xp.matrix_transpose(gamma[..., start:stop, :]),
-                                 xp.matrix_transpose(d_gamma[..., start:stop, :]))
+        return _scores_cotangent(xp, xp.matrix_transpose(gamma[..., start:stop, :]), d_gamma_t(start, stop))
 
     return _blockwise_backward(xp, x, means, variances, direct_rows, tuple(log_priors.shape), gamma.shape[-1],
-                               xp.result_type(gamma.dtype, d_gamma.dtype), block_delta)
+                               xp.result_type(gamma.dtype, d_gamma_dtype), block_delta)
