@@ -520,3 +520,43 @@ def test_the_vjp_of_gamma_out_of_place_agrees_with_numpys():
     got = fast.responsibilities_backward_guarded(*strict)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-10, atol=1e-12 * float(np.max(np.abs(b))))
+
+
+def test_at_tied_maxima_eq_18_shifts_by_the_largest_tied_g():
+    """Rows whose largest γ is tied (two at ½, four at ¼): g is shifted by the largest g among the tied
+    components (the fast path's choice, where the reader's form takes their mean; the same δ to rounding, not
+    the same bits), then δ = γ (g − Σ_j γ_j g_j) with the sum down the K rows in order, bit for bit."""
+    rng = np.random.default_rng(21)
+    n = 64
+    gamma_t = np.zeros((6, n))
+    gamma_t[[1, 4], : n // 2] = 0.5
+    gamma_t[[0, 2, 3, 5], n // 2:] = 0.25
+    d_gamma_t = rng.normal(size=(6, n)) * 10.0 ** rng.integers(-3, 4, size=(6, n))
+    got = fast._scores_cotangent(np, gamma_t, d_gamma_t)
+    ref = np.max(np.where(gamma_t == np.max(gamma_t, axis=0), d_gamma_t, -np.inf), axis=0, keepdims=True)
+    g = d_gamma_t - ref
+    want = gamma_t * (g - np.sum(gamma_t * g, axis=0, keepdims=True))
+    np.testing.assert_array_equal(got, want)
+    mean_shift = scores_cotangent(gamma_t.T, d_gamma_t.T).T  # the reader's form: equal to rounding only
+    np.testing.assert_allclose(got, mean_shift, rtol=0, atol=1e-12 * float(np.max(np.abs(d_gamma_t))))
+    assert not np.array_equal(got, mean_shift)
+
+
+def test_torch_autograd_differentiates_the_vjp_of_gamma():
+    """The VJP of Γ is linear in ∂L/∂Γ; under torch autograd (∂L/∂Γ and Γ tensors that require grad) no array
+    the graph saved is modified in place, so differentiating ⟨W, ∂L/∂x⟩ succeeds, and its gradient with respect
+    to ∂L/∂Γ, paired with a direction E, equals ⟨W, ∂L/∂x(E)⟩ from NumPy's VJP of E."""
+    torch = pytest.importorskip("torch")
+    x, means, var, lp = _inputs("generic", np.random.default_rng(22))
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
+    rng = np.random.default_rng(23)
+    d_gamma, direction = rng.normal(size=gamma.shape), rng.normal(size=gamma.shape)
+    weights = rng.normal(size=x.shape)
+    leaves = [torch.tensor(a, requires_grad=True) for a in (gamma, d_gamma)]
+    grads = fast.responsibilities_backward_guarded(*(torch.tensor(a) for a in (x, means, var)), *leaves,
+                                                   torch.tensor(lp), torch.tensor(rows))
+    torch.sum(grads.d_x * torch.tensor(weights)).backward()
+    along = float(torch.sum(leaves[1].grad * torch.tensor(direction)))
+    want = float(np.sum(weights * fast.responsibilities_backward_guarded(x, means, var, gamma, direction, lp,
+                                                                         rows).d_x))
+    assert along == pytest.approx(want, rel=1e-10)
