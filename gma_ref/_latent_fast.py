@@ -150,7 +150,6 @@ class LatentBackward:
             return
         xp = self.xp
         self.d_memory, self.d_mass, lhs, lhs_abs, weights = _summed(xp, [self._sums[i] for i in sorted(self._sums)])
-        self._sums.clear()
         memory = self.memory_c + self.mass_col * self.centre  # Ṽ = Ṽ_c + Z R
         check_output_identity(xp, lhs, xp.matmul(weights, memory)[..., 0, :],
                               lhs_abs + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :], self.out.dtype,

@@ -42,7 +42,7 @@ from ._array import (
 from ._array import check_finite as _check_finite
 from ._blocks import one_blas_thread
 from ._causal_batched import chunked_backward, chunked_forward
-from ._latent_fast import LatentBackward, latent_backward, latent_forward
+from ._latent_fast import LatentBackward, latent_forward
 from .bidirectional import (
     check_routing_inputs,
     gma_bidirectional_backward,
@@ -103,15 +103,9 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
     return lambda gq, gk, v, eps: chunked_forward(gq, gk, v, eps, chunk_size)  # gma_causal_chunked, chunks batched
 
 
-def _core_backward(causal: bool, form: str, chunk_size: int, out: Array | None
-                   ) -> Callable[..., tuple[Array, Array, Array]]:
-    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass).
-
-    ``out``, the forward's output from ``saved``, is used by the latent form (and checked there).
-    """
-    if form == "latent" and out is not None:  # latent_vjp's values, ∂L/∂Γ component-major for the score VJPs
-        return lambda gq, gk, v, g, eps: latent_backward(gq, gk, v, g, eps, out, "saved.out",
-                                                         "saved=None to recompute it")
+def _core_backward(causal: bool, form: str, chunk_size: int) -> Callable[..., tuple[Array, Array, Array]]:
+    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass). (The latent
+    form with the forward's output at hand runs block by block with the score VJPs instead: :func:`_backward`.)"""
     if form == "materialized":
         return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps=eps, causal=causal,
                                                                    check_finite=False)
@@ -436,8 +430,7 @@ def _backward(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array,
                                                   log_priors, rows_k)
         d_v = lat.d_values
     else:
-        d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size, saved_out)(gamma_q, gamma_k, v, d_out,
-                                                                                        eps)[:3]
+        d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size)(gamma_q, gamma_k, v, d_out, eps)[:3]
         side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, d_gamma_q,
                                                    log_priors, rows_q)
         side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, d_gamma_k,

@@ -217,3 +217,20 @@ def test_backward_with_broadcast_mixture_returns_gradients_in_the_input_shapes(r
     for got, a in zip(g, (q, q, v, means, omega, alpha), strict=True):
         assert got.shape == a.shape
     assert abs(float(np.sum(g.d_prior_logits))) < 1e-12
+
+
+@pytest.mark.parametrize("with_saved", [False, True])
+@pytest.mark.parametrize(("causal", "form", "name"), [(True, "prefix", "gma_causal_prefix_backward"),
+                                                      (False, "materialized", "gma_materialized_backward"),
+                                                      (True, "materialized", "gma_materialized_backward")])
+def test_the_backward_refuses_a_core_over_the_budget_by_the_backward_s_name(rng, monkeypatch, causal, form, name,
+                                                                             with_saved):
+    """A core over the memory budget (here a budget of 1 kB) is refused before Γ, with or without the saved
+    arrays, by the name of the backward core, whose peak the budget is measured against."""
+    import gma_ref.attention as attention
+
+    args = _inputs(rng)
+    saved = gma_attention(*args, causal=causal, form=form, return_saved=True)[1] if with_saved else None
+    monkeypatch.setattr(attention, "DEFAULT_MAX_BYTES", 1000)
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        gma_attention_backward(*args, rng.normal(size=(N, D_V)), causal=causal, form=form, saved=saved)

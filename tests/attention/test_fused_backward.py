@@ -84,8 +84,9 @@ def test_the_saved_latent_backward_forms_no_whole_cotangent_of_gamma(small_block
     def refuse(*a, **kw):
         raise AssertionError("a whole ∂L/∂Γ was formed")
 
-    monkeypatch.setattr(attention, "latent_backward", refuse)
+    monkeypatch.setattr(lf, "latent_backward", refuse)
     monkeypatch.setattr(attention, "responsibilities_backward_guarded", refuse)
+    monkeypatch.setattr(attention, "gma_bidirectional_backward", refuse)
     got = gma_attention_backward(*args, saved=saved)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -144,3 +145,23 @@ def test_latent_backward_blocks_in_any_order(small_blocks):
     assert len(blocks.token_blocks(np, 37, 11)) > 3
     for a, b in zip(*runs, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_each_side_is_cut_at_the_score_vjps_row_width(monkeypatch):
+    """The backward's passes over tokens: the write step's sums over the keys at K + d_v (Γ^K and V rows), then
+    the query side and the key side each at the score VJP's row width K + 2 d_r + 1 (K = 5, d_r = 4, d_v = 3;
+    N_q = 37, N_k = 29)."""
+    import gma_ref.scores_fast as fast
+
+    args = _inputs(np.random.default_rng(7))
+    _, saved = gma_attention(*args[:6], return_saved=True)
+    cuts = []
+
+    def spy(xp, n, width):
+        cuts.append((n, width))
+        return blocks.token_blocks(xp, n, width)
+
+    monkeypatch.setattr(fast, "token_blocks", spy)
+    monkeypatch.setattr(lf, "token_blocks", spy)
+    gma_attention_backward(*args, saved=saved)
+    assert cuts == [(29, 8), (37, 14), (29, 14)]

@@ -104,10 +104,10 @@ def test_a_wrong_saved_output_is_refused_as_the_reader_refuses_it(small_blocks, 
     assert "saved.out" in str(fast.value)
 
 
-@pytest.mark.parametrize("case", ["eps_zero", "broadcast", "huge_v", "no_keys"])
+@pytest.mark.parametrize("case", ["eps_zero", "broadcast", "huge_v", "no_keys", "no_queries"])
 def test_other_cases_are_the_readers_form(small_blocks, case):
-    """ε = 0 (rows that see no mass), batch axes that broadcast, V near the float maximum (scaled), no keys:
-    the blocked form does not apply and the results are the reader's, bit for bit."""
+    """ε = 0 (rows that see no mass), batch axes that broadcast, V near the float maximum (scaled), no keys, no
+    queries: the blocked form does not apply and the results are the reader's, bit for bit."""
     gq, gk, v, d_out = _inputs(np.random.default_rng(6), (2,))
     eps = 0.0 if case == "eps_zero" else 1e-6
     if case == "eps_zero":
@@ -121,6 +121,8 @@ def test_other_cases_are_the_readers_form(small_blocks, case):
         v = v * 1e306
     if case == "no_keys":
         gk, v = gk[..., :0, :], v[..., :0, :]
+    if case == "no_queries":
+        gq, d_out = gq[..., :0, :], d_out[..., :0, :]
     out = lf.latent_forward(gq, gk, v, eps)
     np.testing.assert_array_equal(out, gma_bidirectional(gq, gk, v, eps, check_finite=False))
     got = lf.latent_backward(gq, gk, v, d_out, eps, out, "saved.out", "saved=None")
@@ -206,3 +208,19 @@ def test_a_stale_output_is_found_at_its_own_columns_scale(small_blocks):
     with pytest.raises(ValueError) as reader:
         latent_vjp(gq, gk, v, d_out, 1e-6, bad, False, "saved.out", "saved=None")
     assert str(fast.value) == str(reader.value)
+
+
+def test_arrays_it_makes_live_on_the_inputs_device(small_blocks):
+    """array_api_strict arrays on a second device: the forward, the three cotangents (the arrays the passes write
+    into included) live there and equal the reader's to rounding."""
+    import array_api_strict as xs
+
+    dev = xs.Device("device1")
+    gq, gk, v, d_out = (xs.asarray(a, device=dev) for a in _inputs(np.random.default_rng(12), (2,)))
+    out = lf.latent_forward(gq, gk, v, 1e-6)
+    got = lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")
+    want = latent_vjp(gq, gk, v, d_out, 1e-6, out, False)
+    for a, b in zip(got, want, strict=True):
+        assert a.device == dev
+        _close(np.asarray(xs.asarray(a, device=xs.Device("CPU_DEVICE"))), np.asarray(
+            xs.asarray(b, device=xs.Device("CPU_DEVICE"))), np.float64)

@@ -218,3 +218,42 @@ def test_an_isolated_case_file_whose_inputs_overflow_the_dtype_is_an_error(modul
                             grad=False, failures=[])
     with pytest.raises(NonFiniteInputError):
         check("k_run_half:half", case_file=path)
+
+
+
+class _FakeWorker:
+    """What _run_isolated asks of the worker's handle: a case begins, the output is taken."""
+
+    def begin_case(self, timeout):
+        pass
+
+    def take_output(self):
+        return ""
+
+
+@pytest.mark.parametrize(("error", "from_file", "raised"), [
+    ("harness", True, False), ("harness", False, False), ("non-finite", True, True), ("non-finite", False, False)])
+def test_what_escapes_an_isolated_case_is_labelled_unless_a_files_input_is_not_finite(error, from_file, raised):
+    """An exception of the harness during an isolated case is one 'harness' failure of the case, with or without
+    a case file; only a NonFiniteInputError of a case file's inputs (the file's fault, not the candidate's) is
+    raised from check, as in process."""
+    from gma_ref.testing.case_runner import NonFiniteInputError
+    from gma_ref.testing.report import Report
+    from gma_ref.testing.runner import _run_isolated
+
+    exc = NonFiniteInputError("input q is not finite") if error == "non-finite" else RuntimeError("decode failed")
+
+    def evaluate(cand, case, decl, **opts):
+        raise exc
+
+    report = Report("k:f", Declaration(), "float64", "cpu", False)
+    opts = {"arrays": {"q": None} if from_file else None, "full_traceback": False}
+    case = _CASES[0].with_dtype("float64")
+    if raised:
+        with pytest.raises(NonFiniteInputError):
+            _run_isolated(report, _FakeWorker(), case, Declaration(), opts, None, evaluate, case.case_id)
+        return
+    res = _run_isolated(report, _FakeWorker(), case, Declaration(), opts, None, evaluate, case.case_id)
+    (r,) = res.results
+    assert (r.check, r.tensor, r.passed) == ("harness", "case", False)
+    assert r.detail.startswith("the harness failed on what the implementation did: ")

@@ -319,6 +319,31 @@ def test_long_cases_are_those_of_the_seed_and_dtype_and_limited_against_their_ow
     assert info.value.report.envelope_limits == ["n_max = 4096 (default N up to 32768)"]
 
 
+@pytest.mark.parametrize("limit", ["n_max", "k_max", "d_max"])
+def test_a_limit_of_one_is_refused_by_its_name(limit) -> None:
+    """A declared n_max, k_max or d_max of 1 (the others left out) leaves no case with N, K, d_r, d_v all above 1:
+    check refuses it with a ValueError naming that limit."""
+    with pytest.raises(ValueError, match=rf"nothing of attention would be checked: {limit} = 1; "):
+        check(_raising(**{limit: 1}), contract=False)
+
+
+def test_a_kernel_without_a_chunk_size_keeps_each_cases_chunk() -> None:
+    """Sizes mapped to a multiple of 8: a kernel that takes no chunk size runs each causal case with the case's
+    own chunk (as the case was generated; it picks its chunks itself), while one that takes a chunk size gets, where
+    the case's chunk did not divide N and now divides it, another chunk that does not."""
+    from gma_ref.testing.cases import constrain_case
+
+    def chunks(report):
+        return [part for cid in report.case_ids for part in cid.split("-") if part[:1] == "c" and part[1:].isdigit()]
+
+    plain = check(_raising(variants=("causal",), n_multiple=8), contract=False, tiling=False)
+    taking = check(_raising(variants=("causal",), n_multiple=8, accepts_chunk_size=True), contract=False, tiling=False)
+    want = [f"c{constrain_case(c, n_multiple=8, chunked=False)[0].chunk_size}"
+            for c in default_cases(("causal",), dtype="float64", seed=0)]
+    assert chunks(plain) == want
+    assert chunks(taking) != chunks(plain)
+
+
 def test_every_declared_constraint_maps_the_cases_and_is_listed() -> None:
     """Declared ε, ε_σ, size multiples and limits (no chunk size accepted): the cases run are the default ones
     mapped under all of them, each edge that cannot be realised is listed once per variant, and every limit is
