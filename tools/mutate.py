@@ -691,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             counts["killed"] += 1
             counts["timeout"] += outcome == "timeout"
+            if outcome == "timeout":  # named, so that a loaded machine's time-outs can be rerun with --match
+                print(f"TIMED OUT line {m.lineno}: {m.key}", flush=True)
             if is_equivalent:
                 wrongly_equivalent.append(m)
         if i % 25 == 0:
