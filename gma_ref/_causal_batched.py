@@ -144,7 +144,9 @@ def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, 
                      chunk_size: int) -> CausalGrad:
     """:func:`gma_ref.causal.gma_causal_chunked_backward` (empty state, ``check_finite=False``), chunks batched:
     pass 1 over the groups in order (the state before each chunk, P, δ, c, W, ∂L/∂Γ^Q), pass 2 in reverse
-    (the suffix sums S^V, S^Z after each chunk, ∂L/∂V, ∂L/∂Γ^K), BLAS on one thread as in the forward."""
+    (the suffix sums S^V, S^Z after each chunk, ∂L/∂V, ∂L/∂Γ^K), BLAS on one thread as in the forward. ∂L/∂Γ^Q and
+    ∂L/∂Γ^K are written component-major and returned as transposed views ``(..., N, K)`` of ``(..., K, N)`` arrays,
+    for the score VJPs' reductions over K (the values are the reader's, bit for bit)."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     if not _batched(xp, gamma_q, gamma_k, v, chunk_size):
         return gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size,
@@ -164,7 +166,10 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
     memory = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_k, v), device=device_of(v))
     mass = xp.zeros(batch + (k,), dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
     dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
-    d_gamma_q, d_gamma_k, d_values = (xp.empty(batch + (n, w), dtype=dtype, device=device_of(v)) for w in (k, k, d_v))
+    # ∂L/∂Γ^Q and ∂L/∂Γ^K component-major, (..., K, N), returned as transposed views: the score VJPs that take them
+    # next reduce over K down contiguous rows of tokens (gma_ref.scores_fast)
+    d_gamma_q_t, d_gamma_k_t = (xp.empty(batch + (k, n), dtype=dtype, device=device_of(v)) for _ in range(2))
+    d_values = xp.empty(batch + (n, d_v), dtype=dtype, device=device_of(v))
 
     kept = []
     for start, stop in groups:  # pass 1
@@ -178,7 +183,7 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
             q = gq[..., lo:hi, :, :]
             p, c_row, a, w, dq = _pass_one(xp, q, gk[..., lo:hi, :, :], vc[..., lo:hi, :, :], do[..., lo:hi, :, :],
                                            mem_b[..., lo:hi, :, :], mass_b[..., lo:hi, :], eps)
-            d_gamma_q[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dq)
+            d_gamma_q_t[..., start + lo * c:start + hi * c] = xp.matrix_transpose(_as_rows(xp, dq))
             # this part's terms of the suffix sums S^V, S^Z: (Γ^Q_c)ᵀ P_c and (Γ^Q_c)ᵀ c per chunk
             return p, a, w, xp.matmul(xp.matrix_transpose(q), p), xp.sum(q * xp.expand_dims(c_row, axis=-1), axis=-2)
 
@@ -202,11 +207,12 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
                   + xp.matmul(vc[..., lo:hi, :, :], xp.matrix_transpose(sv))
                   + xp.expand_dims(s_z_after[..., lo:hi, :], axis=-2))
             d_values[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dv)
-            d_gamma_k[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dk)
+            d_gamma_k_t[..., start + lo * c:start + hi * c] = xp.matrix_transpose(_as_rows(xp, dk))
 
         run_blocks(two, parts)
         kept[idx] = None  # the group's arrays are no longer needed
-    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_values, None, gamma_q, gamma_k, v, None)
+    return _causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
+                        gamma_k, v, None)
 
 
 def _suffix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Array]:

@@ -184,3 +184,16 @@ def test_the_batched_path_keeps_float32():
     for a, b in zip(got[:3], ref[:3], strict=True):
         assert a.dtype == b.dtype == np.float32
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("batch", [(), (2, 3)])
+def test_the_cotangents_of_gamma_are_component_major_views(batch):
+    """∂L/∂Γ^Q and ∂L/∂Γ^K come back as (..., N, K) arrays whose last two axes, swapped, are contiguous (K, N)
+    rows (what the score VJPs read a block of tokens at a time, reducing over K down the rows), with the loop's
+    values bit for bit; ∂L/∂V as (..., N, d_v) rows."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(14), batch, 40)
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    assert np.swapaxes(got.d_gamma_q, -1, -2).flags.c_contiguous
+    assert np.swapaxes(got.d_gamma_k, -1, -2).flags.c_contiguous
+    assert got.d_v.flags.c_contiguous
+    _assert_the_loop_bit_for_bit(gq, gk, v, d_out, 1e-6)
