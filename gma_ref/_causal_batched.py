@@ -25,15 +25,15 @@ from ._array import Array, device_of, namespace, value_scale
 from ._blocks import in_place_ok, run_blocks, small_products
 from .causal import (
     CausalGrad,
-    _causal_grad,
-    _check_causal,
-    _check_d_out,
-    _divide,
-    _divide_scalars,
-    _lower_mask,
-    _row_terms,
+    causal_grad,
+    check_causal,
+    check_d_out,
+    divide,
+    divide_scalars,
     gma_causal_chunked,
     gma_causal_chunked_backward,
+    lower_mask,
+    row_terms,
 )
 
 __all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS"]
@@ -87,9 +87,9 @@ def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_
 
 def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
     """The body of :func:`chunked_forward`, the groups in order, each group's chunks in parts on the block threads."""
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, False)
     c, k, d_v, batch = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2])
-    lower = _lower_mask(xp, c, device_of(v))
+    lower = lower_mask(xp, c, device_of(v))
     dtype = xp.result_type(gamma_k, v)
     memory = xp.zeros(batch + (k, d_v), dtype=dtype, device=device_of(v))
     mass = xp.zeros(batch + (k,), dtype=dtype, device=device_of(v))
@@ -107,7 +107,7 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
             a = xp.where(lower, a, 0.0)
             num = xp.matmul(a, vc[..., lo:hi, :, :]) + xp.matmul(q, mem_b[..., lo:hi, :, :])
             u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b[..., lo:hi, :], axis=-2), axis=-1)
-            part = _divide(xp, num, u, eps)
+            part = divide(xp, num, u, eps)
             out[..., start + lo * c:start + hi * c, :] = _as_rows(xp, part)
 
         run_blocks(one, parts)
@@ -159,8 +159,8 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
               chunk_size: int) -> CausalGrad:
     """The body of :func:`chunked_backward` (BLAS on one thread), each group's chunks in parts on the block
     threads; the prefix and suffix sums over the chunks in order in the calling thread."""
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, False)
-    _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_chunked", False)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_chunked", False)
     c, k, d_v, batch, n = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2]), v.shape[-2]
     groups = _groups(n, c, k, d_v)
     memory = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_k, v), device=device_of(v))
@@ -211,7 +211,7 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
 
         run_blocks(two, parts)
         kept[idx] = None  # the group's arrays are no longer needed
-    return _causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
+    return causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
                         gamma_k, v, None)
 
 
@@ -227,7 +227,7 @@ def _terms_of_rows(xp: Any, v: Array, d_out: Array, u_before: Array, num_before:
     """:func:`gma_ref.causal._row_terms`, (P, δ, c); for ε > 0, where every row sees mass (``seen`` all true,
     ``safe`` = u + ε), without its masks, which then keep every value: the same values."""
     if eps <= 0:
-        return _row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
+        return row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
     p = d_out / xp.expand_dims(safe, axis=-1)
     residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
     delta = xp.sum(p * residual, axis=-1) / safe
@@ -239,8 +239,8 @@ def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Arr
     """The backward's first pass for a group of chunks ``(..., G, C, ·)`` with the state before each chunk:
     (P, c, A, W, ∂L/∂Γ^Q), as in :func:`gma_ref.causal.gma_causal_chunked_backward`."""
     size = gq.shape[-2]
-    mask = _lower_mask(xp, size, device_of(gq))
-    strict = _lower_mask(xp, size, device_of(gq), strict=True)
+    mask = lower_mask(xp, size, device_of(gq))
+    strict = lower_mask(xp, size, device_of(gq), strict=True)
     a_full = xp.matmul(gq, xp.matrix_transpose(gk))
     a = xp.where(mask, a_full, 0.0)  # a scalar 0, not zeros_like: the same values, one N-sized array fewer
     a_before = xp.where(strict, a_full, 0.0)  # keys j < i of the chunk
@@ -248,7 +248,7 @@ def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Arr
     u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * mass_col, axis=-1)
     u = u_before + xp.sum(gq * gk, axis=-1)
     num_before = xp.matmul(a_before, vc) + xp.matmul(gq, mem_b)
-    safe, seen = _divide_scalars(xp, u, eps)
+    safe, seen = divide_scalars(xp, u, eps)
     p, delta, c = _terms_of_rows(xp, vc, d_out, u_before, num_before, safe, seen, eps)
     # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
     w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)

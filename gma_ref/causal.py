@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 
-def _check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool) -> float:
+def check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool) -> float:
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
     if gamma_q.shape[-2] != gamma_k.shape[-2]:
         raise ValueError(
@@ -76,7 +76,7 @@ def _check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float,
     return eps
 
 
-def _check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, forward: str,
+def check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, forward: str,
                  check_finite: bool, state: CausalState | None = None) -> None:
     shape = output_shape(gamma_q, gamma_k, v)
     if state is not None:  # the state's batch axes broadcast with the inputs'
@@ -84,7 +84,7 @@ def _check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array
     check_cotangent(xp, "d_out", d_out, shape, f"the output of {forward}", check_finite)
 
 
-def _divide(xp: Any, num: Array, u: Array, eps: float) -> Array:
+def divide(xp: Any, num: Array, u: Array, eps: float) -> Array:
     """num / (u + ε) row by row; a row with u + ε = 0 (only possible with ε = 0) is 0."""
     denom = u + eps
     if eps > 0:  # every row sees mass: one scaling, no masking
@@ -148,7 +148,7 @@ def gma_causal_prefix(
         :func:`gma_causal_chunked`, the linear-memory form).
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
     _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix")
     scale = value_scale(xp, v, v.shape[-2])
@@ -163,7 +163,7 @@ def gma_causal_prefix(
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
     num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
     u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    out = _divide(xp, num, u, eps)
+    out = divide(xp, num, u, eps)
     # [/eq:6b+8b]
     if not return_state:
         return out
@@ -268,9 +268,9 @@ def gma_causal_prefix_backward(
         with ``check_finite`` (``ValueError``); a prefix memory above ``max_bytes``.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     start = None if state is None else _initial(xp, state, gamma_q, gamma_k, v, check_finite)
-    _check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite, start)
+    check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_prefix", check_finite, start)
     _check_prefix_budget(xp, gamma_q, gamma_k, v, max_bytes, "gma_causal_prefix_backward")
     scale = value_scale(xp, v, v.shape[-2])
     if scale != 1.0:  # gradients of Γ (and of Z⁽⁰⁾) scale with V
@@ -287,8 +287,8 @@ def gma_causal_prefix_backward(
     u_before = xp.sum(gamma_q * mass_before, axis=-1)
     u = u_before + xp.sum(gamma_q * gamma_k, axis=-1)
     num_before = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_before, axis=-2)
-    safe, seen = _divide_scalars(xp, u, eps)
-    p, delta, c = _row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
+    safe, seen = divide_scalars(xp, u, eps)
+    p, delta, c = row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
     d_gamma_q = (
         xp.sum(memory_before * xp.expand_dims(p, axis=-2), axis=-1)
         + xp.expand_dims(c, axis=-1) * mass_before
@@ -304,10 +304,10 @@ def gma_causal_prefix_backward(
     d_state = None
     if start is not None:  # read by every query: the full sums
         d_state = (xp.sum(own_v, axis=-3), xp.sum(xp.expand_dims(c, axis=-1) * gamma_q, axis=-2))
-    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_v, d_state, gamma_q, gamma_k, v, start)
+    return causal_grad(xp, d_gamma_q, d_gamma_k, d_v, d_state, gamma_q, gamma_k, v, start)
 
 
-def _causal_grad(xp: Any, d_gamma_q: Array, d_gamma_k: Array, d_v: Array, d_state: tuple[Array, Array] | None,
+def causal_grad(xp: Any, d_gamma_q: Array, d_gamma_k: Array, d_v: Array, d_state: tuple[Array, Array] | None,
                  gamma_q: Array, gamma_k: Array, v: Array, state: CausalState | None) -> CausalGrad:
     """The cotangents reduced to the shapes of their inputs (broadcast batch axes summed)."""
     d_start = None
@@ -330,7 +330,7 @@ def _rescaled(grad: CausalGrad, scale: float) -> CausalGrad:
     return CausalGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v, d_state)
 
 
-def _row_terms(
+def row_terms(
     xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array, eps: float
 ) -> tuple[Array, Array, Array]:
     """(P_i = G_i / D_i, δ_i = ⟨P_i, V_i − O_i⟩, c_i = δ_i − ⟨P_i, V_i⟩), rows with D_i = 0 zeroed.
@@ -487,7 +487,7 @@ def _step(xp: Any, state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: 
     mass = state.mass + gamma_k_t
     num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
     u = xp.sum(gamma_q_t * mass, axis=-1)
-    out = _divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)
+    out = divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)
     return out[..., 0, :], CausalState(memory, mass)
     # [/eq:step]
 
@@ -586,7 +586,7 @@ def gma_causal_streaming(
     :func:`gma_causal_prefix`.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     state = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
     scale = value_scale(xp, v, v.shape[-2])
     if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
@@ -678,7 +678,7 @@ def gma_causal_chunked(
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     memory, mass = _initial(xp, state, gamma_q, gamma_k, v, check_finite)
     scale = value_scale(xp, v, v.shape[-2])
     if scale != 1.0:  # |V| near the float maximum: run on V / scale (a power of two), scale back
@@ -695,7 +695,7 @@ def gma_causal_chunked(
         a = _masked_affinity(xp, gq, gk)
         num = xp.matmul(a, vc) + xp.matmul(gq, memory)
         u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
-        outs.append(_divide(xp, num, u, eps))
+        outs.append(divide(xp, num, u, eps))
         memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
         mass = mass + xp.sum(gk, axis=-2)
     # [/eq:chunked]
@@ -710,7 +710,7 @@ def gma_causal_chunked(
 def _masked_affinity(xp: Any, gq: Array, gk: Array) -> Array:
     """(Γ^Q_c Γ^K_cᵀ) ⊙ L for one chunk (C × C, lower-triangular, j ≤ i)."""
     a = xp.matmul(gq, xp.matrix_transpose(gk))
-    return xp.where(_lower_mask(xp, gq.shape[-2], device_of(gq)), a, xp.zeros_like(a))
+    return xp.where(lower_mask(xp, gq.shape[-2], device_of(gq)), a, xp.zeros_like(a))
 
 
 def gma_causal_chunked_backward(
@@ -750,9 +750,9 @@ def _chunked_backward(
     forward: str, check_finite: bool,
 ) -> CausalGrad:
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
-    eps = _check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, check_finite)
     initial = None if state is None else _initial(xp, state, gamma_q, gamma_k, v, check_finite)
-    _check_d_out(xp, gamma_q, gamma_k, v, d_out, forward, check_finite, initial)
+    check_d_out(xp, gamma_q, gamma_k, v, d_out, forward, check_finite, initial)
     scale = value_scale(xp, v, v.shape[-2])
     if scale != 1.0:  # gradients of Γ (and of Z⁽⁰⁾) scale with V
         return _rescaled(_chunked_backward(gamma_q, gamma_k, v / scale, d_out, eps, chunk_size,
@@ -764,8 +764,8 @@ def _chunked_backward(
         memory, mass = initial
     n = gamma_q.shape[-2]
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
-    lower = _lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
-    strict_lower = _lower_mask(xp, min(n, chunk_size), device_of(v), strict=True)
+    lower = lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
+    strict_lower = lower_mask(xp, min(n, chunk_size), device_of(v), strict=True)
     a_chunks, w_chunks, p_chunks, c_chunks, dq_chunks = [], [], [], [], []
     for start, stop in bounds:  # pass 1: forward state, ∂L/∂Γ^Q
         gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
@@ -777,8 +777,8 @@ def _chunked_backward(
         u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
         u = u_before + xp.sum(gq * gk, axis=-1)
         num_before = xp.matmul(a_before, vc) + xp.matmul(gq, memory)
-        safe, seen = _divide_scalars(xp, u, eps)
-        p, delta, c = _row_terms(xp, vc, d_out[..., start:stop, :], u_before, num_before, safe, seen, eps)
+        safe, seen = divide_scalars(xp, u, eps)
+        p, delta, c = row_terms(xp, vc, d_out[..., start:stop, :], u_before, num_before, safe, seen, eps)
         # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
         w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
         w = xp.where(strict, w, xp.zeros_like(w))
@@ -825,17 +825,17 @@ def _chunked_backward(
     d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
     d_v = cat(dv_chunks, v, v.shape[-1], xp.result_type(gamma_q, gamma_k, d_out))
     # the state is read by every query: its cotangents are the suffix sums before the first chunk
-    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_v, (s_v, s_z), gamma_q, gamma_k, v, initial)
+    return causal_grad(xp, d_gamma_q, d_gamma_k, d_v, (s_v, s_z), gamma_q, gamma_k, v, initial)
 
 
-def _lower_mask(xp: Any, size: int, device: Any, strict: bool = False) -> Array:
+def lower_mask(xp: Any, size: int, device: Any, strict: bool = False) -> Array:
     """Boolean C × C mask L with L_ij = (j ≤ i), or (j < i) with ``strict``."""
     i = xp.reshape(xp.arange(size, device=device), (size, 1))
     j = xp.reshape(xp.arange(size, device=device), (1, size))
     return j < i if strict else j <= i
 
 
-def _divide_scalars(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
+def divide_scalars(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
     """(safe denominator u + ε, mask of rows that see mass), without dividing anything."""
     denom = u + eps
     seen = denom > 0

@@ -10,7 +10,7 @@ from scipy import special, stats
 
 from .. import diagnostics as diag
 from .. import extensions as ext
-from .checks_gradients import GRAD_TOL, _np, _worst
+from .checks_gradients import GRAD_TOL, as_numpy_fn, worst_vjp_error
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 
@@ -201,14 +201,14 @@ def _ext_grads(ctx: Context) -> float:
     a = 0.5 + 2 * ctx.rng.random(4)
     cot0 = np.asarray(ctx.rng.normal())
     kl_grad = ext.dirichlet_prior_kl_backward(ctx.arr(a), 2.0, ctx.arr(cot0)).d_a
-    errs = [_worst(ctx, _np(lambda a_: ext.dirichlet_prior_kl(a_, 2.0)), [a], [kl_grad], cot0)]
+    errs = [worst_vjp_error(ctx, as_numpy_fn(lambda a_: ext.dirichlet_prior_kl(a_, 2.0)), [a], [kl_grad], cot0)]
     v, cot = ctx.rounded(0.1 + 0.8 * ctx.rng.random(5)), ctx.normal(5)
     sb = ext.stick_breaking_priors_backward(ctx.arr(v), ctx.arr(cot)).d_v
-    errs.append(_worst(ctx, _np(lambda v_: ext.stick_breaking_priors(v_)[0]), [v], [sb], cot))
+    errs.append(worst_vjp_error(ctx, as_numpy_fn(lambda v_: ext.stick_breaking_priors(v_)[0]), [v], [sb], cot))
     args = [ctx.normal(4, 2), ctx.normal(3, 2), ctx.rounded(0.5 + ctx.rng.random((3, 2))), ctx.normal(3)]
     cot = ctx.normal(4, 3)
     grads = ext.moe_gates_backward(*[ctx.arr(x) for x in args], ctx.arr(cot))
-    errs.append(_worst(ctx, _np(ext.moe_gates), args, list(grads), cot))
+    errs.append(worst_vjp_error(ctx, as_numpy_fn(ext.moe_gates), args, list(grads), cot))
     return max(errs)
 
 

@@ -40,13 +40,15 @@ def _fd(
 
 
 
-def _worst(ctx: Context, f: Callable[..., np.ndarray], args: list[np.ndarray], grads: list[object],
-           cot: np.ndarray) -> float:
+def worst_vjp_error(ctx: Context, f: Callable[..., np.ndarray], args: list[np.ndarray], grads: list[object],
+                    cot: np.ndarray) -> float:
     """Max over arguments of the relative error between ``grads`` and finite differences."""
     return max(_rel(g, _fd(f, args, i, cot)) for i, g in enumerate(grads))
 
 
-def _np(fn: Callable[..., object]) -> Callable[..., np.ndarray]:
+def as_numpy_fn(fn: Callable[..., object]) -> Callable[..., np.ndarray]:
+    """``fn`` called on ``array_api_compat.numpy`` arrays, its result returned as a NumPy array (for the finite
+    differences of :func:`worst_vjp_error`)."""
     import array_api_compat.numpy as npx
 
     return lambda *a: to_numpy(fn(*[npx.asarray(x) for x in a]))
@@ -61,7 +63,7 @@ def _np(fn: Callable[..., object]) -> Callable[..., np.ndarray]:
 def _eq58(ctx: Context) -> float:
     omega, cot = ctx.normal(3, 2, scale=3.0), ctx.normal(3, 2)
     got = mixture.variances_from_omega_backward(ctx.arr(omega), ctx.arr(cot)).d_omega
-    return _worst(ctx, _np(mixture.variances_from_omega), [omega], [got], cot)
+    return worst_vjp_error(ctx, as_numpy_fn(mixture.variances_from_omega), [omega], [got], cot)
 
 
 @register("Eq. 61", "App. D.3", "gma_ref.mixture.log_priors_from_logits_backward",
@@ -71,7 +73,7 @@ def _eq61(ctx: Context) -> float:
     alpha, cot = ctx.normal(5), ctx.normal(5)
     lp = mixture.log_priors_from_logits(ctx.arr(alpha))
     got = mixture.log_priors_from_logits_backward(lp, ctx.arr(cot)).d_prior_logits
-    return _worst(ctx, _np(mixture.log_priors_from_logits), [alpha], [got], cot)
+    return worst_vjp_error(ctx, as_numpy_fn(mixture.log_priors_from_logits), [alpha], [got], cot)
 
 
 # ----------------------------------------------------------------------------- responsibilities (Eqs. 17–22, 52–57)
@@ -96,7 +98,7 @@ def _eq18(ctx: Context) -> float:
         return e / e.sum(axis=-1, keepdims=True)
 
     got = resp.scores_cotangent(ctx.arr(softmax(s)), ctx.arr(cot))
-    return _worst(ctx, softmax, [s], [got], cot)
+    return worst_vjp_error(ctx, softmax, [s], [got], cot)
 
 
 @register("Eq. 18", "§4.1", "gma_ref.posterior.scores_cotangent",
@@ -117,7 +119,8 @@ def _eq54(ctx: Context) -> float:
     arrs = [ctx.arr(a) for a in args]
     gamma = resp.responsibilities(*arrs)
     g = resp.responsibilities_backward(arrs[0], arrs[1], arrs[2], None, ctx.arr(cot), saved=gamma)
-    return _worst(ctx, _np(resp.responsibilities), args, [g.d_x, g.d_means, g.d_variances, g.d_log_priors], cot)
+    return worst_vjp_error(ctx, as_numpy_fn(resp.responsibilities), args,
+                           [g.d_x, g.d_means, g.d_variances, g.d_log_priors], cot)
 
 
 # ----------------------------------------------------------------------------- write / read, causal, cross
@@ -131,7 +134,7 @@ def _core_check(ctx: Context, fwd: Callable[..., object], bwd: Callable[..., obj
     args = _core_case(ctx, n_q, n_k)
     cot = ctx.normal(n_q, 2)
     grads = bwd(*[ctx.arr(a) for a in args], ctx.arr(cot))
-    return _worst(ctx, _np(fwd), args, list(grads)[:3], cot)
+    return worst_vjp_error(ctx, as_numpy_fn(fwd), args, list(grads)[:3], cot)
 
 
 @register("Eq. 7", "§3.3", "gma_ref.bidirectional.gma_bidirectional_backward",
@@ -209,7 +212,8 @@ def _eq63(ctx: Context) -> float:
         cot = ctx.normal(n_q, 2)
         kw = {"causal": is_causal, "eps": 0.05, "chunk_size": 4}
         grads = attention.gma_attention_backward(*[ctx.arr(a) for a in args], ctx.arr(cot), **kw)
-        errs.append(_worst(ctx, _np(lambda *a, kw=kw: attention.gma_attention(*a, **kw)), args, list(grads), cot))
+        errs.append(worst_vjp_error(ctx, as_numpy_fn(lambda *a, kw=kw: attention.gma_attention(*a, **kw)), args,
+                                    list(grads), cot))
     return max(errs)
 
 
@@ -243,7 +247,7 @@ def _eq13(ctx: Context) -> float:
     params = layer.GMALayerParams(*[ctx.arr(h) for h in host])
     g = layer.gma_layer_backward(params, ctx.arr(x), ctx.arr(cot), causal=True, eps=0.05, chunk_size=3)
     grads = [g.d_x] + list(g.d_params.arrays().values())
-    return _worst(ctx, fwd, [x] + host, grads, cot)
+    return worst_vjp_error(ctx, fwd, [x] + host, grads, cot)
 
 
 @register("Gates", "ext.", "gma_ref.layer.gma_layer_backward",
@@ -269,5 +273,5 @@ def _gates_backward(ctx: Context) -> float:
         params = layer.GMALayerParams(**{n: ctx.arr(a) for n, a in host.items()})
         g = layer.gma_layer_backward(params, ctx.arr(x), ctx.arr(cot), **kw)
         grads = [g.d_x] + [getattr(g.d_params, n) for n in names]
-        errs.append(_worst(ctx, fwd, [x] + list(host.values()), grads, cot))
+        errs.append(worst_vjp_error(ctx, fwd, [x] + list(host.values()), grads, cot))
     return max(errs)
