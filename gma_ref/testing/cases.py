@@ -757,7 +757,7 @@ def generate_layer_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype:
                          max_tokens: int = 48) -> list[Case]:
     """``n`` random layer cases (round-robin over ``variants``), seeded, biased to the edge sizes.
 
-    N ∈ {1, …, ``max_tokens``} (N_q ≠ N_k for cross), H ∈ {1, …, 4}, K ∈ {1, …, 8},
+    N ∈ {1, …, ``max_tokens``} (always N_q ≠ N_k for cross), H ∈ {1, …, 4}, K ∈ {1, …, 8},
     d_model ∈ {1, …, 48}, d_r ∈ {1, …, 24}, d_v ∈ {1, …, 16}, chunks 1–16. Every
     fourth case is ``far`` or ``tiny_eps``.
     """
@@ -771,6 +771,8 @@ def generate_layer_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype:
 
         n_q = size(1, max_tokens)
         n_k = size(1, max_tokens) if variant == "cross" else n_q
+        if variant == "cross" and n_k == n_q:  # cross cases always have N_q != N_k
+            n_k = n_q + 1 if n_q < max_tokens else n_q - 1
         regime = LAYER_REGIMES[1 + (i // 4) % 2] if i % 4 == 3 else "normal"
         out.append(Case(
             variant=variant, batch=int(rng.integers(1, 3)), heads=size(1, 4), n_q=n_q, n_k=n_k,

@@ -370,9 +370,10 @@ def test_generated_cases_cover_each_range_end_to_end() -> None:
 
 
 def test_generated_layer_cases_cover_each_range_end_to_end() -> None:
-    """generate_layer_cases: round-robin variants, N ∈ [1, max_tokens], B ∈ {1, 2}, H ∈ [1, 4], K ∈ [1, 8],
-    d_model ∈ [1, 48], d_r ∈ [1, 24], d_v ∈ [1, 16], chunks [1, 16], each end reached; every fourth case far
-    and tiny_eps in turn (ε = 1e-12 there, 1e-6 otherwise); seeded, seeds seed·100003 + i; the dtype given."""
+    """generate_layer_cases: round-robin variants, N ∈ [1, max_tokens] (N_q ≠ N_k for cross), B ∈ {1, 2},
+    H ∈ [1, 4], K ∈ [1, 8], d_model ∈ [1, 48], d_r ∈ [1, 24], d_v ∈ [1, 16], chunks [1, 16], each end reached;
+    every fourth case far and tiny_eps in turn (ε = 1e-12 there, 1e-6 otherwise); seeded, seeds seed·100003 + i;
+    the dtype given."""
     cases = generate_layer_cases(3000, seed=2, dtype="float16", max_tokens=30)
     assert cases == generate_layer_cases(3000, seed=2, dtype="float16", max_tokens=30)
     assert cases[:20] != generate_layer_cases(20, seed=3, dtype="float16", max_tokens=30)
@@ -383,7 +384,7 @@ def test_generated_layer_cases_cover_each_range_end_to_end() -> None:
         assert min(values) == lo and max(values) == hi, name
     assert [c.variant for c in cases[:6]] == ["bidirectional", "causal", "cross"] * 2
     assert all(c.n_q == c.n_k for c in cases if c.variant != "cross")
-    assert any(c.n_q != c.n_k for c in cases if c.variant == "cross")
+    assert all(c.n_q != c.n_k for c in cases if c.variant == "cross")
     assert [c.regime for c in cases[3:32:4]] == ["far", "tiny_eps"] * 4
     assert all(c.regime == "normal" for i, c in enumerate(cases) if i % 4 != 3)
     assert all(c.eps == (1e-12 if c.regime == "tiny_eps" else 1e-6) and c.dtype == "float16" for c in cases)
@@ -501,8 +502,8 @@ GENERATED_IDS = [
 ]
 GENERATED_LAYER_IDS = [
     "layer-bidirectional-B2-H1-N1-K8-dm30-dr4-dv2-f32-s0", "layer-causal-B2-H2-N4-K1-dm1-dr2-dv11-f32-c3-s1",
-    "layer-cross-B2-H1-N3-K8-dm26-dr3-dv9-f32-s2", "layer-bidirectional-B2-H1-N48-K2-dm20-dr3-dv16-f32-far-s3",
-    "layer-causal-B2-H3-N48-K1-dm48-dr24-dv2-f32-c6-s4", "layer-cross-B2-H1-N1-K2-dm12-dr2-dv7-f32-s5",
+    "layer-cross-B2-H1-N3x4-K8-dm26-dr3-dv9-f32-s2", "layer-bidirectional-B2-H1-N48-K2-dm20-dr3-dv16-f32-far-s3",
+    "layer-causal-B2-H3-N48-K1-dm48-dr24-dv2-f32-c6-s4", "layer-cross-B2-H1-N1x2-K2-dm12-dr2-dv7-f32-s5",
 ]
 
 
