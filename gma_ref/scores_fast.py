@@ -86,11 +86,10 @@ _CANCELLATION_BUDGET = 8.0
 
 
 class Expanded(NamedTuple):
-    """Step 1–2's operands: ``features`` [x'², x', 1] ``(..., N, 2d_r + 1)``; ``x`` x'; ``means`` μ' and
+    """Step 1–2's operands: ``features`` [x'², x', 1] ``(..., N, 2d_r + 1)``; ``means`` μ' and
     ``precisions`` w = 1/σ² ``(..., K, d_r)`` (broadcast together); ``c`` C_k = Σ_m μ'²_km w_km ``(..., K)``."""
 
     features: Array
-    x: Array
     means: Array
     precisions: Array
     c: Array
@@ -99,7 +98,7 @@ class Expanded(NamedTuple):
 def expand(xp: Any, x: Array, means: Array, variances: Array) -> Expanded:
     """Step 1: centre x and μ on the mean of the means of their component set (per batch/head)."""
     centre, mc, w, c = _centred_mixture(xp, means, variances)
-    return Expanded(_features(xp, x, centre), x - centre, mc, w, c)
+    return Expanded(_features(xp, x, centre), mc, w, c)
 
 
 def _centred_mixture(xp: Any, means: Array, variances: Array) -> tuple[Array, Array, Array, Array]:
