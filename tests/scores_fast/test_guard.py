@@ -192,3 +192,38 @@ def test_the_guard_forms_a_only_when_the_cheap_bound_fails(monkeypatch):
     assert np.any(rows) and not np.all(rows)
     np.testing.assert_array_equal(s[~rows], s_fast[~rows])
     assert np.all(np.any(s[rows] != s_fast[rows], axis=-1))
+
+
+def test_per_head_mixtures_get_each_heads_own_verdict():
+    """A mixture per head, (H, K, d_r) with K ≠ d_r, against a batch of tokens per head: the rows the guard
+    flags are those it flags for each head alone with its (K, d_r) mixture (the d_r of its constant
+    d_r log 2π is the coordinates', not the components'); rows of both kinds occur."""
+    rng = np.random.default_rng(31)
+    heads, k, d_r, n = 3, 9, 2, 400
+    means = 4.0 * rng.normal(size=(heads, k, d_r))  # near enough to the centre that the constant term matters
+    var = np.exp(rng.uniform(-2.0, 1.0, size=(heads, k, d_r)))
+    lp = np.log(rng.dirichlet(np.ones(k), size=heads))
+    picks = rng.integers(0, k, size=(heads, n))
+    x = np.take_along_axis(means, picks[..., None], axis=1) + rng.normal(size=(heads, n, d_r)) * 10.0 ** rng.uniform(
+        -3.0, 1.0, size=(heads, n, 1))
+    rows = np.asarray(fast.guarded_scores(x, means, var, lp)[1])
+    want = np.stack([np.asarray(fast.guarded_scores(x[h], means[h], var[h], lp[h])[1]) for h in range(heads)])
+    np.testing.assert_array_equal(rows, want)
+    assert 0 < int(want.sum()) < want.size
+
+
+def test_the_out_of_place_path_keeps_float32_and_the_device():
+    """array_api_strict (out of place, one block) on its second device, float32: the scores, Γ and the guard's
+    rows stay float32 (bool) on that device, also where no row is flagged (the cheapest test's own rows)."""
+    import array_api_strict as xs
+
+    dev = xs.Device("device1")
+    rng = np.random.default_rng(32)
+    x, means = rng.normal(size=(7, 3)), rng.normal(size=(4, 3))
+    var, lp = rng.uniform(0.5, 2.0, size=(4, 3)), np.log(np.full(4, 0.25))
+    args = [xs.asarray(a.astype(np.float32), device=dev) for a in (x, means, var, lp)]
+    s, rows = fast.guarded_scores(*args)
+    gamma, rows_g = fast.responsibilities_and_guard(*args)
+    assert not bool(xs.any(rows)) and not bool(xs.any(rows_g))
+    for a, dtype in ((s, xs.float32), (gamma, xs.float32), (rows, xs.bool), (rows_g, xs.bool)):
+        assert a.dtype == dtype and a.device == dev
