@@ -562,3 +562,20 @@ def test_torch_autograd_differentiates_the_vjp_of_gamma():
     want = float(np.sum(weights * fast.responsibilities_backward_guarded(x, means, var, gamma, direction, lp,
                                                                          rows).d_x))
     assert along == pytest.approx(want, rel=1e-10)
+
+
+def test_the_forward_is_cut_at_its_row_width(monkeypatch):
+    """Γ's blocks are cut at the row width of a block's intermediates, K + 2 d_r + 1 (a token's scores and its
+    [x'², x', 1]); here K = 5, d_r = 4, N = 37: 14. (Γ's rows are the same bits in any blocking, so only the cut
+    shows the width.)"""
+    x, means, var, lp = _inputs("generic", np.random.default_rng(24))
+    cuts = []
+
+    def spy(xp, n, width):
+        cuts.append((n, width))
+        return blocks.token_blocks(xp, n, width)
+
+    monkeypatch.setattr(fast, "token_blocks", spy)
+    fast.responsibilities_and_guard(x, means, var, lp)
+    fast.guarded_scores(x, means, var, lp)
+    assert cuts == [(37, 14), (37, 14)]
