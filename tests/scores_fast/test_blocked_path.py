@@ -564,10 +564,11 @@ def test_torch_autograd_differentiates_the_vjp_of_gamma():
     assert along == pytest.approx(want, rel=1e-10)
 
 
-def test_the_forward_is_cut_at_its_row_width(monkeypatch):
-    """Γ's blocks are cut at the row width of a block's intermediates, K + 2 d_r + 1 (a token's scores and its
-    [x'², x', 1]); here K = 5, d_r = 4, N = 37: 14. (Γ's rows are the same bits in any blocking, so only the cut
-    shows the width.)"""
+def test_the_forward_and_the_vjps_are_cut_at_their_row_width(monkeypatch):
+    """Γ's and the score VJPs' blocks are cut at the row width of a block's intermediates, K + 2 d_r + 1 (a
+    token's scores or cotangents and its [x'², x', 1]); here K = 5, d_r = 4, N = 37: 14. (Γ's rows are the same
+    bits in any blocking, and the VJPs' sums over blocks differ in the last bits only, so the cut shows the
+    width.)"""
     x, means, var, lp = _inputs("generic", np.random.default_rng(24))
     cuts = []
 
@@ -576,6 +577,9 @@ def test_the_forward_is_cut_at_its_row_width(monkeypatch):
         return blocks.token_blocks(xp, n, width)
 
     monkeypatch.setattr(fast, "token_blocks", spy)
-    fast.responsibilities_and_guard(x, means, var, lp)
+    gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
     fast.guarded_scores(x, means, var, lp)
-    assert cuts == [(37, 14), (37, 14)]
+    d = np.random.default_rng(25).normal(size=gamma.shape)
+    fast.scores_backward_guarded(x, means, var, d, tuple(lp.shape), rows)
+    fast.responsibilities_backward_guarded(x, means, var, gamma, d, lp, rows)
+    assert cuts == [(37, 14)] * 4
