@@ -569,7 +569,8 @@ def test_the_forward_and_the_vjps_are_cut_at_their_row_width(monkeypatch):
     token's scores or cotangents and its [x'², x', 1]); here K = 5, d_r = 4, N = 37: 14. (Γ's rows are the same
     bits in any blocking, and the VJPs' sums over blocks differ in the last bits only, so the cut shows the
     width.)"""
-    x, means, var, lp = _inputs("generic", np.random.default_rng(24), (3,))  # a batch axis: shape[1] is not K
+    x, means, var, lp = _inputs("generic", np.random.default_rng(24), (3,))
+    x = np.broadcast_to(x, (3,) + x.shape)  # batch axes: shape[1] is neither K nor d_r
     cuts = []
 
     def spy(xp, n, width):
