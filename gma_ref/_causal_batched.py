@@ -224,7 +224,7 @@ def _suffix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Arra
 
 def _terms_of_rows(xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array,
                    eps: float) -> tuple[Array, Array, Array]:
-    """:func:`gma_ref.causal._row_terms`, (P, δ, c); for ε > 0, where every row sees mass (``seen`` all true,
+    """:func:`gma_ref.causal.row_terms`, (P, δ, c); for ε > 0, where every row sees mass (``seen`` all true,
     ``safe`` = u + ε), without its masks, which then keep every value: the same values."""
     if eps <= 0:
         return row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)

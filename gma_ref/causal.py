@@ -67,6 +67,7 @@ __all__ = [
 
 
 def check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool) -> float:
+    """The causal forms' input checks: those of every core, and N_q = N_k (``ValueError``); returns ε as a float."""
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
     if gamma_q.shape[-2] != gamma_k.shape[-2]:
         raise ValueError(
@@ -77,7 +78,8 @@ def check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, 
 
 
 def check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, forward: str,
-                 check_finite: bool, state: CausalState | None = None) -> None:
+                check_finite: bool, state: CausalState | None = None) -> None:
+    """∂L/∂O of the output's shape (with a ``state``, its batch axes broadcast in), as ``forward`` names it."""
     shape = output_shape(gamma_q, gamma_k, v)
     if state is not None:  # the state's batch axes broadcast with the inputs'
         shape = broadcast_shapes(shape[:-2], tuple(state.mass.shape[:-1])) + shape[-2:]
@@ -308,7 +310,7 @@ def gma_causal_prefix_backward(
 
 
 def causal_grad(xp: Any, d_gamma_q: Array, d_gamma_k: Array, d_v: Array, d_state: tuple[Array, Array] | None,
-                 gamma_q: Array, gamma_k: Array, v: Array, state: CausalState | None) -> CausalGrad:
+                gamma_q: Array, gamma_k: Array, v: Array, state: CausalState | None) -> CausalGrad:
     """The cotangents reduced to the shapes of their inputs (broadcast batch axes summed)."""
     d_start = None
     if state is not None and d_state is not None:
