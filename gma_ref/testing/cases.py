@@ -26,6 +26,7 @@ not reference array code).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -470,6 +471,16 @@ def _edge_biased_size(rng: np.random.Generator, lo: int, hi: int, edge: float = 
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
+def _token_counts(variant: str, size: Callable[[int, int], int], max_tokens: int) -> tuple[int, int]:
+    """(N_q, N_k) drawn by ``size`` in [1, ``max_tokens``]: equal but for cross, where they always differ (a draw of
+    equal counts moves N_k by one)."""
+    n_q = size(1, max_tokens)
+    n_k = size(1, max_tokens) if variant == "cross" else n_q
+    if variant == "cross" and n_k == n_q:
+        n_k = n_q + 1 if n_q < max_tokens else n_q - 1
+    return n_q, n_k
+
+
 def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0,
                    max_tokens: int = 96) -> list[Case]:
     """``n`` random cases (round-robin over ``variants``), seeded, covering every regime and edge size.
@@ -487,10 +498,7 @@ def generate_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype: str =
         def size(lo: int, hi: int) -> int:
             return _edge_biased_size(rng, lo, hi)
 
-        n_q = size(1, max_tokens)
-        n_k = size(1, max_tokens) if variant == "cross" else n_q
-        if variant == "cross" and n_k == n_q:  # cross cases always have N_q != N_k
-            n_k = n_q + 1 if n_q < max_tokens else n_q - 1
+        n_q, n_k = _token_counts(variant, size, max_tokens)
         d_r = 128 if rng.random() < 0.04 else size(1, 64)
         regime = REGIMES[1 + (i // 4) % (len(REGIMES) - 1)] if i % 4 == 3 else "normal"
         case = Case(
@@ -769,10 +777,7 @@ def generate_layer_cases(n: int, *, variants: tuple[str, ...] = VARIANTS, dtype:
         def size(lo: int, hi: int) -> int:
             return _edge_biased_size(rng, lo, hi)
 
-        n_q = size(1, max_tokens)
-        n_k = size(1, max_tokens) if variant == "cross" else n_q
-        if variant == "cross" and n_k == n_q:  # cross cases always have N_q != N_k
-            n_k = n_q + 1 if n_q < max_tokens else n_q - 1
+        n_q, n_k = _token_counts(variant, size, max_tokens)
         regime = LAYER_REGIMES[1 + (i // 4) % 2] if i % 4 == 3 else "normal"
         out.append(Case(
             variant=variant, batch=int(rng.integers(1, 3)), heads=size(1, 4), n_q=n_q, n_k=n_k,
