@@ -468,7 +468,7 @@ def responsibilities_backward_guarded(
     check_cotangent(xp, "d_gamma", d_gamma, tuple(gamma.shape), "gamma", False)  # before it is cut into blocks
     return responsibilities_backward_blocks(x, means, variances, gamma,
                                             lambda start, stop: xp.matrix_transpose(d_gamma[..., start:stop, :]),
-                                            xp.result_type(gamma.dtype, d_gamma.dtype), log_priors, direct_rows)
+                                            d_gamma.dtype, log_priors, direct_rows)
 
 
 def responsibilities_backward_blocks(
