@@ -40,6 +40,7 @@ __all__ = [
     "peak_bytes",
     "check_nonnegative_array",
     "value_scale",
+    "scale_from_extremes",
 ]
 
 #: Default memory budget (bytes): the measured peak of a call that builds an N × N or N × K × d_v array.
@@ -309,7 +310,14 @@ def value_scale(xp: Any, v: Array, n_terms: int) -> float:
     """
     if n_elements(v) == 0:
         return 1.0
-    top = max(float(xp.max(v)), -float(xp.min(v)))  # max |v| without an N-sized temporary (NaN → NaN)
-    if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(v.dtype).max) / 4:
+    return scale_from_extremes(xp, v.dtype, float(xp.min(v)), float(xp.max(v)), n_terms)
+
+
+def scale_from_extremes(xp: Any, dtype: Any, lo: float, hi: float, n_terms: int) -> float:
+    """:func:`value_scale` of an array of ``dtype`` whose smallest and largest entries are ``lo`` and ``hi``."""
+    top = max(hi, -lo)  # max |v| without an N-sized temporary
+    if math.isnan(lo) or math.isnan(hi):  # Python's max would drop a NaN; a NaN needs no scaling
+        return 1.0
+    if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(dtype).max) / 4:
         return 1.0
     return math.ldexp(1.0, math.frexp(top)[1] - 512)  # |v / s| < 2**512: sums of any length stay finite

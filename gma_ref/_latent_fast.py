@@ -44,11 +44,12 @@ from .bidirectional import (
 __all__ = ["latent_forward", "latent_backward", "LatentBackward"]
 
 
-def _fast_case(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float) -> bool:
-    """Whether the blocked form applies: ε > 0, keys, one batch shape, no value scaling (see the module docstring)."""
+def _fast_case(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, unscaled: bool = False) -> bool:
+    """Whether the blocked form applies: ε > 0, keys, one batch shape, no value scaling (see the module docstring;
+    ``unscaled``: the caller found V's scale to be 1)."""
     batch = tuple(v.shape[:-2])
     return (eps > 0 and v.shape[-2] > 0 and gamma_q.shape[-2] > 0 and tuple(gamma_q.shape[:-2]) == batch
-            and tuple(gamma_k.shape[:-2]) == batch and value_scale(xp, v, v.shape[-2]) == 1.0)
+            and tuple(gamma_k.shape[:-2]) == batch and (unscaled or value_scale(xp, v, v.shape[-2]) == 1.0))
 
 
 def _summed(xp: Any, parts: list[tuple[Array, ...]]) -> tuple[Array, ...]:
@@ -59,24 +60,27 @@ def _summed(xp: Any, parts: list[tuple[Array, ...]]) -> tuple[Array, ...]:
     return total
 
 
-def _write(xp: Any, gamma_k: Array, v: Array) -> tuple[Array, Array]:
-    """Ṽ = (Γ^K)ᵀ V and Z = (Γ^K)ᵀ 1 (Eqs. 5, 6), summed over token blocks in block order."""
+def _write(xp: Any, gamma_k: Array, v: Array, centre: Array | None = None) -> tuple[Array, Array]:
+    """Ṽ = (Γ^K)ᵀ V and Z = (Γ^K)ᵀ 1 (Eqs. 5, 6), summed over token blocks in block order; with ``centre`` (a row R,
+    ``(..., 1, d_v)``), Ṽ_c = (Γ^K)ᵀ (V − R), each block of V − R formed in the block."""
     k, d_v = gamma_k.shape[-1], v.shape[-1]
 
     def one(start: int, stop: int) -> tuple[Array, Array]:
-        gk = gamma_k[..., start:stop, :]
-        return xp.matmul(xp.matrix_transpose(gk), v[..., start:stop, :]), xp.sum(gk, axis=-2)
+        gk, vs = gamma_k[..., start:stop, :], v[..., start:stop, :]
+        return xp.matmul(xp.matrix_transpose(gk), vs if centre is None else vs - centre), xp.sum(gk, axis=-2)
 
     memory, mass = _summed(xp, run_blocks(one, token_blocks(xp, v.shape[-2], k + d_v)))
     return memory, mass
 
 
-def latent_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float) -> Array:
+def latent_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, *, checked: bool = False) -> Array:
     """:func:`~gma_ref.bidirectional.gma_bidirectional` (``check_finite=False``) in token blocks on the block
     threads: the write step's sums over the keys' blocks added in block order, the read step row block by
-    row block, O = Γ^Q Ṽ / (Γ^Q Z + ε) (Eqs. 5–8). The reader's form where the blocked form does not apply."""
+    row block, O = Γ^Q Ṽ / (Γ^Q Z + ε) (Eqs. 5–8). The reader's form where the blocked form does not apply.
+    ``checked``: the caller passed these four to :func:`~gma_ref.bidirectional.check_routing_inputs` (then only
+    ε's conversion is repeated, not the pass over Γ for negative entries)."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
-    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
+    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False, check_values=not checked)
     if not _fast_case(xp, gamma_q, gamma_k, v, eps):
         return gma_bidirectional(gamma_q, gamma_k, v, eps, check_finite=False)
     memory, mass = _write(xp, gamma_k, v)
@@ -103,26 +107,28 @@ class LatentBackward:
     :meth:`end_queries` (the blocks' sums in token order, the saved output's identity checked: raises what
     :func:`~gma_ref.bidirectional.latent_vjp` raises), then :meth:`keys` for blocks covering ``range(N_k)``; ∂L/∂V
     is then :attr:`d_values`. Where the blocked form does not apply (see the module docstring) the cotangents are
-    :func:`~gma_ref.bidirectional.latent_vjp`'s, formed at construction and handed out by slices.
+    :func:`~gma_ref.bidirectional.latent_vjp`'s, formed at construction and handed out by slices. ``checked``:
+    the caller found Γ^Q and Γ^K non-negative and V's scale 1 (:func:`gma_ref._prechecks.saved_arrays_pass`),
+    so that construction does not pass over them again.
     """
 
     def __init__(self, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array,
-                 out_name: str, out_instead: str) -> None:
+                 out_name: str, out_instead: str, *, checked: bool = False) -> None:
         xp = self.xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, **{out_name: out})
-        eps = self.eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
+        eps = self.eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False, check_values=not checked)
         shape = output_shape(gamma_q, gamma_k, v)
         self.gamma_q, self.gamma_k, self.v, self.d_out, self.out = gamma_q, gamma_k, v, d_out, out
         self.names = (out_name, out_instead)
         self.dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
         self._reader: GMAGrad | None = None
-        if not _fast_case(xp, gamma_q, gamma_k, v, eps):
+        if not _fast_case(xp, gamma_q, gamma_k, v, eps, checked):
             self._reader = latent_vjp(gamma_q, gamma_k, v, d_out, eps, out, False, out_name, out_instead)
             self.d_values = self._reader.d_v
             return
         check_cotangent(xp, "d_out", d_out, shape, "the output of gma_bidirectional", False)
         self.own = in_place_ok(xp)
         self.centre = xp.sum(v, axis=-2, keepdims=True) / v.shape[-2]  # R, (..., 1, d_v)
-        self.memory_c, mass = _write(xp, gamma_k, v - self.centre)  # Ṽ_c = Ṽ − Z R, without the cancellation; Z
+        self.memory_c, mass = _write(xp, gamma_k, v, self.centre)  # Ṽ_c = Ṽ − Z R, without the cancellation; Z
         self.mass_col = xp.expand_dims(mass, axis=-1)
         check_saved_layout(xp, out, shape, "gma_bidirectional", out_name)
         self.d_values = xp.empty(tuple(v.shape), dtype=self.dtype, device=device_of(v))

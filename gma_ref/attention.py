@@ -43,6 +43,7 @@ from ._array import check_finite as _check_finite
 from ._blocks import one_blas_thread
 from ._causal_batched import chunked_backward, chunked_forward
 from ._latent_fast import LatentBackward, latent_forward
+from ._prechecks import saved_arrays_pass
 from .bidirectional import (
     check_routing_inputs,
     gma_bidirectional_backward,
@@ -95,7 +96,7 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
     if form == "materialized":
         return lambda gq, gk, v, eps: gma_materialized(gq, gk, v, eps, causal=causal, check_finite=False)
     if not causal:  # gma_bidirectional, in token blocks
-        return lambda gq, gk, v, eps: latent_forward(gq, gk, v, eps)
+        return lambda gq, gk, v, eps: latent_forward(gq, gk, v, eps, checked=True)  # after _routing's checks
     if form == "prefix":
         return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
     if form == "streaming":
@@ -198,10 +199,11 @@ def gma_attention(
 
 def _validated_mixture(
     xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
-    eps_sigma: float, check_finite: bool, form: str = "latent", backward: bool = False,
+    eps_sigma: float, check_finite: bool, form: str = "latent", backward: bool = False, rows_finite: bool = False,
 ) -> tuple[Array, Array]:
-    """Validate the inputs as the forward does, refuse a core over its memory budget; return (σ², log π)."""
-    _check_routing_vectors(xp, q, k, v, means, check_finite)
+    """Validate the inputs as the forward does, refuse a core over its memory budget; return (σ², log π).
+    ``rows_finite``: q, k and v were found finite (:func:`gma_ref._prechecks.saved_arrays_pass`)."""
+    _check_routing_vectors(xp, q, k, v, means, check_finite, rows_finite)
     variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
     _check_mixture_shapes(q, k, v, means, omega, prior_logits)
     if causal and q.shape[-2] != k.shape[-2]:
@@ -256,7 +258,7 @@ def _routing(
     side_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
     side_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
     gamma_q, gamma_k = side_q[0], side_k[0]
-    check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False)
+    check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False, check_values=False)  # softmaxes: Γ ≥ 0 (or NaN)
     return side_q, side_k, variances, log_priors
 
 
@@ -290,7 +292,8 @@ def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_pri
     return gamma, rows
 
 
-def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool) -> None:
+def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool,
+                           rows_finite: bool = False) -> None:
     """Check q, k, v under their own names (the responsibilities would call both ``x``)."""
     check_floating(xp, "means", means)
     check_rank("means", means, 2, "(..., K, d_r)")
@@ -300,7 +303,7 @@ def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, 
         check_rank(name, a, 2, layout)
         if name != "v":
             check_last_dim(name, a, d_r, layout, f"d_r of means {tuple(means.shape)}")
-        if check_finite:
+        if check_finite and not rows_finite:
             _check_finite(xp, name, a)
     if check_finite:
         _check_finite(xp, "means", means)
@@ -410,19 +413,25 @@ def _backward(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array,
         (gamma_q, rows_q), (gamma_k, rows_k), variances, log_priors = _routing(
             xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite, form, True
         )
-        saved_out = None
+        saved_out, clean = None, False
     else:
+        # the value checks of the seven N-row arrays, all at once on the block threads; where one fails, the checks
+        # below run as they are and raise their errors
+        clean = isinstance(saved, AttentionSaved) and saved_arrays_pass(xp, q, k, v, d_out, saved.gamma_q,
+                                                                         saved.gamma_k, saved.out)
         variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
-                                                   check_finite, form, True)
-        _check_saved(xp, saved, q, k, v, means, variances, log_priors, check_finite)
+                                                   check_finite, form, True, rows_finite=clean)
+        _check_saved(xp, saved, q, k, v, means, variances, log_priors, check_finite and not clean)
         gamma_q, gamma_k, saved_out, rows_q, rows_k = saved  # Γ ≥ 0, v and ε: checked by every core
-        if form == "latent" and not bool(xp.all(xp.isfinite(saved_out))):  # the only form that reads it
+        if form == "latent" and not clean and not bool(xp.all(xp.isfinite(saved_out))):  # the only form reading it
             if check_finite:
                 _check_finite(xp, "saved.out", saved_out)
             saved_out = None  # non-finite values let through: its identity cannot be checked, recompute it
-    check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention", check_finite)
+    check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention",
+                    check_finite and not clean)
     if form == "latent" and saved_out is not None:  # ∂L/∂Γ block by block, each used by the score VJP at once
-        lat = LatentBackward(gamma_q, gamma_k, v, d_out, eps, saved_out, "saved.out", "saved=None to recompute it")
+        lat = LatentBackward(gamma_q, gamma_k, v, d_out, eps, saved_out, "saved.out", "saved=None to recompute it",
+                             checked=clean)
         side_q = responsibilities_backward_blocks(q, means, variances, gamma_q, lat.queries, lat.dtype,
                                                   log_priors, rows_q)
         lat.end_queries()

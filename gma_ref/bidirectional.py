@@ -56,12 +56,15 @@ __all__ = [
 
 
 def check_routing_inputs(
-    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool
+    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool, *,
+    check_values: bool = True,
 ) -> float:
     """Validate (Γ^Q, Γ^K, V, ε) of any GMA form; return ε as a float.
 
     Raises ``TypeError`` for non-floating dtypes and ``ValueError`` for ranks,
     a K or N mismatch, negative responsibilities, ε < 0 or NaN/Inf (when ``check_finite``).
+    ``check_values=False`` leaves out the pass over Γ^Q and Γ^K for negative entries, for a
+    caller that knows them non-negative (a softmax it computed, or its own check).
     """
     for name, a, layout in (
         ("gamma_q", gamma_q, "(..., N_q, K)"),
@@ -72,7 +75,7 @@ def check_routing_inputs(
         check_rank(name, a, 2, layout)
         if check_finite:
             _check_finite(xp, name, a)
-        if name != "v":
+        if name != "v" and check_values:
             check_nonnegative_array(xp, name, a, "responsibilities lie on the simplex")
     if gamma_q.shape[-1] != gamma_k.shape[-1]:
         raise ValueError(
