@@ -40,8 +40,9 @@ from .bidirectional import (
     latent_vjp,
     output_shape,
 )
+from .scores_fast import mixture_operands, responsibilities_blocks
 
-__all__ = ["latent_forward", "latent_backward", "LatentBackward"]
+__all__ = ["latent_forward", "routed_latent_forward", "latent_backward", "LatentBackward"]
 
 
 def _fast_case(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, unscaled: bool = False) -> bool:
@@ -89,11 +90,46 @@ def latent_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, *, chec
     out = xp.empty(tuple(v.shape[:-2]) + (n_q, d_v), dtype=xp.result_type(gamma_q, memory), device=device_of(v))
 
     def one(start: int, stop: int) -> None:
-        gq = gamma_q[..., start:stop, :]
-        out[..., start:stop, :] = xp.matmul(gq, memory) * (1.0 / (xp.matmul(gq, mass_col) + eps))
+        out[..., start:stop, :] = _read(xp, gamma_q[..., start:stop, :], memory, mass_col, eps)
 
     run_blocks(one, token_blocks(xp, n_q, gamma_q.shape[-1] + d_v))
     return out
+
+
+def _read(xp: Any, gq: Array, memory: Array, mass_col: Array, eps: float) -> Array:
+    """The read step for a block of queries: O = Γ^Q Ṽ / (Γ^Q Z + ε) (Eqs. 7, 8)."""
+    return xp.matmul(gq, memory) * (1.0 / (xp.matmul(gq, mass_col) + eps))
+
+
+def routed_latent_forward(q: Array, k: Array, v: Array, means: Array, variances: Array, log_priors: Array,
+                          eps: float) -> tuple[tuple[Array, Array], tuple[Array, Array], Array]:
+    """Γ^K with the write step, then Γ^Q with the read step, each in one pass of token blocks: ``((Γ^Q, guard rows),
+    (Γ^K, guard rows), O)``, the values of :func:`~gma_ref.scores_fast.responsibilities_and_guard` of both sides
+    and :func:`latent_forward` of those, to rounding (the write's sums are cut where Γ's blocks are cut).
+
+    Each block's Γᵀ is handed to the core while it is in cache
+    (:func:`~gma_ref.scores_fast.responsibilities_blocks`): a block of keys adds its (Γ^K)ᵀ V and (Γ^K)ᵀ 1 to the
+    memory and mass (summed in block order), a block of queries writes its rows of O; the mixture's operands are
+    formed once for both sides. Only for validated inputs of the blocked form's case (ε > 0, N_q, N_k > 0, Γ^Q,
+    Γ^K and V of one batch shape, V unscaled, scores that cannot overflow); the caller
+    (:func:`gma_ref.attention.gma_attention`) decides that."""
+    xp = namespace(q=q, k=k, v=v, means=means, variances=variances, log_priors=log_priors)
+    operands = mixture_operands(means, variances, log_priors)
+
+    def write(start: int, stop: int, gamma_t: Array) -> tuple[Array, Array]:  # Eqs. 5, 6 for these keys
+        return xp.matmul(gamma_t, v[..., start:stop, :]), xp.sum(gamma_t, axis=-1)
+
+    gamma_k, rows_k, parts = responsibilities_blocks(k, means, variances, log_priors, write, operands)
+    memory, mass = _summed(xp, parts)
+    mass_col = xp.expand_dims(mass, axis=-1)
+    dtype = xp.result_type(q, k, v, means, variances, log_priors)
+    out = xp.empty(tuple(v.shape[:-2]) + (q.shape[-2], v.shape[-1]), dtype=dtype, device=device_of(v))
+
+    def read(start: int, stop: int, gamma_t: Array) -> None:
+        out[..., start:stop, :] = _read(xp, xp.matrix_transpose(gamma_t), memory, mass_col, eps)
+
+    gamma_q, rows_q, _ = responsibilities_blocks(q, means, variances, log_priors, read, operands)
+    return (gamma_q, rows_q), (gamma_k, rows_k), out
 
 
 class LatentBackward:

@@ -21,6 +21,7 @@ what its forward saved; what is passed back is checked cheaply against the input
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -38,11 +39,12 @@ from ._array import (
     n_elements,
     namespace,
     sum_to_shape,
+    value_scale,
 )
 from ._array import check_finite as _check_finite
 from ._blocks import one_blas_thread
 from ._causal_batched import chunked_backward, chunked_forward
-from ._latent_fast import LatentBackward, latent_forward
+from ._latent_fast import LatentBackward, latent_forward, routed_latent_forward
 from ._prechecks import saved_arrays_pass
 from .bidirectional import (
     check_routing_inputs,
@@ -189,9 +191,15 @@ def gma_attention(
         raise TypeError(f"return_saved must be True or False, got {return_saved!r}")
     xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
     with one_blas_thread(xp):  # every product in token blocks on the threads BLAS had (NumPy)
-        (gamma_q, rows_q), (gamma_k, rows_k), _, _ = _routing(xp, q, k, v, means, omega, prior_logits, causal, eps,
-                                                              eps_sigma, check_finite, form)
-        out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
+        variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
+                                                   check_finite, form)
+        if form == "latent" and _routed_latent_applies(xp, q, k, v, means, variances, log_priors, eps, check_finite):
+            (gamma_q, rows_q), (gamma_k, rows_k), out = routed_latent_forward(q, k, v, means, variances, log_priors,
+                                                                              float(eps))
+        else:
+            (gamma_q, rows_q), (gamma_k, rows_k) = _sides(xp, q, k, v, means, variances, log_priors, eps,
+                                                          check_finite)
+            out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
     if not return_saved:
         return out
     return out, AttentionSaved(gamma_q, gamma_k, out, rows_q, rows_k)
@@ -255,11 +263,35 @@ def _routing(
     """Validate the inputs as the forward does; return ((Γ^Q, guard rows), (Γ^K, guard rows), σ², log π)."""
     variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
                                                check_finite, form, backward)
+    side_q, side_k = _sides(xp, q, k, v, means, variances, log_priors, eps, check_finite)
+    return side_q, side_k, variances, log_priors
+
+
+def _sides(xp: Any, q: Array, k: Array, v: Array, means: Array, variances: Array, log_priors: Array, eps: float,
+           check_finite: bool) -> tuple[tuple[Array, Array], tuple[Array, Array]]:
+    """((Γ^Q, guard rows), (Γ^K, guard rows)) of validated inputs, checked with V and ε for the cores."""
     side_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
     side_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
-    gamma_q, gamma_k = side_q[0], side_k[0]
-    check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False, check_values=False)  # softmaxes: Γ ≥ 0 (or NaN)
-    return side_q, side_k, variances, log_priors
+    check_routing_inputs(xp, side_q[0], side_k[0], v, eps, False, check_values=False)  # softmaxes: Γ ≥ 0 (or NaN)
+    return side_q, side_k
+
+
+def _routed_latent_applies(xp: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
+                           log_priors: Array, eps: Any, check_finite: bool) -> bool:
+    """Whether :func:`~gma_ref._latent_fast.routed_latent_forward` takes validated inputs: ε > 0, keys and queries,
+    one row of V per key, Γ^Q, Γ^K and V of one batch shape, V unscaled, and (with ``check_finite``) scores that
+    cannot overflow. Otherwise Γ and the core are formed one after the other, and raise what they raise."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
+        return False
+    if q.shape[-2] == 0 or k.shape[-2] == 0 or v.shape[-2] != k.shape[-2]:
+        return False
+    batch = tuple(v.shape[:-2])
+    if (_expected_gamma(xp, q, means, variances, log_priors)[0][:-2] != batch
+            or _expected_gamma(xp, k, means, variances, log_priors)[0][:-2] != batch):
+        return False
+    if check_finite and not (_cannot_overflow(xp, q, means, variances) and _cannot_overflow(xp, k, means, variances)):
+        return False
+    return value_scale(xp, v, v.shape[-2]) == 1.0
 
 
 def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_priors: Array,
@@ -272,14 +304,9 @@ def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_pri
     square itself is the larger.) Otherwise Γ is computed with the library's overflow
     warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
     """
-    if not check_finite or n_elements(x) == 0:
+    if not check_finite or n_elements(x) == 0 or _cannot_overflow(xp, x, means, variances):
         return responsibilities_and_guard(x, means, variances, log_priors)
-    x_max, mu_max = float(xp.max(xp.abs(x))), float(xp.max(xp.abs(means)))
-    reach = x_max + mu_max
-    # float products overflow to inf, not raise
-    bound = x.shape[-1] * (reach * reach) / min(float(xp.min(variances)), 1.0)
-    if bound < float(xp.finfo(x.dtype).max) / 8:
-        return responsibilities_and_guard(x, means, variances, log_priors)
+    x_max = float(xp.max(xp.abs(x)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         gamma, rows = responsibilities_and_guard(x, means, variances, log_priors)
@@ -290,6 +317,16 @@ def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_pri
             "responsibilities would be NaN; rescale the routing vectors (or raise eps_sigma if σ² < 1)"
         )
     return gamma, rows
+
+
+def _cannot_overflow(xp: Any, x: Array, means: Array, variances: Array) -> bool:
+    """:func:`_gamma`'s cheap bound: d_r (max|x| + max|μ|)² / min(min σ², 1) below an eighth of the largest float."""
+    if n_elements(x) == 0:
+        return True
+    reach = float(xp.max(xp.abs(x))) + float(xp.max(xp.abs(means)))
+    # float products overflow to inf, not raise
+    bound = x.shape[-1] * (reach * reach) / min(float(xp.min(variances)), 1.0)
+    return bound < float(xp.finfo(x.dtype).max) / 8
 
 
 def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool,

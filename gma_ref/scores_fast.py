@@ -72,7 +72,9 @@ from .posterior import ScoresGrad, scores_cotangent, softmax_scores
 
 __all__ = [
     "guarded_scores",
+    "mixture_operands",
     "responsibilities_and_guard",
+    "responsibilities_blocks",
     "scores_backward_guarded",
     "responsibilities_backward_guarded",
     "responsibilities_backward_blocks",
@@ -168,6 +170,21 @@ def score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances:
                         xp.expand_dims(xp.max(precisions, axis=-2), axis=-1), precisions)
 
 
+class MixtureOperands(NamedTuple):
+    """The token-independent operands of steps 1–6: formed once, shared by every block of every side (Γ^Q, Γ^K)."""
+
+    #: c, the mean of the means ``(..., 1, d_r)``
+    centre: Array
+    weights: ScoreWeights
+
+
+def mixture_operands(means: Array, variances: Array, log_priors: Array | None) -> MixtureOperands:
+    """Steps 1, 3 and 5 on the mixture side, for :func:`responsibilities_blocks` of several token sets."""
+    xp = namespace(means=means, variances=variances, log_priors=log_priors)
+    centre, mc, w, c = _centred_mixture(xp, means, variances)
+    return MixtureOperands(centre, score_weights(xp, mc, w, c, variances, log_priors))
+
+
 def scores_of_features(xp: Any, features: Array, sw: ScoreWeights) -> tuple[Array, Array, Array]:
     """Steps 3, 5, 6 for the tokens of ``features``, component-major: (sᵀ ``(..., K, n)``, the boolean rows
     ``(..., n)`` the guard rejects, max_k s_ik ``(..., n)``).
@@ -241,15 +258,17 @@ def guarded_scores(x: Array, means: Array, variances: Array, log_priors: Array |
     are taken in blocks (:mod:`gma_ref._blocks`); every row's score is the same in any blocking.
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
-    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s_t, top: s_t)
+    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s_t, top: s_t)[:2]
 
 
 def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
-                      finish: Callable[[Array, Array], Array]) -> tuple[Array, Array]:
-    """(finish(sᵀ, max_k s)ᵀ, rows) computed block by block of tokens; ``finish`` maps a block's own scores,
-    component-major ``(..., K, n)`` (an array it may overwrite), and their row maxima to what is kept of them."""
-    centre, mc, w, c = _centred_mixture(xp, means, variances)
-    sw = score_weights(xp, mc, w, c, variances, log_priors)
+                      finish: Callable[[Array, Array], Array], then: Callable[[int, int, Array], Any] | None = None,
+                      operands: MixtureOperands | None = None) -> tuple[Array, Array, list[Any]]:
+    """(finish(sᵀ, max_k s)ᵀ, rows, [then(start, stop, kept) for each block]) computed block by block of tokens;
+    ``finish`` maps a block's own scores, component-major ``(..., K, n)`` (an array it may overwrite), and their
+    row maxima to what is kept of them; ``then`` (if given) is handed that, for the block's tokens [start, stop),
+    in the block's thread, while it is in cache; its results are listed in block order."""
+    centre, sw = operands if operands is not None else mixture_operands(means, variances, log_priors)
 
     def block(xs: Array) -> tuple[Array, Array]:
         s_t, rows, top = scores_of_features(xp, _features(xp, xs, centre), sw)
@@ -263,17 +282,19 @@ def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_pri
     blocks = token_blocks(xp, n, means.shape[-2] + 2 * x.shape[-1] + 1)
     if len(blocks) <= 1:
         s_t, rows = block(x)
-        return xp.matrix_transpose(s_t), rows
+        return xp.matrix_transpose(s_t), rows, [] if then is None else [then(0, n, s_t)]
     batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(sw.weights.shape[:-2]))
     dtype = xp.result_type(x.dtype, sw.weights.dtype)
     out_t = xp.empty(batch + (means.shape[-2], n), dtype=dtype, device=device_of(x))
     out_rows = xp.empty(batch + (n,), dtype=xp.bool, device=device_of(x))
 
-    def one(start: int, stop: int) -> None:
-        out_t[..., start:stop], out_rows[..., start:stop] = block(x[..., start:stop, :])
+    def one(start: int, stop: int) -> Any:
+        kept, out_rows[..., start:stop] = block(x[..., start:stop, :])
+        out_t[..., start:stop] = kept
+        return None if then is None else then(start, stop, kept)
 
-    run_blocks(one, blocks)
-    return xp.matrix_transpose(out_t), out_rows
+    parts = run_blocks(one, blocks)
+    return xp.matrix_transpose(out_t), out_rows, [] if then is None else parts
 
 
 def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variances: Array,
@@ -314,9 +335,21 @@ def responsibilities_and_guard(x: Array, means: Array, variances: Array, log_pri
     :func:`responsibilities_backward_guarded` to reuse. Scores and softmax are formed one block of
     tokens at a time (for NumPy arrays), so that no N × K array but Γ itself is written to memory.
     """
+    return responsibilities_blocks(x, means, variances, log_priors)[:2]
+
+
+def responsibilities_blocks(x: Array, means: Array, variances: Array, log_priors: Array,
+                            then: Callable[[int, int, Array], Any] | None = None,
+                            operands: MixtureOperands | None = None) -> tuple[Array, Array, list[Any]]:
+    """:func:`responsibilities_and_guard`, and ``then(start, stop, gamma_t)`` for each block of tokens: Γᵀ of the
+    tokens [start, stop), component-major ``(..., K, stop − start)`` (not to be modified), handed over in the
+    block's thread as soon as it is formed, so that what follows Γ (the latent core's write or read step) is
+    done while the block is in cache. Returns ``(gamma, direct_rows, [then's results in block order])``.
+    ``operands``: :func:`mixture_operands` of these means, variances and log priors, formed once for several
+    calls (by default here)."""
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
-    return _blockwise_scores(xp, x, means, variances, log_priors,
-                             lambda s_t, top: _softmax_own(xp, s_t, top))
+    return _blockwise_scores(xp, x, means, variances, log_priors, lambda s_t, top: _softmax_own(xp, s_t, top),
+                             then, operands)
 
 
 def scores_backward_guarded(x: Array, means: Array, variances: Array, d_scores: Array,

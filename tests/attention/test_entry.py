@@ -87,7 +87,8 @@ def _spy(monkeypatch, name):
 
 
 @pytest.mark.parametrize("causal, form, core", [
-    (False, None, "latent_forward"), (False, "latent", "latent_forward"),  # gma_bidirectional, in token blocks
+    # gma_bidirectional in token blocks, each block of Γ handed to the write or the read step as it is formed
+    (False, None, "routed_latent_forward"), (False, "latent", "routed_latent_forward"),
     (False, "materialized", "gma_materialized"), (True, "materialized", "gma_materialized"),
     (True, "prefix", "gma_causal_prefix"), (True, "streaming", "gma_causal_streaming"),
     (True, None, "chunked_forward"), (True, "chunked", "chunked_forward"),  # gma_causal_chunked, batched
@@ -98,7 +99,7 @@ def test_the_requested_form_runs_with_the_requested_options(rng, monkeypatch, ca
     gma_attention(*_inputs(rng), causal=causal, form=form, eps=0.25, chunk_size=5)
     assert len(calls) == 1
     a, kw = calls[0]
-    assert a[3] == 0.25
+    assert a[6 if core == "routed_latent_forward" else 3] == 0.25
     if core == "chunked_forward":
         assert a[4] == 5
     if core == "gma_materialized":

@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import pytest
 
+import gma_ref._latent_fast as latent_fast
 import gma_ref.attention as attention
 from gma_ref.attention import FORMS, gma_attention, gma_attention_backward
 from tests.support.exact_by_differentiation import attention_exact, max_abs
@@ -52,14 +53,17 @@ def _silenced_calls(monkeypatch: pytest.MonkeyPatch, *args: np.ndarray, eps_sigm
 
     The responsibilities are wrapped so that each call first raises a RuntimeWarning probe;
     the probes that reach the caller tell which calls ran with NumPy's warnings let through.
+    Below the bound on both sides Γ is formed with the latent core (``routed_latent_forward``'s
+    ``responsibilities_blocks``), otherwise side by side (``responsibilities_and_guard``): both are probed.
     """
-    real = attention.responsibilities_and_guard
+    for module, name in ((attention, "responsibilities_and_guard"), (latent_fast, "responsibilities_blocks")):
+        real = getattr(module, name)
 
-    def probed(x, *rest, **kwargs):
-        warnings.warn(f"probe {x.shape[-2]}", RuntimeWarning, stacklevel=1)
-        return real(x, *rest, **kwargs)
+        def probed(x, *rest, _real=real, **kwargs):
+            warnings.warn(f"probe {x.shape[-2]}", RuntimeWarning, stacklevel=1)
+            return _real(x, *rest, **kwargs)
 
-    monkeypatch.setattr(attention, "responsibilities_and_guard", probed)
+        monkeypatch.setattr(module, name, probed)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         gma_attention(*args, eps_sigma=eps_sigma)
