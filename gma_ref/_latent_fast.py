@@ -179,10 +179,11 @@ class LatentBackward:
         denom = xp.matmul(gq, self.mass_col) + self.eps  # D = u + ε, (..., n, 1)
         p = self.d_out[..., start:stop, :] / denom  # P = G / D
         c = -xp.vecdot(p, o - self.centre, axis=-1)  # (..., n)
-        gq_t = xp.matrix_transpose(gq)
-        weighted = denom * o  # this block's terms of the saved output's identity Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ
+        gq_t, denom_t = xp.matrix_transpose(gq), xp.matrix_transpose(denom)
+        # this block's terms of the saved output's identity Σ_i D_i O_i = (1ᵀ Γ^Q) Ṽ and of its scale Σ_i |D_i O_i|,
+        # as products: D_i ≥ ε > 0 (Γ^Q, Z ≥ 0), so |D_i O_i| = D_i |O_i|
         self._sums[start] = (xp.matmul(gq_t, p), xp.matmul(gq_t, xp.expand_dims(c, axis=-1)),
-                             xp.sum(weighted, axis=-2), xp.sum(xp.abs(weighted), axis=-2),
+                             xp.matmul(denom_t, o)[..., 0, :], xp.matmul(denom_t, xp.abs(o))[..., 0, :],
                              xp.sum(gq, axis=-2, keepdims=True))
         return _plus_outer(xp, xp.matmul(self.memory_c, xp.matrix_transpose(p)), self.mass_col, c, self.own)
 

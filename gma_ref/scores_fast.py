@@ -472,10 +472,9 @@ def _scores_cotangent(xp: Any, gamma_t: Array, d_gamma_t: Array) -> Array:
     if n_elements(gamma_t) == 0:
         return xp.matrix_transpose(scores_cotangent(xp.matrix_transpose(gamma_t), xp.matrix_transpose(d_gamma_t)))
     largest = xp.max(gamma_t, axis=-2, keepdims=True)
-    top = gamma_t == largest
     # the reference: g at the row's largest γ; at a tie (γ ≤ ½ there, where nothing cancels) the largest
     # such g; a row without a maximum (a NaN γ, whose maximum is NaN: no entry equals it) is left unshifted
-    ref = xp.max(xp.where(top, d_gamma_t, -math.inf), axis=-2, keepdims=True)
+    ref = _dominant_g(xp, gamma_t == largest, d_gamma_t)
     g = d_gamma_t - xp.where(largest == largest, ref, 0.0)
     centre = xp.sum(gamma_t * g, axis=-2, keepdims=True)
     if not in_place_ok(xp):
@@ -483,6 +482,20 @@ def _scores_cotangent(xp: Any, gamma_t: Array, d_gamma_t: Array) -> Array:
     g -= centre
     g *= gamma_t
     return g
+
+
+def _dominant_g(xp: Any, top: Array, d_gamma_t: Array) -> Array:
+    """max_k {g_ik : γ_ik the row's largest} ``(..., 1, n)`` (−∞ for a row without a maximum), component-major.
+
+    For float32 and narrower, where g is finite and every row has one largest γ, that is Σ_k g_ik [γ_ik largest]:
+    one product and one sum, exact (every other term is a zero), instead of ``where`` (measured 1.7× faster in
+    float32, 1.4× slower in float64, where NumPy's ``where`` moves 8-byte elements faster). Otherwise (float64; a
+    non-finite g, which the product would turn into NaN with a warning; a tie; a NaN row) the maximum itself."""
+    if xp.finfo(d_gamma_t.dtype).bits <= 32 and bool(xp.all(xp.isfinite(d_gamma_t))):
+        top_f = xp.astype(top, d_gamma_t.dtype)
+        if bool(xp.all(xp.sum(top_f, axis=-2) == 1.0)):
+            return xp.sum(d_gamma_t * top_f, axis=-2, keepdims=True)
+    return xp.max(xp.where(top, d_gamma_t, -math.inf), axis=-2, keepdims=True)
 
 
 def responsibilities_backward_guarded(

@@ -16,6 +16,7 @@ import pytest
 
 import gma_ref._blocks as blocks
 import gma_ref.scores_fast as fast
+from gma_ref._array import namespace
 from gma_ref.posterior import scores_cotangent
 
 
@@ -542,6 +543,56 @@ def test_at_tied_maxima_eq_18_shifts_by_the_largest_tied_g():
     mean_shift = scores_cotangent(gamma_t.T, d_gamma_t.T).T  # the reader's form: equal to rounding only
     np.testing.assert_allclose(got, mean_shift, rtol=0, atol=1e-12 * float(np.max(np.abs(d_gamma_t))))
     assert not np.array_equal(got, mean_shift)
+
+
+class _WithoutWhere:
+    """An array namespace without ``where``: which of Eq. 18's two ways found the shift."""
+
+    def __init__(self, xp):
+        self._xp = xp
+
+    def __getattr__(self, name):
+        if name == "where":
+            raise AssertionError("where was called")
+        return getattr(self._xp, name)
+
+
+@pytest.mark.parametrize("case", ["one maximum", "tie", "inf elsewhere", "nan elsewhere", "inf at the maximum",
+                                  "nan row"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_eq_18_reference_is_g_at_the_largest_gamma_in_every_case(case, dtype):
+    """The shift of Eq. 18 is max_k {g_k : γ_k largest}, bit for bit, whether it is found by the product with the
+    indicator (float32, one maximum, finite g) or by the maximum itself (float64; a tie, a non-finite g anywhere
+    in the row, a NaN row: −∞, the row then left unshifted); no warning either way."""
+    rng = np.random.default_rng(25)
+    gamma_t = rng.random((5, 8)).astype(dtype)
+    gamma_t /= np.sum(gamma_t, axis=0)
+    d_gamma_t = (rng.normal(size=(5, 8)) * 10.0 ** rng.integers(-3, 4, size=(5, 8))).astype(dtype)
+    top_row = np.argmax(gamma_t[:, 3])
+    other = (top_row + 1) % 5
+    if case == "tie":
+        gamma_t[other, 3] = gamma_t[top_row, 3]
+    elif case in ("inf elsewhere", "nan elsewhere"):
+        d_gamma_t[other, 3] = np.inf if case == "inf elsewhere" else np.nan
+    elif case == "inf at the maximum":
+        d_gamma_t[top_row, 3] = -np.inf
+    elif case == "nan row":
+        gamma_t[2, 3] = np.nan
+    largest = np.max(gamma_t, axis=0, keepdims=True)
+    got = fast._dominant_g(np, gamma_t == largest, d_gamma_t)
+    want = np.max(np.where(gamma_t == largest, d_gamma_t, -np.inf), axis=0, keepdims=True)
+    np.testing.assert_array_equal(got, want)
+    assert got.shape == (1, 8)
+    if case == "one maximum" and dtype == np.float32:  # by the product: no ``where``
+        no_where = _WithoutWhere(namespace(a=gamma_t))
+        np.testing.assert_array_equal(fast._dominant_g(no_where, gamma_t == largest, d_gamma_t), want)
+    else:  # by the maximum
+        with pytest.raises(AssertionError, match="where"):
+            fast._dominant_g(_WithoutWhere(namespace(a=gamma_t)), gamma_t == largest, d_gamma_t)
+    if case in ("tie",):
+        assert got[0, 3] == max(d_gamma_t[top_row, 3], d_gamma_t[other, 3])
+    if case == "nan row":
+        assert got[0, 3] == -np.inf
 
 
 def test_torch_autograd_differentiates_the_vjp_of_gamma():
