@@ -67,20 +67,33 @@ def _chunks(xp: Any, a: Array, start: int, stop: int, c: int) -> Array:
 def _prefix(xp: Any, carry: Array, terms: Array, axis: int, reverse: bool = False) -> tuple[Array, Array]:
     """(the exclusive prefix sums of ``terms`` along the chunk ``axis`` started at ``carry``, the total):
     carry, carry + t₀, (carry + t₀) + t₁, ... added in that order, as the loop over chunks adds; with
-    ``reverse``, from the last chunk back (the suffix sums). (A loop of small additions, each written into the
-    result as it is formed: NumPy's ``cumulative_sum`` along a leading axis was measured 20× slower, and a list
-    joined by ``stack`` at the end 1.2–1.6× slower.)"""
+    ``reverse``, from the last chunk back (the suffix sums). ``terms`` is an array the caller formed and gives up:
+    where :func:`~gma_ref._blocks.in_place_ok` (NumPy) and the dtypes agree, each chunk's term is replaced by the
+    sum before it, so that no array is allocated (a fresh one is page-faulted in at first touch, which cost
+    more than the additions); otherwise a new array is written. (A loop of small additions: NumPy's
+    ``cumulative_sum`` along a leading axis was measured 20× slower, and a list joined by ``stack`` at the end
+    1.2–1.6× slower.)"""
     g = terms.shape[axis]
-    out = xp.empty(tuple(terms.shape), dtype=xp.result_type(carry, terms), device=device_of(terms))
+    dtype = xp.result_type(carry, terms)
+    out = terms if in_place_ok(xp) and terms.dtype == dtype else xp.empty(tuple(terms.shape), dtype=dtype,
+                                                                            device=device_of(terms))
     running = carry
     for j in range(g - 1, -1, -1) if reverse else range(g):
-        if axis == -3:
-            out[..., j, :, :] = running
-            running = running + terms[..., j, :, :]
-        else:
-            out[..., j, :] = running
-            running = running + terms[..., j, :]
+        index = (..., j, slice(None), slice(None)) if axis == -3 else (..., j, slice(None))
+        after = running + terms[index]  # before the term is overwritten, when out is terms
+        out[index] = running
+        running = after
     return out, running
+
+
+def _prefix_parts(xp: Any, carry: Array, parts: list[Array], axis: int, reverse: bool = False
+                  ) -> tuple[list[Array], Array]:
+    """:func:`_prefix` over the parts' terms taken as one array joined along the chunk ``axis`` (in part order,
+    or from the last part back with ``reverse``): each part's sums before its chunks, and the total."""
+    before: list[Array] = [carry] * len(parts)
+    for i in range(len(parts) - 1, -1, -1) if reverse else range(len(parts)):
+        before[i], carry = _prefix(xp, carry, parts[i], axis, reverse)
+    return before, carry
 
 
 def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
@@ -105,15 +118,15 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
     for start, stop in _groups(v.shape[-2], c, k, d_v):
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
         parts = _parts(xp, gq.shape[-3])
-        mem_b, memory = _prefix(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
+        mem_b, memory = _prefix_parts(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
         mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
 
         def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
-                mem_b: Array = mem_b, mass_b: Array = mass_b) -> None:
+                mem_b: list[Array] = mem_b, mass_b: Array = mass_b, parts: list[tuple[int, int]] = parts) -> None:
             q, kk = gq[..., lo:hi, :, :], gk[..., lo:hi, :, :]
             a = xp.matmul(q, xp.matrix_transpose(kk))
             a = xp.where(lower, a, 0.0)
-            num = xp.matmul(a, vc[..., lo:hi, :, :]) + xp.matmul(q, mem_b[..., lo:hi, :, :])
+            num = xp.matmul(a, vc[..., lo:hi, :, :]) + xp.matmul(q, mem_b[parts.index((lo, hi))])
             u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b[..., lo:hi, :], axis=-2), axis=-1)
             part = divide(xp, num, u, eps)
             out[..., start + lo * c:start + hi * c, :] = _as_rows(xp, part)
@@ -132,20 +145,16 @@ def _parts(xp: Any, g: int) -> list[tuple[int, int]]:
     return [(g * i // count, g * (i + 1) // count) for i in range(count)]
 
 
-def _memory_terms(xp: Any, gk: Array, vc: Array, parts: list[tuple[int, int]]) -> Array:
-    """(Γ^K_c)ᵀ V_c ``(..., G, K, d_v)`` for every chunk of a group ``(..., G, C, ·)``, parts on the block threads."""
-    return _joined(xp, run_blocks(
-        lambda lo, hi: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]), parts), -3)
+def _memory_terms(xp: Any, gk: Array, vc: Array, parts: list[tuple[int, int]]) -> list[Array]:
+    """(Γ^K_c)ᵀ V_c ``(..., hi − lo, K, d_v)`` for the chunks of each part of a group ``(..., G, C, ·)``, on the
+    block threads."""
+    return run_blocks(
+        lambda lo, hi: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]), parts)
 
 
 def _as_rows(xp: Any, a: Array) -> Array:
     """Chunks ``(..., G, C, w)`` as token rows ``(..., G·C, w)``."""
     return xp.reshape(a, tuple(a.shape[:-3]) + (a.shape[-3] * a.shape[-2], a.shape[-1]))
-
-
-def _joined(xp: Any, parts: list[Array], axis: int) -> Array:
-    """The parts' arrays joined along the chunk ``axis``."""
-    return xp.concat(parts, axis=axis) if len(parts) > 1 else parts[0]
 
 
 def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, eps: float,
@@ -183,14 +192,15 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
     for start, stop in groups:  # pass 1
         gq, gk, vc, do = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v, d_out))
         parts = _parts(xp, gq.shape[-3])
-        mem_b, memory = _prefix(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
+        mem_b, memory = _prefix_parts(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
         mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
 
         def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
-                do: Array = do, mem_b: Array = mem_b, mass_b: Array = mass_b) -> tuple[Array, ...]:
+                do: Array = do, mem_b: list[Array] = mem_b, mass_b: Array = mass_b,
+                parts: list[tuple[int, int]] = parts) -> tuple[Array, ...]:
             q = gq[..., lo:hi, :, :]
             p, c_row, a, w, dq = _pass_one(xp, q, gk[..., lo:hi, :, :], vc[..., lo:hi, :, :], do[..., lo:hi, :, :],
-                                           mem_b[..., lo:hi, :, :], mass_b[..., lo:hi, :], eps)
+                                           mem_b[parts.index((lo, hi))], mass_b[..., lo:hi, :], eps)
             d_gamma_q_t[..., start + lo * c:start + hi * c] = xp.matrix_transpose(_as_rows(xp, dq))
             # this part's terms of the suffix sums S^V, S^Z: (Γ^Q_c)ᵀ P_c and (Γ^Q_c)ᵀ c per chunk
             return p, a, w, xp.matmul(xp.matrix_transpose(q), p), xp.sum(q * xp.expand_dims(c_row, axis=-1), axis=-2)
@@ -202,18 +212,20 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
         start, stop = groups[idx]
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
         parts, results = kept[idx]
-        s_v_after, s_v = _suffix(xp, s_v, _joined(xp, [r[3] for r in results], -3), -3)
-        s_z_after, s_z = _suffix(xp, s_z, _joined(xp, [r[4] for r in results], -2), -2)
+        # the suffix sums S^V, S^Z after each chunk, from the last part's last chunk back, in the parts' own arrays
+        s_v_after, s_v = _prefix_parts(xp, s_v, [r[3] for r in results], -3, reverse=True)
+        s_z_after, s_z = _prefix_parts(xp, s_z, [r[4] for r in results], -2, reverse=True)
 
         def two(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
                 results: list[tuple[Array, ...]] = results, parts: list[tuple[int, int]] = parts,
-                s_v_after: Array = s_v_after, s_z_after: Array = s_z_after) -> None:
-            p, a, w = results[parts.index((lo, hi))][:3]
-            kk, sv = gk[..., lo:hi, :, :], s_v_after[..., lo:hi, :, :]
+                s_v_after: list[Array] = s_v_after, s_z_after: list[Array] = s_z_after) -> None:
+            i = parts.index((lo, hi))
+            p, a, w = results[i][:3]
+            kk, sv = gk[..., lo:hi, :, :], s_v_after[i]
             dv = xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(kk, sv)
             dk = (xp.matmul(xp.matrix_transpose(w), gq[..., lo:hi, :, :])
                   + xp.matmul(vc[..., lo:hi, :, :], xp.matrix_transpose(sv))
-                  + xp.expand_dims(s_z_after[..., lo:hi, :], axis=-2))
+                  + xp.expand_dims(s_z_after[i], axis=-2))
             d_values[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dv)
             d_gamma_k_t[..., start + lo * c:start + hi * c] = xp.matrix_transpose(_as_rows(xp, dk))
 
@@ -221,12 +233,6 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
         kept[idx] = None  # the group's arrays are no longer needed
     return causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
                         gamma_k, v, None)
-
-
-def _suffix(xp: Any, carry: Array, terms: Array, axis: int) -> tuple[Array, Array]:
-    """(the sums over the *later* chunks of the group, plus ``carry`` (those after the group), per chunk;
-    the sum over the group and after it), added from the last chunk back, as the loop adds."""
-    return _prefix(xp, carry, terms, axis, reverse=True)
 
 
 def _terms_of_rows(xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array,
