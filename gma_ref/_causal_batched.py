@@ -45,11 +45,12 @@ PARTS = 4
 MIN_PART_CHUNKS = 4
 
 
-def _batched(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, chunk_size: int) -> bool:
-    """Whether the batched form applies (see the module docstring); the reader's form otherwise."""
+def _batched(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, chunk_size: int, v_unscaled: bool = False) -> bool:
+    """Whether the batched form applies (see the module docstring); the reader's form otherwise. ``v_unscaled``:
+    the caller found V's scale to be 1."""
     n = gamma_q.shape[-2]
     same = tuple(gamma_q.shape[:-2]) == tuple(gamma_k.shape[:-2]) == tuple(v.shape[:-2])
-    return same and n > 0 and n % chunk_size == 0 and value_scale(xp, v, n) == 1.0
+    return same and n > 0 and n % chunk_size == 0 and (v_unscaled or value_scale(xp, v, n) == 1.0)
 
 
 def _groups(n: int, c: int, k: int, d_v: int) -> list[tuple[int, int]]:
@@ -96,19 +97,23 @@ def _prefix_parts(xp: Any, carry: Array, parts: list[Array], axis: int, reverse:
     return before, carry
 
 
-def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
+def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int, *,
+                    gamma_checked: bool = False) -> Array:
     """:func:`gma_ref.causal.gma_causal_chunked` (empty state, ``check_finite=False``), chunks batched, BLAS on
-    one thread (:func:`~gma_ref._blocks.small_products`: C × K products, too small to share)."""
+    one thread (:func:`~gma_ref._blocks.small_products`: C × K products, too small to share). ``gamma_checked``:
+    the caller knows Γ^Q, Γ^K non-negative (softmaxes it computed, or its own check), so that they are not
+    passed over for negative entries again."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     if not _batched(xp, gamma_q, gamma_k, v, chunk_size):
         return gma_causal_chunked(gamma_q, gamma_k, v, eps, chunk_size, check_finite=False)
     with small_products(xp):
-        return _forward(xp, gamma_q, gamma_k, v, eps, chunk_size)
+        return _forward(xp, gamma_q, gamma_k, v, eps, chunk_size, gamma_checked)
 
 
-def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int) -> Array:
+def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int,
+             gamma_checked: bool) -> Array:
     """The body of :func:`chunked_forward`, the groups in order, each group's chunks in parts on the block threads."""
-    eps = check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, False, check_values=not gamma_checked)
     c, k, d_v, batch = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2])
     lower = lower_mask(xp, c, device_of(v))
     dtype = xp.result_type(gamma_k, v)
@@ -158,25 +163,27 @@ def _as_rows(xp: Any, a: Array) -> Array:
 
 
 def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, eps: float,
-                     chunk_size: int) -> CausalGrad:
+                     chunk_size: int, gamma_checked: bool = False, v_unscaled: bool = False) -> CausalGrad:
     """:func:`gma_ref.causal.gma_causal_chunked_backward` (empty state, ``check_finite=False``), chunks batched:
     pass 1 over the groups in order (the state before each chunk, P, δ, c, W, ∂L/∂Γ^Q), pass 2 in reverse
     (the suffix sums S^V, S^Z after each chunk, ∂L/∂V, ∂L/∂Γ^K), BLAS on one thread as in the forward. ∂L/∂Γ^Q and
     ∂L/∂Γ^K are written component-major and returned as transposed views ``(..., N, K)`` of ``(..., K, N)`` arrays,
-    for the score VJPs' reductions over K (the values are the reader's, bit for bit)."""
+    for the score VJPs' reductions over K (the values are the reader's, bit for bit). ``gamma_checked`` as for
+    :func:`chunked_forward`; ``v_unscaled``: the caller found V's scale to be 1
+    (:func:`gma_ref._prechecks.saved_arrays_pass`)."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
-    if not _batched(xp, gamma_q, gamma_k, v, chunk_size):
+    if not _batched(xp, gamma_q, gamma_k, v, chunk_size, v_unscaled):
         return gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size,
                                            check_finite=False)
     with small_products(xp):
-        return _backward(xp, gamma_q, gamma_k, v, d_out, eps, chunk_size)
+        return _backward(xp, gamma_q, gamma_k, v, d_out, eps, chunk_size, gamma_checked)
 
 
 def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
-              chunk_size: int) -> CausalGrad:
+              chunk_size: int, gamma_checked: bool) -> CausalGrad:
     """The body of :func:`chunked_backward` (BLAS on one thread), each group's chunks in parts on the block
     threads; the prefix and suffix sums over the chunks in order in the calling thread."""
-    eps = check_causal(xp, gamma_q, gamma_k, v, eps, False)
+    eps = check_causal(xp, gamma_q, gamma_k, v, eps, False, check_values=not gamma_checked)
     check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_chunked", False)
     c, k, d_v, batch, n = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2]), v.shape[-2]
     groups = _groups(n, c, k, d_v)

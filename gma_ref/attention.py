@@ -103,12 +103,16 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
         return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
     if form == "streaming":
         return lambda gq, gk, v, eps: gma_causal_streaming(gq, gk, v, eps, check_finite=False)
-    return lambda gq, gk, v, eps: chunked_forward(gq, gk, v, eps, chunk_size)  # gma_causal_chunked, chunks batched
+    # gma_causal_chunked, chunks batched; after _sides' checks, of softmaxes
+    return lambda gq, gk, v, eps: chunked_forward(gq, gk, v, eps, chunk_size, gamma_checked=True)
 
 
-def _core_backward(causal: bool, form: str, chunk_size: int) -> Callable[..., tuple[Array, Array, Array]]:
-    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass). (The latent
-    form with the forward's output at hand runs block by block with the score VJPs instead: :func:`_backward`.)"""
+def _core_backward(causal: bool, form: str, chunk_size: int, gamma_checked: bool = False,
+                   v_unscaled: bool = False) -> Callable[..., tuple[Array, Array, Array]]:
+    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass; with
+    ``gamma_checked``, Γ known non-negative, and with ``v_unscaled``, V's scale known to be 1: the batched chunked
+    form then does not pass over them again). (The latent form with the forward's output at hand runs block by
+    block with the score VJPs instead: :func:`_backward`.)"""
     if form == "materialized":
         return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps=eps, causal=causal,
                                                                    check_finite=False)
@@ -118,7 +122,8 @@ def _core_backward(causal: bool, form: str, chunk_size: int) -> Callable[..., tu
         return lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps=eps, check_finite=False)
     if form == "streaming":
         return lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps=eps, check_finite=False)
-    return lambda gq, gk, v, g, eps: chunked_backward(gq, gk, v, g, eps=eps, chunk_size=chunk_size)
+    return lambda gq, gk, v, g, eps: chunked_backward(gq, gk, v, g, eps=eps, chunk_size=chunk_size,
+                                                      gamma_checked=gamma_checked, v_unscaled=v_unscaled)
 
 
 def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: bool) -> tuple[Array, Array]:
@@ -476,7 +481,8 @@ def _backward(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array,
                                                   log_priors, rows_k)
         d_v = lat.d_values
     else:
-        d_gamma_q, d_gamma_k, d_v = _core_backward(causal, form, chunk_size)(gamma_q, gamma_k, v, d_out, eps)[:3]
+        core = _core_backward(causal, form, chunk_size, gamma_checked=saved is None or clean, v_unscaled=clean)
+        d_gamma_q, d_gamma_k, d_v = core(gamma_q, gamma_k, v, d_out, eps)[:3]
         side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, d_gamma_q,
                                                    log_priors, rows_q)
         side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, d_gamma_k,

@@ -66,9 +66,11 @@ __all__ = [
 ]
 
 
-def check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool) -> float:
-    """The causal forms' input checks: those of every core, and N_q = N_k (``ValueError``); returns ε as a float."""
-    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+def check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool, *,
+                 check_values: bool = True) -> float:
+    """The causal forms' input checks: those of every core, and N_q = N_k (``ValueError``); returns ε as a float.
+    ``check_values``: as for :func:`~gma_ref.bidirectional.check_routing_inputs`."""
+    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite, check_values=check_values)
     if gamma_q.shape[-2] != gamma_k.shape[-2]:
         raise ValueError(
             f"causal GMA needs as many queries as keys, got gamma_q {tuple(gamma_q.shape)} "

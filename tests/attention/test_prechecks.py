@@ -134,14 +134,17 @@ def test_a_nan_is_still_refused_by_the_check_that_always_refused_it(rng, field, 
         gma_attention_backward(*args, d_out, saved=res)
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("field", ["gamma_q", "gamma_k"])
-def test_a_negative_saved_responsibility_is_still_refused(rng, field):
+def test_a_negative_saved_responsibility_is_still_refused(rng, field, causal):
     """On a row the sampled-row check does not look at (row 1 of 20)."""
-    args, d_out, res = _saved_case(rng)
+    args = _inputs(rng)
+    out, res = gma_attention(*args, causal=causal, chunk_size=4, return_saved=True)
     gamma = getattr(res, field).copy()
     gamma[1, 0] = -1e-300
     with pytest.raises(ValueError, match=f"^{field} must be non-negative"):
-        gma_attention_backward(*args, d_out, saved=res._replace(**{field: gamma}))
+        gma_attention_backward(*args, rng.normal(size=out.shape), causal=causal, chunk_size=4,
+                               saved=res._replace(**{field: gamma}))
 
 
 def test_values_that_need_scaling_take_the_readers_path_with_saved_arrays(rng):
@@ -157,17 +160,24 @@ def test_values_that_need_scaling_take_the_readers_path_with_saved_arrays(rng):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-300)
 
 
-def test_when_they_pass_gamma_is_not_checked_again(rng, monkeypatch):
-    """With the seven arrays found clean, no pass over Γ for negative entries follows (the pre-pass stood for
-    it); with a NaN in d_out and check_finite=False, the checks run as before."""
-    args, d_out, res = _saved_case(rng)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gamma_is_passed_over_for_negative_entries_only_where_nothing_else_checked(rng, monkeypatch, causal):
+    """The forward's Γ are softmaxes: never checked for negative entries. The backward with saved arrays found
+    clean by the pre-pass does not check them again either; with a NaN in d_out (check_finite=False: the pre-pass
+    fails), the core checks them as before. Without saved arrays (Γ recomputed) the batched causal core does not
+    check them (the latent form's reader VJP, which then runs, does)."""
     looked_at = []
     real = bidirectional.check_nonnegative_array
     monkeypatch.setattr(bidirectional, "check_nonnegative_array",
                         lambda xp, name, a, what: (looked_at.append(name), real(xp, name, a, what)))
-    gma_attention_backward(*args, d_out, saved=res)
+    args = _inputs(rng)
+    out, res = gma_attention(*args, causal=causal, chunk_size=4, return_saved=True)
+    d_out = rng.normal(size=out.shape)
+    gma_attention_backward(*args, d_out, causal=causal, chunk_size=4, saved=res)
+    if causal:
+        gma_attention_backward(*args, d_out, causal=causal, chunk_size=4)
     assert looked_at == []
     d_out[3, 0] = np.nan
     with np.errstate(all="ignore"):
-        gma_attention_backward(*args, d_out, saved=res, check_finite=False)
+        gma_attention_backward(*args, d_out, causal=causal, chunk_size=4, saved=res, check_finite=False)
     assert looked_at == ["gamma_q", "gamma_k"]
