@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -41,6 +42,13 @@ T = TypeVar("T")
 BLOCK_ELEMENTS = 1 << 18
 #: Fewest tokens in a block (below that, Python's per-call overhead outweighs the cache).
 MIN_BLOCK_ROWS = 256
+#: The interpreter's switch interval (seconds) while blocks run on several threads (``sys.setswitchinterval``;
+#: restored after). Each block thread gives up the GIL in every NumPy call and takes it back after; a thread that
+#: finds it taken waits up to the switch interval (Python's default: 5 ms) before it asks for it, and on 2 cores
+#: whose idle vCPU is halted the holder mostly takes it back before the waiter wakes up: blocks measured 2–4×
+#: their single-thread time, one thread stalled for milliseconds while the other ran. With 0.1 ms a whole
+#: training step ran 10–25 % faster (docs/benchmarks.md).
+SWITCH_INTERVAL = 1e-4
 
 _lock = threading.Lock()
 _pool: list[ThreadPoolExecutor] = []  # at most one, of _pool_size[0] workers
@@ -49,6 +57,8 @@ _held: list[Any] = []  # the threadpoolctl limit in force while blocks run (one 
 _holders = [0]
 _held_count = [1]  # BLAS's thread count when the limit was taken: the blocks' threads while it is held
 _controller_cache: list[Any] = []
+_switch_saved: list[float] = []  # the switch interval before the first of the concurrent callers lowered it
+_switch_holders = [0]
 
 
 def _forget_after_fork() -> None:
@@ -61,6 +71,10 @@ def _forget_after_fork() -> None:
     _held.clear()
     _holders[0] = 0
     _held_count[0] = 1
+    if _switch_saved:  # forked while blocks ran: the child gets the interval back
+        _restore_switch_interval(_switch_saved[0])
+    _switch_saved.clear()
+    _switch_holders[0] = 0
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -171,6 +185,33 @@ def small_products(xp: Any) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _short_switch_interval() -> Iterator[None]:
+    """The interpreter's switch interval at most :data:`SWITCH_INTERVAL` while blocks run on several threads
+    (process-wide; nested and concurrent callers share it; the value before restored when the last leaves)."""
+    with _lock:
+        if _switch_holders[0] == 0:
+            _switch_saved.append(sys.getswitchinterval())
+            if _switch_saved[0] > SWITCH_INTERVAL:
+                sys.setswitchinterval(SWITCH_INTERVAL)
+        _switch_holders[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _switch_holders[0] -= 1
+            if _switch_holders[0] == 0:
+                _restore_switch_interval(_switch_saved.pop())
+
+
+def _restore_switch_interval(saved: float) -> None:
+    """Set the interval read as ``saved`` back, if it was lowered. (CPython keeps whole microseconds and truncates
+    seconds × 10⁶, which for a value read back can fall just below the count it came from: half a microsecond
+    added gives the same count again.)"""
+    if saved > SWITCH_INTERVAL:
+        sys.setswitchinterval((round(saved * 1e6) + 0.5) / 1e6)
+
+
 def _executor(workers: int) -> ThreadPoolExecutor:
     with _lock:
         if _pool_size[0] != workers:
@@ -183,10 +224,11 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -> list[T]:
     """``[fn(start, stop) for (start, stop) in blocks]``, in block order: on :func:`worker_count` threads, the
-    calling thread one of them (it takes the first block), with BLAS on one thread, each block in a copy of the
-    caller's context (NumPy's ``errstate``); each thread takes the next block not yet taken, so blocks of unequal
-    cost still share the threads. ``fn`` must not rely on the blocks running in any order. The first block's
-    exception (in block order) is raised here, once every block has finished."""
+    calling thread one of them (it takes the first block), with BLAS on one thread and the interpreter's switch
+    interval at most :data:`SWITCH_INTERVAL`, each block in a copy of the caller's context (NumPy's ``errstate``);
+    each thread takes the next block not yet taken, so blocks of unequal cost still share the threads. ``fn``
+    must not rely on the blocks running in any order. The first block's exception (in block order) is raised
+    here, once every block has finished."""
     if not blocks:
         return []
     workers = min(worker_count(), len(blocks))
@@ -216,10 +258,11 @@ def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -
                 run(i)
 
         pool = _executor(workers - 1)
-        futures = [pool.submit(contextvars.copy_context().run, drain) for _ in range(workers - 1)]
-        run(0)
-        drain()
-        wait(futures)  # every block done before BLAS gets its threads back, even when one raised
+        with _short_switch_interval():
+            futures = [pool.submit(contextvars.copy_context().run, drain) for _ in range(workers - 1)]
+            run(0)
+            drain()
+            wait(futures)  # every block done before BLAS gets its threads back, even when one raised
         for exc in errors:
             if exc is not None:
                 raise exc

@@ -238,6 +238,66 @@ def test_run_blocks_on_threads_keeps_the_order_and_raises(monkeypatch):
     assert blocks._holders[0] == 0
 
 
+def test_blocks_on_threads_run_with_a_short_switch_interval_and_give_it_back(monkeypatch):
+    """While blocks run on two threads, a thread waiting for the GIL asks for it after at most SWITCH_INTERVAL;
+    the caller's interval comes back afterwards (also after an error, and when several callers' blocks run at
+    once); a caller whose interval is already shorter keeps it; one thread (or one block) changes nothing."""
+    pytest.importorskip("threadpoolctl")
+    import sys  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    assert blocks.SWITCH_INTERVAL == 1e-4
+    before = sys.getswitchinterval()
+    seen = []
+
+    def fn(a, b):
+        seen.append(sys.getswitchinterval())
+        return a
+
+    try:
+        sys.setswitchinterval(0.005)
+        blocks.run_blocks(fn, [(i, 0) for i in range(4)])
+        assert len(seen) == 4 and all(v == pytest.approx(1e-4) for v in seen)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        # two callers at once: the first to leave keeps it lowered for the other, the last gives it back
+        import threading  # noqa: PLC0415
+
+        inside, leave = threading.Event(), threading.Event()
+        def held(a, b):  # the other caller's own block 0 waits (the pool's thread stays free)
+            if a == 0:
+                inside.set()
+                assert leave.wait(10)
+
+        other = threading.Thread(target=blocks.run_blocks, args=(held, [(0, 0), (1, 0)]))
+        other.start()
+        assert inside.wait(10)
+        blocks.run_blocks(fn, [(0, 0), (1, 0)])
+        assert sys.getswitchinterval() == pytest.approx(1e-4)  # the other caller's blocks still run
+        leave.set()
+        other.join(10)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        with pytest.raises(RuntimeError, match="block"):
+            blocks.run_blocks(lambda a, b: (_ for _ in ()).throw(RuntimeError("block")), [(0, 0), (1, 0)])
+        assert sys.getswitchinterval() == pytest.approx(0.005) and blocks._switch_holders[0] == 0
+        sys.setswitchinterval(5e-5)
+        seen.clear()
+        blocks.run_blocks(lambda a, b: seen.append(sys.getswitchinterval()), [(0, 0), (1, 0)])
+        assert all(v == pytest.approx(5e-5) for v in seen) and sys.getswitchinterval() == pytest.approx(5e-5)
+        sys.setswitchinterval(0.0123457)  # read back as whole microseconds; given back as read, call after call
+        odd = sys.getswitchinterval()
+        for _ in range(3):
+            blocks.run_blocks(fn, [(0, 0), (1, 0)])
+        assert sys.getswitchinterval() == odd
+        sys.setswitchinterval(0.005)
+        seen.clear()
+        blocks.run_blocks(lambda a, b: seen.append(sys.getswitchinterval()), [(0, 0)])
+        monkeypatch.setattr(blocks, "worker_count", lambda: 1)
+        blocks.run_blocks(lambda a, b: seen.append(sys.getswitchinterval()), [(0, 0), (1, 0)])
+        assert all(v == pytest.approx(0.005) for v in seen)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_worker_count_reads_blas_through_threadpoolctl(monkeypatch):
     """With threadpoolctl the count is BLAS's own, whatever the environment says."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
