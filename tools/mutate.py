@@ -103,9 +103,12 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/scores_fast.py": [*_SCORES_TESTS, "tests/scores_fast/test_blocked_path.py",
                                "tests/attention/test_fused_backward.py"],
     "gma_ref/_blocks.py": ["tests/scores_fast/test_blocked_path.py", "tests/scores_fast/test_token_blocks.py"],
-    "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py"],
+    "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py",
+                                   "tests/attention/test_prechecks.py"],
     "gma_ref/_latent_fast.py": ["tests/attention/test_latent_fast.py", "tests/attention/test_fused_backward.py",
-                                "tests/attention/test_saved.py", "tests/attention/test_entry.py"],
+                                "tests/attention/test_saved.py", "tests/attention/test_entry.py",
+                                "tests/attention/test_prechecks.py", "tests/attention/test_overflow_guard.py"],
+    "gma_ref/_prechecks.py": ["tests/attention/test_prechecks.py", "tests/attention/test_saved.py"],
     # the shared checks: their own tests first, then the entry points' refusals of bad input through them
     "gma_ref/_array.py": ["tests/across_modules/test_array_helpers.py", "tests/across_modules/test_bad_input.py",
                           "tests/attention/test_saved.py"],
@@ -143,6 +146,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/across_modules/test_exact_arithmetic.py",
     ],
     "gma_ref/attention.py": [
+        "tests/attention/test_prechecks.py",
         "tests/attention/test_overflow_guard.py",
         "tests/attention/test_saved.py",
         "tests/attention/test_fused_backward.py",
