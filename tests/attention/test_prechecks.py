@@ -72,7 +72,7 @@ def _pass(args, d_out, res):
 
 def test_the_forwards_own_arrays_pass(rng):
     args, d_out, res = _saved_case(rng)
-    assert _pass(args, d_out, res)
+    assert _pass(args, d_out, res) is True
 
 
 @pytest.mark.parametrize("field", ["q", "k", "v", "d_out", "gamma_q", "gamma_k", "out"])
@@ -84,7 +84,7 @@ def test_a_non_finite_entry_in_any_of_the_seven_fails(rng, field, bad):
     arrays[field][5, 1] = bad
     args = (arrays["q"], arrays["k"], arrays["v"], *args[3:])
     res = res._replace(**{f: arrays[f] for f in ("gamma_q", "gamma_k", "out")})
-    assert not _pass(args, arrays["d_out"], res)
+    assert _pass(args, arrays["d_out"], res) is False
 
 
 @pytest.mark.parametrize("field", ["gamma_q", "gamma_k"])
@@ -92,7 +92,16 @@ def test_a_negative_responsibility_fails(rng, field):
     args, d_out, res = _saved_case(rng)
     gamma = getattr(res, field).copy()
     gamma[1, 0] = -1e-300
-    assert not _pass(args, d_out, res._replace(**{field: gamma}))
+    assert _pass(args, d_out, res._replace(**{field: gamma})) is False
+
+
+@pytest.mark.parametrize("field", ["gamma_q", "gamma_k"])
+def test_a_responsibility_of_exactly_zero_passes(rng, field):
+    """Non-negative includes 0 (a γ that underflowed): the seven arrays pass."""
+    args, d_out, res = _saved_case(rng)
+    gamma = getattr(res, field).copy()
+    gamma[1, 0] = 0.0
+    assert _pass(args, d_out, res._replace(**{field: gamma})) is True
 
 
 def test_values_that_need_scaling_fail(rng):
@@ -100,9 +109,9 @@ def test_values_that_need_scaling_fail(rng):
     args, d_out, res = _saved_case(rng)
     v = args[2].copy()
     v[7, 2] = -np.finfo(np.float64).max / 4 / (N + 1)
-    assert not _pass((*args[:2], v, *args[3:]), d_out, res)
+    assert _pass((*args[:2], v, *args[3:]), d_out, res) is False
     v[7, 2] = np.finfo(np.float64).max / 4 / (N + 1) / 2
-    assert _pass((*args[:2], v, *args[3:]), d_out, res)
+    assert _pass((*args[:2], v, *args[3:]), d_out, res) is True
 
 
 @pytest.mark.parametrize("change", ["int", "1-D", "empty", "namespace", "not an array"])
@@ -111,7 +120,7 @@ def test_arguments_the_checks_themselves_must_report_fail(rng, change):
     args, d_out, res = _saved_case(rng)
     bad = {"int": np.ones((N, D_V), dtype=np.int64), "1-D": np.ones(N * D_V), "empty": np.ones((0, D_V)),
            "namespace": array_api_strict.asarray(d_out), "not an array": d_out.tolist()}[change]
-    assert not _pass(args, bad, res)
+    assert _pass(args, bad, res) is False
 
 
 def _nan_in(rng, field):
