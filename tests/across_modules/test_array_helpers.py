@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from array_api_compat import array_namespace
 
-from gma_ref._array import check_finite, value_scale
+from gma_ref._array import check_finite, scale_from_extremes, value_scale
 
 xp = array_namespace(np.zeros(1))
 
@@ -59,6 +59,17 @@ def test_value_scale_reads_the_largest_magnitude_of_either_sign():
     assert value_scale(xp, np.array([[np.nan, -big]]), 4) == 1.0
     assert value_scale(xp, np.array([[np.inf, 1.0]]), 4) == 1.0
     assert value_scale(xp, np.zeros((0, 2)), 4) == 1.0
+
+
+def test_scale_from_extremes_is_value_scale_and_needs_none_for_a_nan_at_either_end():
+    """From an array's extremes, the scale value_scale finds from the array; a NaN at either end (the
+    extremes of an array holding a NaN, whichever reduction shows it) needs no scale, even beside an extreme
+    that alone would."""
+    big = float(np.finfo(np.float64).max) / 8
+    for v in (np.array([[1.0, -big]]), np.array([[big, 1.0]]), np.array([[1.0, 2.0]])):
+        assert scale_from_extremes(xp, v.dtype, float(v.min()), float(v.max()), 4) == value_scale(xp, v, 4)
+    assert scale_from_extremes(xp, np.float64, math.nan, big, 4) == 1.0
+    assert scale_from_extremes(xp, np.float64, -big, math.nan, 4) == 1.0
 
 
 def test_value_scale_threshold_and_power_pinned():

@@ -350,6 +350,62 @@ def test_blocks_run_in_a_forked_child(monkeypatch):
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="POSIX only")
+def test_a_child_forked_while_blocks_run_gets_the_switch_interval_back(monkeypatch):
+    """Forked while another thread's blocks run (the switch interval lowered, the pool's thread busy): the child
+    starts with the interval the parent had before, no holders, no pool, and runs blocks of its own (the
+    interval lowered while they run and given back after)."""
+    pytest.importorskip("threadpoolctl")
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    before = sys.getswitchinterval()
+    inside, leave = threading.Event(), threading.Event()
+
+    def held(a, b):
+        if a == 0:
+            inside.set()
+            assert leave.wait(20)
+        return a
+
+    other = threading.Thread(target=blocks.run_blocks, args=(held, [(0, 0), (1, 0)]))
+    other.start()
+    try:
+        assert inside.wait(10)
+        assert sys.getswitchinterval() == pytest.approx(blocks.SWITCH_INTERVAL)
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if it is back to the parent's state before the blocks
+            ok = False
+            try:
+                seen = []
+                ok = (sys.getswitchinterval() == before and blocks._switch_holders[0] == 0
+                      and not blocks._switch_saved and blocks._holders[0] == 0 and not blocks._held
+                      and not blocks._pool and blocks._pool_size[0] == 0 and blocks._held_count[0] == 1
+                      and blocks.run_blocks(lambda a, b: seen.append(sys.getswitchinterval()) or a,
+                                            [(i, 0) for i in range(4)]) == [0, 1, 2, 3]
+                      and seen == [pytest.approx(blocks.SWITCH_INTERVAL)] * 4
+                      and sys.getswitchinterval() == before)
+            finally:
+                os._exit(0 if ok else 1)
+        for _ in range(200):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the blocks hung in the forked child")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        leave.set()
+        other.join(10)
+    assert sys.getswitchinterval() == before
+
+
 def test_run_blocks_shares_the_blocks_between_the_calling_thread_and_the_pool(monkeypatch):
     """The calling thread takes block 0 and then whatever block is free: while the pool's thread is held up
     in its first block, the caller runs every other one (results in block order all the same)."""
