@@ -224,3 +224,25 @@ def test_arrays_it_makes_live_on_the_inputs_device(small_blocks):
         assert a.device == dev
         _close(np.asarray(xs.asarray(a, device=xs.Device("CPU_DEVICE"))), np.asarray(
             xs.asarray(b, device=xs.Device("CPU_DEVICE"))), np.float64)
+
+
+def test_responsibilities_are_checked_for_negative_entries_unless_the_caller_did(rng, monkeypatch):
+    """By default the blocked forward refuses a negative responsibility as the reader does; with ``checked=True``
+    (the pipeline, whose Γ are softmaxes) it does not pass over Γ for negative entries, and gives the same
+    output for valid Γ."""
+    import gma_ref.bidirectional as bidirectional  # noqa: PLC0415
+
+    gq, gk, v, _ = _inputs(rng)
+    bad = gq.copy()
+    bad[0, 3, 1] = -1e-300
+    with pytest.raises(ValueError, match="^gamma_q must be non-negative"):
+        lf.latent_forward(bad, gk, v, 1e-6)
+    want = lf.latent_forward(gq, gk, v, 1e-6)
+    looked_at = []
+    real = bidirectional.check_nonnegative_array
+    monkeypatch.setattr(bidirectional, "check_nonnegative_array",
+                        lambda xp, name, a, what: (looked_at.append(name), real(xp, name, a, what)))
+    np.testing.assert_array_equal(lf.latent_forward(gq, gk, v, 1e-6, checked=True), want)
+    assert looked_at == []
+    lf.latent_forward(gq, gk, v, 1e-6)
+    assert looked_at == ["gamma_q", "gamma_k"]
