@@ -193,7 +193,8 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
     # ∂L/∂Γ^Q and ∂L/∂Γ^K component-major, (..., K, N), returned as transposed views: the score VJPs that take them
     # next reduce over K down contiguous rows of tokens (gma_ref.scores_fast)
     d_gamma_q_t, d_gamma_k_t = (xp.empty(batch + (k, n), dtype=dtype, device=device_of(v)) for _ in range(2))
-    d_values = xp.empty(batch + (n, d_v), dtype=dtype, device=device_of(v))
+    # ∂L/∂V = Aᵀ P + Γ^K S^V has no V in it: the dtype of Γ and ∂L/∂O, as the loop's
+    d_values = xp.empty(batch + (n, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
 
     kept = []
     for start, stop in groups:  # pass 1

@@ -186,6 +186,30 @@ def test_the_batched_path_keeps_float32():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("wide", ["gamma_k", "gamma_q", "v", "d_out"])
+@pytest.mark.parametrize("namespace", ["numpy", "array_api_strict"])
+def test_mixed_precisions_give_the_loop_bit_for_bit(wide, namespace):
+    """One of Γ^Q, Γ^K, V, ∂L/∂O in float64, the rest float32: the sums carried from chunk to chunk are then wider
+    than some chunks' terms, and the prefix and suffix sums are written into arrays of the carried dtype (NumPy
+    overwrites a chunk's terms in place only where the dtypes agree): the loop's values and dtypes, bit for bit."""
+    names = ("gamma_q", "gamma_k", "v", "d_out")
+    arrays = [a.astype(np.float64 if name == wide else np.float32)
+              for name, a in zip(names, _inputs(np.random.default_rng(15), (2,), 48), strict=True)]
+    if namespace == "array_api_strict":
+        xp = pytest.importorskip("array_api_strict")
+        arrays = [xp.asarray(a) for a in arrays]
+    gq, gk, v, d_out = arrays
+    out = cf.chunked_forward(gq, gk, v, 1e-6, 8)
+    want = gma_causal_chunked(gq, gk, v, 1e-6, 8)
+    assert out.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    got = cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    ref = gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    for a, b in zip(got[:3], ref[:3], strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("batch", [(), (2, 3)])
 def test_the_cotangents_of_gamma_are_component_major_views(batch):
     """∂L/∂Γ^Q and ∂L/∂Γ^K come back as (..., N, K) arrays whose last two axes, swapped, are contiguous (K, N)
