@@ -107,8 +107,8 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
     return lambda gq, gk, v, eps: chunked_forward(gq, gk, v, eps, chunk_size, gamma_checked=True)
 
 
-def _core_backward(causal: bool, form: str, chunk_size: int, gamma_checked: bool = False,
-                   v_unscaled: bool = False) -> Callable[..., tuple[Array, Array, Array]]:
+def _core_backward(causal: bool, form: str, chunk_size: int, gamma_checked: bool,
+                   v_unscaled: bool) -> Callable[..., tuple[Array, Array, Array]]:
     """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass; with
     ``gamma_checked``, Γ known non-negative, and with ``v_unscaled``, V's scale known to be 1: the batched chunked
     form then does not pass over them again). (The latent form with the forward's output at hand runs block by

@@ -221,3 +221,39 @@ def test_the_cotangents_of_gamma_are_component_major_views(batch):
     assert np.swapaxes(got.d_gamma_k, -1, -2).flags.c_contiguous
     assert got.d_v.flags.c_contiguous
     _assert_the_loop_bit_for_bit(gq, gk, v, d_out, 1e-6)
+
+
+def test_negative_responsibilities_are_refused_unless_the_caller_checked_them(monkeypatch):
+    """On the batched path a negative γ is refused as the loop refuses it, forward and backward, unless the
+    caller says it checked Γ (``gamma_checked``, the pipeline's softmaxes): then Γ is not passed over for
+    negative entries at all."""
+    import gma_ref.bidirectional as bidirectional
+
+    gq, gk, v, d_out = _inputs(np.random.default_rng(16), (), 16)
+    bad = gk.copy()
+    bad[3, 1] = -1e-300
+    with pytest.raises(ValueError, match="^gamma_k must be non-negative"):
+        cf.chunked_forward(gq, bad, v, 1e-6, 8)
+    with pytest.raises(ValueError, match="^gamma_k must be non-negative"):
+        cf.chunked_backward(gq, bad, v, d_out, eps=1e-6, chunk_size=8)
+    looked_at = []
+    real = bidirectional.check_nonnegative_array
+    monkeypatch.setattr(bidirectional, "check_nonnegative_array",
+                        lambda xp, name, a, what: (looked_at.append(name), real(xp, name, a, what)))
+    cf.chunked_forward(gq, gk, v, 1e-6, 8, gamma_checked=True)
+    cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8, gamma_checked=True)
+    assert looked_at == []
+
+
+def test_values_that_need_scaling_take_the_loop_unless_the_caller_found_them_unscaled(monkeypatch):
+    """V near the float maximum: the backward takes the loop (which scales V), unless told V's scale is 1."""
+    gq, gk, v, d_out = _inputs(np.random.default_rng(17), (), 16)
+    v = v * (np.finfo(np.float64).max / 64)
+    taken = []
+    monkeypatch.setattr(cf, "_backward", lambda *a: taken.append("batched") or gma_causal_chunked_backward(
+        a[1], a[2], a[3], a[4], eps=a[5], chunk_size=a[6]))
+    cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    assert taken == []
+    cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8, v_unscaled=True)
+    assert taken == ["batched"]
+
