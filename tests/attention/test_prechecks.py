@@ -181,7 +181,8 @@ def test_gamma_is_passed_over_for_negative_entries_only_where_nothing_else_check
                         lambda xp, name, a, what: (looked_at.append(name), real(xp, name, a, what)))
     args = _inputs(rng)
     out, res = gma_attention(*args, causal=causal, chunk_size=4, return_saved=True)
-    gma_attention(*args, causal=causal, chunk_size=4, eps=0.0)  # ε = 0: Γ, then the core, one after the other
+    # ε a NumPy float32: Γ, then the core, one after the other (the blocked core, told Γ was checked)
+    gma_attention(*args, causal=causal, chunk_size=4, eps=np.float32(1e-6))
     d_out = rng.normal(size=out.shape)
     gma_attention_backward(*args, d_out, causal=causal, chunk_size=4, saved=res)
     if causal:
