@@ -235,3 +235,15 @@ def test_the_backward_refuses_a_core_over_the_budget_by_the_backward_s_name(rng,
     monkeypatch.setattr(attention, "DEFAULT_MAX_BYTES", 1000)
     with pytest.raises(ValueError, match=rf"^{name} "):
         gma_attention_backward(*args, rng.normal(size=(N, D_V)), causal=causal, form=form, saved=saved)
+
+
+@pytest.mark.parametrize(("causal", "form", "name"), [(True, "prefix", "gma_causal_prefix"),
+                                                      (False, "materialized", "gma_materialized"),
+                                                      (True, "materialized", "gma_materialized")])
+def test_the_forward_refuses_a_core_over_the_budget_by_the_forward_s_name(rng, monkeypatch, causal, form, name):
+    """The forward measures the budget against its own core's peak and names it (not the backward's)."""
+    import gma_ref.attention as attention
+
+    monkeypatch.setattr(attention, "DEFAULT_MAX_BYTES", 1000)
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        gma_attention(*_inputs(rng), causal=causal, form=form)

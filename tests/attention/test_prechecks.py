@@ -192,3 +192,18 @@ def test_gamma_is_passed_over_for_negative_entries_only_where_nothing_else_check
     with np.errstate(all="ignore"):
         gma_attention_backward(*args, d_out, causal=causal, chunk_size=4, saved=res, check_finite=False)
     assert looked_at == ["gamma_q", "gamma_k"]
+
+
+def test_the_causal_backward_takes_v_s_scale_from_the_pre_pass(rng, monkeypatch):
+    """With saved arrays found clean, the batched causal backward does not pass over V for its scale again."""
+    import gma_ref._causal_batched as causal_batched
+
+    args = _inputs(rng)
+    out, res = gma_attention(*args, causal=True, chunk_size=4, return_saved=True)
+    scaled = []
+    real = causal_batched.value_scale
+    monkeypatch.setattr(causal_batched, "value_scale", lambda *a: scaled.append(1) or real(*a))
+    gma_attention_backward(*args, rng.normal(size=out.shape), causal=True, chunk_size=4, saved=res)
+    assert scaled == []
+    gma_attention_backward(*args, rng.normal(size=out.shape), causal=True, chunk_size=4)
+    assert scaled == [1]
