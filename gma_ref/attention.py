@@ -263,7 +263,7 @@ def _check_core_budget(xp: Any, q: Array, k: Array, v: Array, means: Array, omeg
 
 def _routing(
     xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
-    eps: float, eps_sigma: float, check_finite: bool, form: str, backward: bool = False,
+    eps: float, eps_sigma: float, check_finite: bool, form: str, backward: bool,
 ) -> tuple[tuple[Array, Array], tuple[Array, Array], Array, Array]:
     """Validate the inputs as the forward does; return ((Γ^Q, guard rows), (Γ^K, guard rows), σ², log π)."""
     variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
@@ -335,7 +335,7 @@ def _cannot_overflow(xp: Any, x: Array, means: Array, variances: Array) -> bool:
 
 
 def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool,
-                           rows_finite: bool = False) -> None:
+                           rows_finite: bool) -> None:
     """Check q, k, v under their own names (the responsibilities would call both ``x``)."""
     check_floating(xp, "means", means)
     check_rank("means", means, 2, "(..., K, d_r)")

@@ -8,6 +8,8 @@ the (possibly broadcast) inputs.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -247,3 +249,81 @@ def test_the_forward_refuses_a_core_over_the_budget_by_the_forward_s_name(rng, m
     monkeypatch.setattr(attention, "DEFAULT_MAX_BYTES", 1000)
     with pytest.raises(ValueError, match=rf"^{name} "):
         gma_attention(*_inputs(rng), causal=causal, form=form)
+
+
+@pytest.mark.parametrize(("case", "routed"), [
+    ("default", True), ("one query", True), ("one key", True), ("eps 0", False), ("eps a NumPy float32", False),
+    ("eps an int", True),
+    ("no queries", False), ("no keys", False), ("q batched alone", False), ("k batched alone", False),
+    ("mixture per batch entry", True), ("check_finite, scores may overflow", False),
+    ("no check_finite, scores may overflow", True), ("V near the float maximum", False),
+])
+def test_the_latent_forward_forms_gamma_with_the_core_exactly_where_that_applies(rng, monkeypatch, case, routed):
+    """``routed_latent_forward`` (Γ^K's blocks feeding the write step, Γ^Q's the read step) runs for validated
+    inputs with ε > 0 (a Python number), queries and keys, Γ^Q, Γ^K and V of one batch shape, V unscaled and
+    (with check_finite) scores that cannot overflow; otherwise Γ and the core run one after the other. Either
+    way the output is the same to rounding."""
+    q, k, v, means, omega, alpha = _inputs(rng, batch=(2,))
+    kw = {"eps": 1e-6}
+    if case == "eps 0":
+        kw["eps"] = 0.0
+    elif case == "eps a NumPy float32":
+        kw["eps"] = np.float32(1e-6)
+    elif case == "eps an int":
+        kw["eps"] = 1
+    elif case == "one query":
+        q = q[:, :1]
+    elif case == "one key":
+        k, v = k[:, :1], v[:, :1]
+    elif case == "no queries":
+        q = q[:, :0]
+    elif case == "no keys":
+        k, v = k[:, :0], v[:, :0]
+    elif case == "q batched alone":
+        k, v = k[0], v[0]
+    elif case == "k batched alone":
+        q = q[0]
+    elif case == "mixture per batch entry":
+        means, omega, alpha = (np.stack([a, a + 0.1]) for a in (means, omega, alpha))
+    elif case.endswith("scores may overflow"):
+        q = q * 1e153  # d_r (max|x| + max|μ|)² / min σ² beyond a float's eighth
+        kw["check_finite"] = not case.startswith("no")
+    elif case == "V near the float maximum":
+        v = v * (np.finfo(np.float64).max / 8 / N)
+    calls = _spy(monkeypatch, "routed_latent_forward")
+    with np.errstate(all="ignore") if "overflow" in case else contextlib.nullcontext():
+        try:
+            out = gma_attention(q, k, v, means, omega, alpha, **kw)
+        except ValueError as exc:  # the checked scores that do overflow are refused, naming q
+            assert case == "check_finite, scores may overflow" and str(exc).startswith("the scores of q overflow")
+            out = None
+    assert len(calls) == (1 if routed else 0)
+    if routed:  # the other path, forced, to rounding
+        monkeypatch.setattr(attention, "_routed_latent_applies", lambda *a: False)
+        with np.errstate(all="ignore"):
+            want = gma_attention(q, k, v, means, omega, alpha, **kw)
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-300)
+
+
+def test_a_query_that_sees_no_key_mass_reads_zero_at_eps_zero(rng):
+    """ε = 0 and a query whose every component has no key mass (Z_k = 0 where γ^Q_ik > 0: the keys' Γ underflows
+    there): the read step's masked form gives 0 for that row, without a warning (not 0/0)."""
+    import warnings
+
+    means = np.array([[-10.0], [10.0]])
+    omega = np.full((2, 1), -1000.0)  # σ² = ε_σ
+    alpha = np.zeros(2)
+    k = np.full((4, 1), -10.0)  # every key in component 0
+    q = np.array([[-10.0], [10.0]])  # the second query in component 1 only
+    v = rng.normal(size=(4, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = gma_attention(q, k, v, means, omega, alpha, eps=0.0)
+    np.testing.assert_array_equal(out[1], np.zeros(2))
+    np.testing.assert_allclose(out[0], np.mean(v, axis=0), rtol=1e-12)
+
+
+def test_v_with_a_row_per_key_is_asked_for_by_name(rng):
+    q, k, v, means, omega, alpha = _inputs(rng)
+    with pytest.raises(ValueError, match="^v must have one row per key"):
+        gma_attention(q, k, np.concatenate([v, v[:1]]), means, omega, alpha)

@@ -207,3 +207,21 @@ def test_the_causal_backward_takes_v_s_scale_from_the_pre_pass(rng, monkeypatch)
     assert scaled == []
     gma_attention_backward(*args, rng.normal(size=out.shape), causal=True, chunk_size=4)
     assert scaled == [1]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_when_the_pre_pass_passes_no_n_row_array_is_checked_for_finiteness_again(rng, monkeypatch, causal):
+    """The backward with saved arrays found clean checks only the mixture's arrays for NaN/Inf (μ; ω and α in
+    their own functions), none of the seven N-row arrays the pre-pass stood for."""
+    import gma_ref._array as array
+    import gma_ref.attention as attention
+
+    args = _inputs(rng)
+    out, res = gma_attention(*args, causal=causal, chunk_size=4, return_saved=True)
+    checked = []
+    real = array.check_finite
+    spy = lambda xp, name, a: (checked.append(name), real(xp, name, a))  # noqa: E731
+    monkeypatch.setattr(attention, "_check_finite", spy)
+    monkeypatch.setattr(array, "check_finite", spy)
+    gma_attention_backward(*args, rng.normal(size=out.shape), causal=causal, chunk_size=4, saved=res)
+    assert checked == ["means", "prior_logits"]

@@ -45,6 +45,20 @@ def test_unchecked_backward_lets_a_non_finite_cotangent_through_every_form(rng, 
     assert np.isnan(g.d_v).any()
 
 
+def test_non_finite_means_are_refused_only_when_checked(rng):
+    """A NaN in μ: check_finite=False lets it through (NaN where it belongs), the default refuses it by name,
+    forward and backward."""
+    q, k, v, means, omega, alpha = _inputs(rng)
+    means[1, 0] = np.nan
+    with np.errstate(all="ignore"):
+        out = gma_attention(q, k, v, means, omega, alpha, check_finite=False)
+    assert np.isnan(out).any()
+    with pytest.raises(ValueError, match="^means must be finite"):
+        gma_attention(q, k, v, means, omega, alpha)
+    with pytest.raises(ValueError, match="^means must be finite"):
+        gma_attention_backward(q, k, v, means, omega, alpha, rng.normal(size=out.shape))
+
+
 def test_unchecked_mixture_parameters_are_not_looked_at(rng):
     """check_finite=False with ω = +inf in one entry (σ² = inf there) raises nothing; the default raises
     naming omega."""
