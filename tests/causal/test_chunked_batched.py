@@ -257,3 +257,20 @@ def test_values_that_need_scaling_take_the_loop_unless_the_caller_found_them_uns
     cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8, v_unscaled=True)
     assert taken == ["batched"]
 
+
+
+def test_no_tokens_give_the_loops_empty_arrays():
+    """N = 0: the loop's empty output and cotangents (shapes and dtypes); the batched forms themselves, with no
+    group to run, give the same."""
+    import array_api_compat
+
+    gq, gk, v, d_out = _inputs(np.random.default_rng(18), (2,), 0)
+    xp = array_api_compat.array_namespace(gq)
+    want = gma_causal_chunked(gq, gk, v, 1e-6, 8)
+    want_grads = gma_causal_chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8)
+    for out in (cf.chunked_forward(gq, gk, v, 1e-6, 8), cf._forward(xp, gq, gk, v, 1e-6, 8, False)):
+        assert out.shape == want.shape and out.dtype == want.dtype
+    for got in (cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8),
+                cf._backward(xp, gq, gk, v, d_out, 1e-6, 8, False)):
+        for a, b in zip(got[:3], want_grads[:3], strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
