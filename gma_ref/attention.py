@@ -17,6 +17,12 @@ The backward recomputes Γ^Q and Γ^K from the inputs unless it is given the
 forward's :class:`AttentionSaved` (``gma_attention(..., return_saved=True)``,
 then ``gma_attention_backward(..., saved=)``), as an autograd framework keeps
 what its forward saved; what is passed back is checked cheaply against the inputs.
+
+For NumPy arrays both functions work in token blocks on as many threads as BLAS
+has (:mod:`gma_ref._blocks`): during a call BLAS is held to one thread
+(threadpoolctl), and while blocks run on several threads the interpreter's switch
+interval is at most 0.1 ms (``sys.setswitchinterval``). Both are settings of the
+process; both are given back when the call (or the last of concurrent calls) is done.
 """
 
 from __future__ import annotations
