@@ -147,6 +147,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/attention.py": [
         "tests/attention/test_prechecks.py",
+        "tests/across_modules/test_adversarial_inputs.py",
         "tests/attention/test_overflow_guard.py",
         "tests/attention/test_saved.py",
         "tests/attention/test_fused_backward.py",
