@@ -321,6 +321,21 @@ def test_worker_count_without_affinity_counts_the_cores(monkeypatch):
     assert blocks.worker_count() == 1
 
 
+def _exit_code_of_child(pid):
+    """The forked child's exit code, waited for up to 10 s (then killed: the blocks hung in the child)."""
+    import os  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the blocks hung in the forked child")
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="POSIX only")
 def test_blocks_run_in_a_forked_child(monkeypatch):
     """A child forked after the pool ran (pytest-forked, the mutation tool) gets a pool of its own
@@ -336,18 +351,7 @@ def test_blocks_run_in_a_forked_child(monkeypatch):
             ok = blocks.run_blocks(lambda a, b: a, [(i, 0) for i in range(4)]) == [0, 1, 2, 3]
         finally:
             os._exit(0 if ok else 1)
-    import time  # noqa: PLC0415
-
-    for _ in range(200):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the blocks hung in the forked child")
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert _exit_code_of_child(pid) == 0
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="POSIX only")
@@ -359,7 +363,6 @@ def test_a_child_forked_while_blocks_run_gets_the_switch_interval_back(monkeypat
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
     import threading  # noqa: PLC0415
-    import time  # noqa: PLC0415
 
     monkeypatch.setattr(blocks, "worker_count", lambda: 2)
     before = sys.getswitchinterval()
@@ -390,16 +393,7 @@ def test_a_child_forked_while_blocks_run_gets_the_switch_interval_back(monkeypat
                       and sys.getswitchinterval() == before)
             finally:
                 os._exit(0 if ok else 1)
-        for _ in range(200):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the blocks hung in the forked child")
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _exit_code_of_child(pid) == 0
     finally:
         leave.set()
         other.join(10)
