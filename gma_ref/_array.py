@@ -315,9 +315,9 @@ def value_scale(xp: Any, v: Array, n_terms: int) -> float:
 
 def scale_from_extremes(xp: Any, dtype: Any, lo: float, hi: float, n_terms: int) -> float:
     """:func:`value_scale` of an array of ``dtype`` whose smallest and largest entries are ``lo`` and ``hi``."""
-    top = max(hi, -lo)  # max |v| without an N-sized temporary
     if math.isnan(lo) or math.isnan(hi):  # Python's max would drop a NaN; a NaN needs no scaling
         return 1.0
+    top = max(hi, -lo)  # max |v| without an N-sized temporary
     if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(dtype).max) / 4:
         return 1.0
     return math.ldexp(1.0, math.frexp(top)[1] - 512)  # |v / s| < 2**512: sums of any length stay finite

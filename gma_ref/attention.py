@@ -104,7 +104,7 @@ def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Arr
     if form == "materialized":
         return lambda gq, gk, v, eps: gma_materialized(gq, gk, v, eps, causal=causal, check_finite=False)
     if not causal:  # gma_bidirectional, in token blocks
-        return lambda gq, gk, v, eps: latent_forward(gq, gk, v, eps, checked=True)  # after _routing's checks
+        return lambda gq, gk, v, eps: latent_forward(gq, gk, v, eps, checked=True)  # after _sides' checks
     if form == "prefix":
         return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
     if form == "streaming":
