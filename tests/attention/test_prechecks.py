@@ -65,6 +65,16 @@ def _saved_case(rng):
     return args, d_out, res
 
 
+def _saved_case_with(rng, field, at, value):
+    """The forward's case (args, d_out, saved) with ``value`` at index ``at`` of one of the seven arrays (a copy)."""
+    args, d_out, res = _saved_case(rng)
+    arrays = {"q": args[0], "k": args[1], "v": args[2], "d_out": d_out, **res._asdict()}
+    arrays[field] = arrays[field].copy()
+    arrays[field][at] = value
+    return ((arrays["q"], arrays["k"], arrays["v"], *args[3:]), arrays["d_out"],
+            res._replace(**{f: arrays[f] for f in ("gamma_q", "gamma_k", "out")}))
+
+
 def _pass(args, d_out, res):
     q, k, v = args[:3]
     return saved_arrays_pass(namespace(q=q), q, k, v, d_out, res.gamma_q, res.gamma_k, res.out)
@@ -78,13 +88,7 @@ def test_the_forwards_own_arrays_pass(rng):
 @pytest.mark.parametrize("field", ["q", "k", "v", "d_out", "gamma_q", "gamma_k", "out"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_a_non_finite_entry_in_any_of_the_seven_fails(rng, field, bad):
-    args, d_out, res = _saved_case(rng)
-    arrays = {"q": args[0], "k": args[1], "v": args[2], "d_out": d_out, **res._asdict()}
-    arrays[field] = arrays[field].copy()
-    arrays[field][5, 1] = bad
-    args = (arrays["q"], arrays["k"], arrays["v"], *args[3:])
-    res = res._replace(**{f: arrays[f] for f in ("gamma_q", "gamma_k", "out")})
-    assert _pass(args, arrays["d_out"], res) is False
+    assert _pass(*_saved_case_with(rng, field, (5, 1), bad)) is False
 
 
 @pytest.mark.parametrize("field", ["gamma_q", "gamma_k"])
@@ -123,22 +127,13 @@ def test_arguments_the_checks_themselves_must_report_fail(rng, change):
     assert _pass(args, bad, res) is False
 
 
-def _nan_in(rng, field):
-    args, d_out, res = _saved_case(rng)
-    arrays = {"q": args[0], "k": args[1], "v": args[2], "d_out": d_out, **res._asdict()}
-    arrays[field] = arrays[field].copy()
-    arrays[field][9, 0] = np.nan
-    return ((arrays["q"], arrays["k"], arrays["v"], *args[3:]), arrays["d_out"],
-            res._replace(**{f: arrays[f] for f in ("gamma_q", "gamma_k", "out")}))
-
-
 @pytest.mark.parametrize(("field", "message"), [
     ("q", "^q must be finite"), ("k", "^k must be finite"), ("v", "^v must be finite"),
     ("d_out", "^d_out must be finite"), ("gamma_q", "^saved.gamma_q must be finite"),
     ("gamma_k", "^saved.gamma_k must be finite"), ("out", "^saved.out must be finite"),
 ])
 def test_a_nan_is_still_refused_by_the_check_that_always_refused_it(rng, field, message):
-    args, d_out, res = _nan_in(rng, field)
+    args, d_out, res = _saved_case_with(rng, field, (9, 0), np.nan)
     with pytest.raises(ValueError, match=message):
         gma_attention_backward(*args, d_out, saved=res)
 
