@@ -12,7 +12,9 @@ depend on N and the row width only, never on the thread count), and the blocks r
 NumPy releases the GIL in its ufuncs and in BLAS, so the element-wise passes run on every core,
 not only the matrix products. Every block runs the same one-thread code on the same rows whatever
 the number of threads, and the sums over blocks are added in block order in the calling thread, so
-the results are the same bit for bit with one thread or several. Other namespaces (CuPy, PyTorch,
+the results are the same bit for bit with one thread or several. A running sum that must be added in block
+order by the blocks themselves (the causal core's state, chunk after chunk) is handed from block to block by
+:func:`run_relay`, so that the other blocks' work goes on while it is added. Other namespaces (CuPy, PyTorch,
 ``array_api_strict``, ...) get one block, the whole array, in the calling thread.
 
 This module holds no array code.
@@ -31,7 +33,8 @@ from typing import Any, TypeVar
 
 import array_api_compat
 
-__all__ = ["token_blocks", "run_blocks", "worker_count", "in_place_ok", "small_products", "one_blas_thread"]
+__all__ = ["token_blocks", "run_blocks", "run_relay", "Relay", "RelayBroken", "worker_count", "in_place_ok",
+           "small_products", "one_blas_thread"]
 
 T = TypeVar("T")
 
@@ -267,3 +270,69 @@ def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -
             if exc is not None:
                 raise exc
         return results
+
+
+class RelayBroken(RuntimeError):
+    """Raised in a block of :func:`run_relay` whose predecessor did not hand a value on (it raised, or returned
+    without calling :meth:`Relay.step`): that block's own error is the one :func:`run_relay` raises."""
+
+
+_BROKEN = object()
+
+
+class Relay:
+    """A value handed from block to block in the order of the blocks given to :func:`run_relay`, while the blocks
+    themselves run on the block threads in any interleaving. Each block calls :meth:`step` exactly once."""
+
+    def __init__(self, blocks: Sequence[tuple[int, int]], first: Any) -> None:
+        self._index = {tuple(b): i for i, b in enumerate(blocks)}
+        self._values: list[Any] = [first] + [_BROKEN] * len(blocks)
+        self._ready = [threading.Event() for _ in range(len(blocks) + 1)]
+        self._ready[0].set()
+
+    def step(self, start: int, stop: int, update: Callable[[Any], tuple[Any, T]]) -> T:
+        """Wait for the value the block before [start, stop) handed on (the first value for the first block);
+        ``update(value)`` returns ``(the value to hand on, a result)``; hand the former on, return the latter.
+        Raises :class:`RelayBroken` where the block before handed nothing on, and what ``update`` raises (the
+        blocks after are then told)."""
+        i = self._index[(start, stop)]
+        self._ready[i].wait()
+        value = self._values[i]
+        if value is _BROKEN:
+            raise RelayBroken(f"the block before [{start}, {stop}) handed no value on")
+        after, result = update(value)
+        self._values[i + 1] = after
+        self._ready[i + 1].set()
+        return result
+
+    def _close(self, i: int) -> None:
+        """After block ``i`` has finished: if it handed nothing on, the block after is told so."""
+        if not self._ready[i + 1].is_set():
+            self._ready[i + 1].set()  # its value stays _BROKEN
+
+    def last(self) -> Any:
+        """The value the last block handed on (the first value for no blocks)."""
+        value = self._values[-1]
+        if value is _BROKEN:
+            raise RelayBroken("the last block handed no value on")
+        return value
+
+
+def run_relay(fn: Callable[[int, int, Relay], T], blocks: Sequence[tuple[int, int]], first: Any
+              ) -> tuple[list[T], Any]:
+    """``([fn(start, stop, relay) for (start, stop) in blocks], the value the last block handed on)``, the blocks
+    run by :func:`run_blocks`, each of which calls ``relay.step(start, stop, update)`` once: the value ``first``
+    goes through every block's ``update`` in block order (each waits for the one before), while what the blocks
+    do before and after their step runs concurrently. The blocks are taken in the order given (give them
+    last-first for a sum from the end back); a block waits only for blocks taken before it, so they cannot
+    deadlock. The first block's exception (in block order) is raised once every block has finished; blocks
+    after one that failed before handing on raise :class:`RelayBroken`, which is not the one raised."""
+    relay = Relay(blocks, first)
+
+    def one(start: int, stop: int) -> T:
+        try:
+            return fn(start, stop, relay)
+        finally:
+            relay._close(relay._index[(start, stop)])
+
+    return run_blocks(one, blocks), relay.last()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._array import Array, device_of, namespace, value_scale
-from ._blocks import in_place_ok, run_blocks, small_products
+from ._blocks import Relay, in_place_ok, run_relay, small_products
 from .causal import (
     CausalGrad,
     causal_grad,
@@ -87,16 +87,6 @@ def _prefix(xp: Any, carry: Array, terms: Array, axis: int, reverse: bool = Fals
     return out, running
 
 
-def _prefix_parts(xp: Any, carry: Array, parts: list[Array], axis: int, reverse: bool = False
-                  ) -> tuple[list[Array], Array]:
-    """:func:`_prefix` over the parts' terms taken as one array joined along the chunk ``axis`` (in part order,
-    or from the last part back with ``reverse``): each part's sums before its chunks, and the total."""
-    before: list[Array] = [carry] * len(parts)
-    for i in range(len(parts) - 1, -1, -1) if reverse else range(len(parts)):
-        before[i], carry = _prefix(xp, carry, parts[i], axis, reverse)
-    return before, carry
-
-
 def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int, *,
                     gamma_checked: bool = False) -> Array:
     """:func:`gma_ref.causal.gma_causal_chunked` (empty state, ``check_finite=False``), chunks batched, BLAS on
@@ -112,31 +102,30 @@ def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_
 
 def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int,
              gamma_checked: bool) -> Array:
-    """The body of :func:`chunked_forward`, the groups in order, each group's chunks in parts on the block threads."""
+    """The body of :func:`chunked_forward`, the groups in order, each group's chunks in parts on the block threads,
+    the state handed from part to part (:func:`_states_before`)."""
     eps = check_causal(xp, gamma_q, gamma_k, v, eps, False, check_values=not gamma_checked)
     c, k, d_v, batch = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2])
     lower = lower_mask(xp, c, device_of(v))
     dtype = xp.result_type(gamma_k, v)
-    memory = xp.zeros(batch + (k, d_v), dtype=dtype, device=device_of(v))
-    mass = xp.zeros(batch + (k,), dtype=dtype, device=device_of(v))
+    state = (xp.zeros(batch + (k, d_v), dtype=dtype, device=device_of(v)),
+             xp.zeros(batch + (k,), dtype=dtype, device=device_of(v)))
     out = xp.empty(batch + (v.shape[-2], d_v), dtype=xp.result_type(gamma_q, gamma_k, v), device=device_of(v))
     for start, stop in _groups(v.shape[-2], c, k, d_v):
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
-        parts = _parts(xp, gq.shape[-3])
-        mem_b, memory = _prefix_parts(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
-        mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
 
-        def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
-                mem_b: list[Array] = mem_b, mass_b: Array = mass_b, parts: list[tuple[int, int]] = parts) -> None:
-            q, kk = gq[..., lo:hi, :, :], gk[..., lo:hi, :, :]
+        def one(lo: int, hi: int, relay: Relay, start: int = start, gq: Array = gq, gk: Array = gk,
+                vc: Array = vc) -> None:
+            q, kk, vv = gq[..., lo:hi, :, :], gk[..., lo:hi, :, :], vc[..., lo:hi, :, :]
+            mem_b, mass_b = _states_before(xp, relay, lo, hi, kk, vv)
             a = xp.matmul(q, xp.matrix_transpose(kk))
             a = xp.where(lower, a, 0.0)
-            num = xp.matmul(a, vc[..., lo:hi, :, :]) + xp.matmul(q, mem_b[parts.index((lo, hi))])
-            u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b[..., lo:hi, :], axis=-2), axis=-1)
+            num = xp.matmul(a, vv) + xp.matmul(q, mem_b)
+            u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b, axis=-2), axis=-1)
             part = divide(xp, num, u, eps)
             out[..., start + lo * c:start + hi * c, :] = _as_rows(xp, part)
 
-        run_blocks(one, parts)
+        state = run_relay(one, _parts(xp, gq.shape[-3]), state)[1]
     return out
 
 
@@ -150,11 +139,30 @@ def _parts(xp: Any, g: int) -> list[tuple[int, int]]:
     return [(g * i // count, g * (i + 1) // count) for i in range(count)]
 
 
-def _memory_terms(xp: Any, gk: Array, vc: Array, parts: list[tuple[int, int]]) -> list[Array]:
-    """(Γ^K_c)ᵀ V_c ``(..., hi − lo, K, d_v)`` for the chunks of each part of a group ``(..., G, C, ·)``, on the
-    block threads."""
-    return run_blocks(
-        lambda lo, hi: xp.matmul(xp.matrix_transpose(gk[..., lo:hi, :, :]), vc[..., lo:hi, :, :]), parts)
+def _states_before(xp: Any, relay: Relay, lo: int, hi: int, gk: Array, vc: Array) -> tuple[Array, Array]:
+    """The state (Ṽ, Z) before each of the chunks [lo, hi) of a group ``(..., G, C, ·)``, ``(..., hi − lo, K, d_v)``
+    and ``(..., hi − lo, K)``: the part's terms (Γ^K_c)ᵀ V_c and Σ Γ^K_c formed here, then their exclusive prefix
+    sums started at the state the part before handed on (its last chunk's state after), in chunk order, as the
+    loop adds them; the state after the part's last chunk handed on to the next part."""
+    terms = xp.matmul(xp.matrix_transpose(gk), vc)
+    masses = xp.sum(gk, axis=-2)
+
+    def add(state: tuple[Array, Array]) -> tuple[tuple[Array, Array], tuple[Array, Array]]:
+        mem_b, memory = _prefix(xp, state[0], terms, -3)
+        mass_b, mass = _prefix(xp, state[1], masses, -2)
+        return (memory, mass), (mem_b, mass_b)
+
+    return relay.step(lo, hi, add)
+
+
+def _suffix_sums(xp: Any, after: tuple[Array, Array], sv_terms: Array, sz_terms: Array
+                 ) -> tuple[tuple[Array, Array], tuple[Array, Array]]:
+    """From the suffix sums (S^V, S^Z) after a part's last chunk: (the sums with the part's own terms added, for
+    the part before it; the sums after each of its chunks ``(..., hi − lo, K, ·)``), added from its last chunk
+    back, as the loop adds them, in the terms' own arrays (:func:`_prefix`)."""
+    sv, sv_total = _prefix(xp, after[0], sv_terms, -3, reverse=True)
+    sz, sz_total = _prefix(xp, after[1], sz_terms, -2, reverse=True)
+    return (sv_total, sz_total), (sv, sz)
 
 
 def _as_rows(xp: Any, a: Array) -> Array:
@@ -182,13 +190,14 @@ def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, 
 def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float,
               chunk_size: int, gamma_checked: bool) -> CausalGrad:
     """The body of :func:`chunked_backward` (BLAS on one thread), each group's chunks in parts on the block
-    threads; the prefix and suffix sums over the chunks in order in the calling thread."""
+    threads; the prefix sums (:func:`_states_before`) handed from part to part in chunk order, the suffix sums
+    (:func:`_suffix_sums`) from the last part back."""
     eps = check_causal(xp, gamma_q, gamma_k, v, eps, False, check_values=not gamma_checked)
     check_d_out(xp, gamma_q, gamma_k, v, d_out, "gma_causal_chunked", False)
     c, k, d_v, batch, n = chunk_size, gamma_k.shape[-1], v.shape[-1], tuple(v.shape[:-2]), v.shape[-2]
     groups = _groups(n, c, k, d_v)
-    memory = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_k, v), device=device_of(v))
-    mass = xp.zeros(batch + (k,), dtype=gamma_k.dtype, device=device_of(v))  # Z = Σ γ^K has no V in it
+    state = (xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_k, v), device=device_of(v)),
+             xp.zeros(batch + (k,), dtype=gamma_k.dtype, device=device_of(v)))  # Z = Σ γ^K has no V in it
     dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
     # ∂L/∂Γ^Q and ∂L/∂Γ^K component-major, (..., K, N), returned as transposed views: the score VJPs that take them
     # next reduce over K down contiguous rows of tokens (gma_ref.scores_fast)
@@ -199,45 +208,39 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
     kept = []
     for start, stop in groups:  # pass 1
         gq, gk, vc, do = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v, d_out))
-        parts = _parts(xp, gq.shape[-3])
-        mem_b, memory = _prefix_parts(xp, memory, _memory_terms(xp, gk, vc, parts), -3)
-        mass_b, mass = _prefix(xp, mass, xp.sum(gk, axis=-2), -2)
 
-        def one(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
-                do: Array = do, mem_b: list[Array] = mem_b, mass_b: Array = mass_b,
-                parts: list[tuple[int, int]] = parts) -> tuple[Array, ...]:
-            q = gq[..., lo:hi, :, :]
-            p, c_row, a, w, dq = _pass_one(xp, q, gk[..., lo:hi, :, :], vc[..., lo:hi, :, :], do[..., lo:hi, :, :],
-                                           mem_b[parts.index((lo, hi))], mass_b[..., lo:hi, :], eps)
+        def one(lo: int, hi: int, relay: Relay, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
+                do: Array = do) -> tuple[Array, ...]:
+            q, kk, vv = gq[..., lo:hi, :, :], gk[..., lo:hi, :, :], vc[..., lo:hi, :, :]
+            mem_b, mass_b = _states_before(xp, relay, lo, hi, kk, vv)
+            p, c_row, a, w, dq = _pass_one(xp, q, kk, vv, do[..., lo:hi, :, :], mem_b, mass_b, eps)
             d_gamma_q_t[..., start + lo * c:start + hi * c] = xp.matrix_transpose(_as_rows(xp, dq))
             # this part's terms of the suffix sums S^V, S^Z: (Γ^Q_c)ᵀ P_c and (Γ^Q_c)ᵀ c per chunk
             return p, a, w, xp.matmul(xp.matrix_transpose(q), p), xp.sum(q * xp.expand_dims(c_row, axis=-1), axis=-2)
 
-        kept.append((parts, run_blocks(one, parts)))
-    s_v = xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
-    s_z = xp.zeros_like(mass)
+        parts = _parts(xp, gq.shape[-3])
+        results, state = run_relay(one, parts, state)
+        kept.append(dict(zip(parts, results, strict=True)))
+    suffix = (xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v)),
+              xp.zeros_like(state[1]))
     for idx in range(len(groups) - 1, -1, -1):  # pass 2: suffix sums, in reverse chunk order
         start, stop = groups[idx]
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
-        parts, results = kept[idx]
-        # the suffix sums S^V, S^Z after each chunk, from the last part's last chunk back, in the parts' own arrays
-        s_v_after, s_v = _prefix_parts(xp, s_v, [r[3] for r in results], -3, reverse=True)
-        s_z_after, s_z = _prefix_parts(xp, s_z, [r[4] for r in results], -2, reverse=True)
 
-        def two(lo: int, hi: int, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
-                results: list[tuple[Array, ...]] = results, parts: list[tuple[int, int]] = parts,
-                s_v_after: list[Array] = s_v_after, s_z_after: list[Array] = s_z_after) -> None:
-            i = parts.index((lo, hi))
-            p, a, w = results[i][:3]
-            kk, sv = gk[..., lo:hi, :, :], s_v_after[i]
+        def two(lo: int, hi: int, relay: Relay, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
+                results: dict[tuple[int, int], tuple[Array, ...]] = kept[idx]) -> None:
+            p, a, w, sv_terms, sz_terms = results[(lo, hi)]
+            sv, sz = relay.step(lo, hi, lambda after: _suffix_sums(xp, after, sv_terms, sz_terms))
+            kk = gk[..., lo:hi, :, :]
             dv = xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(kk, sv)
             dk = (xp.matmul(xp.matrix_transpose(w), gq[..., lo:hi, :, :])
                   + xp.matmul(vc[..., lo:hi, :, :], xp.matrix_transpose(sv))
-                  + xp.expand_dims(s_z_after[i], axis=-2))
+                  + xp.expand_dims(sz, axis=-2))
             d_values[..., start + lo * c:start + hi * c, :] = _as_rows(xp, dv)
             d_gamma_k_t[..., start + lo * c:start + hi * c] = xp.matrix_transpose(_as_rows(xp, dk))
 
-        run_blocks(two, parts)
+        # the parts taken last-first: each waits for the suffix sums after its last chunk from the part after it
+        suffix = run_relay(two, list(reversed(list(kept[idx]))), suffix)[1]
         kept[idx] = None  # the group's arrays are no longer needed
     return causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
                         gamma_k, v, None)
