@@ -282,7 +282,8 @@ _BROKEN = object()
 
 class Relay:
     """A value handed from block to block in the order of the blocks given to :func:`run_relay`, while the blocks
-    themselves run on the block threads in any interleaving. Each block calls :meth:`step` exactly once."""
+    themselves run on the block threads in any interleaving. Each block calls :meth:`step` exactly once, and
+    :meth:`close` once it has finished (:func:`run_relay` does that)."""
 
     def __init__(self, blocks: Sequence[tuple[int, int]], first: Any) -> None:
         self._index = {tuple(b): i for i, b in enumerate(blocks)}
@@ -305,8 +306,10 @@ class Relay:
         self._ready[i + 1].set()
         return result
 
-    def _close(self, i: int) -> None:
-        """After block ``i`` has finished: if it handed nothing on, the block after is told so."""
+    def close(self, start: int, stop: int) -> None:
+        """To be called once the block [start, stop) has finished, whether it succeeded or raised: if it handed
+        nothing on, the block after it (and whoever waits for the last value) is told so."""
+        i = self._index[(start, stop)]
         if not self._ready[i + 1].is_set():
             self._ready[i + 1].set()  # its value stays _BROKEN
 
@@ -333,6 +336,6 @@ def run_relay(fn: Callable[[int, int, Relay], T], blocks: Sequence[tuple[int, in
         try:
             return fn(start, stop, relay)
         finally:
-            relay._close(relay._index[(start, stop)])
+            relay.close(start, stop)
 
     return run_blocks(one, blocks), relay.last()

@@ -122,7 +122,7 @@ def test_a_block_that_fails_releases_the_blocks_after_it_and_its_error_is_raised
 
 def test_the_blocks_after_a_failed_one_are_told_so():
     relay = blocks.Relay([(0, 1), (1, 2)], 0)
-    relay._close(0)  # block 0 finished without handing a value on
+    relay.close(0, 1)  # block 0 finished without handing a value on
     with pytest.raises(blocks.RelayBroken, match=r"the block before \[1, 2\) handed no value on"):
         relay.step(1, 2, lambda carried: (carried, None))
 
@@ -138,7 +138,7 @@ def test_a_block_that_does_not_step_breaks_the_relay(monkeypatch):
     with pytest.raises(blocks.RelayBroken, match=r"\[2, 3\)"):
         _bounded(lambda: blocks.run_relay(fn, [(i, i + 1) for i in range(4)], 0))
     relay = blocks.Relay([(0, 1)], 0)
-    relay._close(0)
+    relay.close(0, 1)
     with pytest.raises(blocks.RelayBroken, match="the last block handed no value on"):
         relay.last()
 
