@@ -102,7 +102,8 @@ MODULE_TESTS: dict[str, list[str]] = {
     # the fast path is tested where the direct form is, and its blocks on their own
     "gma_ref/scores_fast.py": [*_SCORES_TESTS, "tests/scores_fast/test_blocked_path.py",
                                "tests/attention/test_fused_backward.py"],
-    "gma_ref/_blocks.py": ["tests/scores_fast/test_blocked_path.py", "tests/scores_fast/test_token_blocks.py"],
+    "gma_ref/_blocks.py": ["tests/scores_fast/test_blocked_path.py", "tests/scores_fast/test_token_blocks.py",
+                           "tests/scores_fast/test_relay.py"],
     "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py",
                                    "tests/attention/test_prechecks.py"],
     "gma_ref/_latent_fast.py": ["tests/attention/test_latent_fast.py", "tests/attention/test_fused_backward.py",
