@@ -220,16 +220,18 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
 
         parts = _parts(xp, gq.shape[-3])
         results, state = run_relay(one, parts, state)
-        kept.append(dict(zip(parts, results, strict=True)))
+        kept.append((parts, results))
     suffix = (xp.zeros(batch + (k, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v)),
               xp.zeros_like(state[1]))
     for idx in range(len(groups) - 1, -1, -1):  # pass 2: suffix sums, in reverse chunk order
         start, stop = groups[idx]
         gq, gk, vc = (_chunks(xp, a, start, stop, c) for a in (gamma_q, gamma_k, v))
 
+        parts, results = kept[idx]
+
         def two(lo: int, hi: int, relay: Relay, start: int = start, gq: Array = gq, gk: Array = gk, vc: Array = vc,
-                results: dict[tuple[int, int], tuple[Array, ...]] = kept[idx]) -> None:
-            p, a, w, sv_terms, sz_terms = results[(lo, hi)]
+                parts: list[tuple[int, int]] = parts, results: list[tuple[Array, ...]] = results) -> None:
+            p, a, w, sv_terms, sz_terms = results[parts.index((lo, hi))]
             sv, sz = relay.step(lo, hi, lambda after: _suffix_sums(xp, after, sv_terms, sz_terms))
             kk = gk[..., lo:hi, :, :]
             dv = xp.matmul(xp.matrix_transpose(a), p) + xp.matmul(kk, sv)
@@ -240,7 +242,7 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
             d_gamma_k_t[..., start + lo * c:start + hi * c] = xp.matrix_transpose(_as_rows(xp, dk))
 
         # the parts taken last-first: each waits for the suffix sums after its last chunk from the part after it
-        suffix = run_relay(two, list(reversed(list(kept[idx]))), suffix)[1]
+        suffix = run_relay(two, parts[::-1], suffix)[1]
         kept[idx] = None  # the group's arrays are no longer needed
     return causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
                         gamma_k, v, None)

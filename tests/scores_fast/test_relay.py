@@ -94,6 +94,23 @@ def test_the_work_around_the_steps_overlaps(monkeypatch):
     assert results == [True, True] and last == 2
 
 
+def test_a_value_is_handed_on_when_the_step_is_done_not_when_the_block_ends(monkeypatch):
+    """Block 0 goes on after its step only once block 1 has taken its step: the value is handed on by the step
+    itself (the work after the steps, the causal core's chunks, overlaps the next part's additions)."""
+    monkeypatch.setattr(blocks, "worker_count", lambda: 2)
+    stepped = threading.Event()
+
+    def fn(start: int, stop: int, relay: blocks.Relay) -> bool:
+        relay.step(start, stop, lambda carried: (carried + 1, None))
+        if start == 0:
+            return stepped.wait(10)
+        stepped.set()
+        return True
+
+    results, last = _bounded(lambda: blocks.run_relay(fn, [(0, 1), (1, 2)], 0))
+    assert results == [True, True] and last == 2
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("where", ["before", "update"])
 def test_a_block_that_fails_releases_the_blocks_after_it_and_its_error_is_raised(monkeypatch, threads, where):
