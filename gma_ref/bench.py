@@ -380,13 +380,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-torch", action="store_true", help="do not compare with PyTorch")
     parser.add_argument("--recompute", action="store_true",
                         help="end-to-end: also time forward + backward without the saved values (Γ recomputed)")
+    parser.add_argument("--threads", type=int, nargs="+", default=None, metavar="T",
+                        help="end-to-end: time every row at each of these thread counts (BLAS, gma-ref's blocks and "
+                             "PyTorch), interleaved, and print the speed-ups (default: the threads the process has)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Run what the parsed options ask for: the end-to-end table alone, or the full benchmark."""
     if args.end_to_end:
         return run_end_to_end(tuple(args.n), tuple(args.k), tuple(args.dtype), tuple(args.form),
-                              repeats=args.repeats, use_torch=not args.no_torch, recompute=args.recompute)
+                              repeats=args.repeats, use_torch=not args.no_torch, recompute=args.recompute,
+                              threads=None if args.threads is None else tuple(args.threads))
     return run_benchmarks(quick=args.quick)
 
 

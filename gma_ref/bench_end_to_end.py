@@ -19,7 +19,10 @@ to about 1e-12 here (printed). Also printed: the GEMM rate of a large matrix pro
 the same run (the machine's BLAS peak as NumPy sees it) and the fraction of it that the forward
 reaches, counting the multiply-adds of its matrix products (scores: 2·N·(2d_r + 1)·K per side,
 core: 4·N·K·d_v bidirectional, 4·N·K·d_v + 2·N·C·(K + d_v) causal chunked); the growth
-t(N)/t(N/8) where both sizes are run; and the ``tracemalloc`` peak of forward + backward.
+t(N)/t(N/8) where both sizes are run; and the ``tracemalloc`` peak of forward + backward. With ``threads``
+(``--threads 1 2``), every row is timed at each of those thread counts, interleaved in the same repeats (BLAS,
+and with it gma-ref's block threads, and PyTorch's intra-op threads set to the count before each call), and
+the speed-up from the first count to each other is printed for both libraries.
 
 This module uses NumPy directly (random inputs, timing); it is host-side benchmark code, not array
 code. PyTorch is imported only when the benchmark runs.
@@ -32,15 +35,17 @@ import math
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 import numpy as np
 
+from ._blocks import worker_count
 from .attention import gma_attention, gma_attention_backward
 from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
 
-__all__ = ["run_end_to_end", "blas_rate"]
+__all__ = ["run_end_to_end", "blas_rate", "thread_count"]
 
 _CHUNK = 64
 _MIB = float(1 << 20)
@@ -177,16 +182,39 @@ def _max_diff(ours: Any, theirs: Any) -> float:
     return worst
 
 
+@contextmanager
+def thread_count(count: int | None, torch: Any = None) -> Iterator[None]:
+    """BLAS (threadpoolctl: every BLAS and OpenMP library loaded, hence gma-ref's block threads too, which follow
+    BLAS's count) and PyTorch's intra-op threads set to ``count`` inside, given back after; nothing for ``None``."""
+    if count is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415  (a dependency, imported when used)
+
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        with threadpool_limits(limits=count):
+            if torch is not None:
+                torch.set_num_threads(count)
+            yield
+    finally:
+        if before is not None:
+            torch.set_num_threads(before)
+
+
 #: The end-to-end table's columns: title, width, alignment, and the cell of a row.
 _Column = tuple[str, int, str, Callable[[dict[str, Any]], str]]
 
 
-def _columns(with_torch: bool, recompute: bool) -> list[_Column]:
-    """The columns of the end-to-end table: PyTorch's only with PyTorch, ``recompute`` only when timed."""
+def _columns(with_torch: bool, recompute: bool, threads: bool = False) -> list[_Column]:
+    """The columns of the end-to-end table: PyTorch's only with PyTorch, ``recompute`` only when timed, the thread
+    count only when several are."""
     cols: list[_Column] = [
         ("form", 14, "<", lambda r: f"{r['form']:<14s}"), ("dtype", 8, "<", lambda r: f"{r['dtype']:<8s}"),
-        ("K", 4, ">", lambda r: f"{r['k']:>4d}"), ("N", 6, ">", lambda r: f"{r['n']:>6d}"),
-        ("fwd s", 8, ">", lambda r: f"{r['fwd']:>8.3f}")]
+        ("K", 4, ">", lambda r: f"{r['k']:>4d}"), ("N", 6, ">", lambda r: f"{r['n']:>6d}")]
+    if threads:
+        cols.append(("thr", 3, ">", lambda r: f"{r['threads']:>3d}"))
+    cols.append(("fwd s", 8, ">", lambda r: f"{r['fwd']:>8.3f}"))
     if with_torch:
         cols += [("torch", 8, ">", lambda r: f"{r['t_fwd']:>8.3f}"),
                  ("ratio", 6, ">", lambda r: f"{r['fwd_ratio']:>6.2f}")]
@@ -207,7 +235,8 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
                    dtypes: tuple[str, ...] = ("float64", "float32"), forms: tuple[str, ...] = ("bidirectional",
                                                                                               "causal"),
                    d: int = 64, repeats: int = 3, use_torch: bool = True, file: TextIO = sys.stdout,
-                   blas_n: int = 2048, recompute: bool = False) -> dict[str, Any]:
+                   blas_n: int = 2048, recompute: bool = False,
+                   threads: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Run the end-to-end benchmark, print one table, return the rows.
 
     Parameters
@@ -220,15 +249,29 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
     use_torch : compare with PyTorch when it is importable.
     blas_n : size of the square GEMM that measures the BLAS peak.
     recompute : also time forward + backward without the saved values (column "recompute"), interleaved.
+    threads : thread counts (each ≥ 1) to time every row at, interleaved in the same repeats (column "thr"), and
+        the speed-up of forward + backward from the first count to each other printed for both libraries;
+        ``None`` (default): the threads the process has.
 
     Returns
     -------
-    dict with ``"rows"`` (one dict per configuration: times in seconds, ratios, the tracemalloc
-    peak of forward + backward in bytes, the relative difference to PyTorch; with ``recompute``,
-    ``"recompute"``, the time without the saved values, and ``"recompute_rel_diff"``, the largest
-    difference between the gradients with and without the saved values), ``"blas"`` (dtype →
-    flop/s of the large GEMM) and ``"growth"`` ((form, dtype, K) → t(N)/t(N/8) of forward + backward).
+    dict with ``"rows"`` (one dict per configuration and thread count: times in seconds, ratios, the tracemalloc
+    peak of forward + backward in bytes, the relative difference to PyTorch, ``"threads"`` (``None`` without
+    ``threads``); with ``recompute``, ``"recompute"``, the time without the saved values, and
+    ``"recompute_rel_diff"``, the largest difference between the gradients with and without the saved values),
+    ``"blas"`` ((dtype, thread count or ``None``) → flop/s of the large GEMM), ``"growth"`` ((form, dtype, K) →
+    t(N)/t(N/8) of forward + backward, at the first thread count) and ``"speedup"`` ((form, dtype, K, N, count) →
+    (gma-ref's, PyTorch's) t(first count)/t(count) of forward + backward; PyTorch's NaN without it).
+
+    Raises
+    ------
+    ValueError
+        A thread count below 1.
     """
+    counts: tuple[int | None, ...] = (None,) if threads is None else tuple(threads)
+    if threads is not None and (not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                                  for c in counts)):
+        raise ValueError(f"threads must be thread counts ≥ 1, got {threads!r}")
     torch = None
     if use_torch:
         try:
@@ -239,54 +282,101 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
     def say(line: str = "") -> None:
         print(line, file=file, flush=True)
 
+    who = (f"{', '.join(map(str, counts))} threads each, interleaved" if threads is not None else
+           f"gma-ref on {worker_count()} block threads" + (f", PyTorch on {torch.get_num_threads()} threads"
+                                                            if torch else ""))
     say(f"End to end (routing vectors → Γ → output; backward to q, k, v, μ, ω, α), d_r = d_v = {d}, one head, "
-        f"best of {repeats}, interleaved" + (f"; PyTorch {torch.__version__} with autograd, "
-                                             f"{torch.get_num_threads()} threads" if torch else ""))
+        f"best of {repeats}, interleaved" + (f"; PyTorch {torch.__version__} with autograd" if torch else "")
+        + f"; {who}")
     if torch is None:
         say("PyTorch not installed: torch columns skipped" if use_torch else "--no-torch: torch columns skipped")
-    blas = {name: blas_rate(getattr(np, name), blas_n) for name in dtypes}
-    say(f"BLAS peak ({blas_n}³ GEMM, same run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in blas.items()))
-    columns = _columns(torch is not None, recompute)
+    blas = {}
+    for c in counts:
+        with thread_count(c):
+            blas.update({(name, c): blas_rate(getattr(np, name), blas_n) for name in dtypes})
+    say(f"BLAS peak ({blas_n}³ GEMM, same run): " + ", ".join(
+        f"{name} {rate / 1e9:.1f} GFLOP/s" + ("" if c is None else f" ({c} thread{'s' * (c > 1)})")
+        for (name, c), rate in blas.items()))
+    columns = _columns(torch is not None, recompute, threads is not None)
     head = " ".join(f"{title:{align}{width}s}" for title, width, align, _ in columns)
     say(head)
     say("-" * len(head))
     rows = []
     for form in forms:
-        causal = form == "causal"
         for dtype in dtypes:
             for k in ks:
                 for n in ns:
-                    a = _inputs(n, k, d, d, dtype, seed=n + k)
-                    ours = _gma_calls(a, causal)
-                    theirs = _torch_calls(torch, a, causal) if torch else None
-                    peak = _peak_bytes(ours[1])
-                    t = {"fwd": [], "both": [], "t_fwd": [], "t_both": [], "recompute": []}
-                    for _ in range(repeats):
-                        t["fwd"].append(_timed(ours[0]))
-                        if theirs:
-                            t["t_fwd"].append(_timed(theirs[0]))
-                        t["both"].append(_timed(ours[1]))
-                        if theirs:
-                            t["t_both"].append(_timed(theirs[1]))
-                        if recompute:
-                            t["recompute"].append(_timed(ours[2]))
-                    best = {key: min(v) if v else math.nan for key, v in t.items()}
-                    result = ours[1]()
-                    diff = _max_diff(result, theirs[1]()) if theirs else math.nan
-                    frac = _forward_flops(n, k, d, d, causal) / best["fwd"] / blas[dtype]
-                    row = {"form": form, "dtype": dtype, "k": k, "n": n, **best, "peak_bytes": peak,
-                           "fwd_ratio": best["fwd"] / best["t_fwd"], "both_ratio": best["both"] / best["t_both"],
-                           "blas_fraction": frac, "torch_rel_diff": diff}
-                    if recompute:
-                        row["recompute_rel_diff"] = _max_diff(result, ours[2]())
-                    rows.append(row)
-                    say(" ".join(cell(row) for _, _, _, cell in columns))
+                    for row in _rows(torch, form, dtype, k, n, d, counts, repeats, recompute,
+                                     {c: blas[(dtype, c)] for c in counts}):
+                        rows.append(row)
+                        say(" ".join(cell(row) for _, _, _, cell in columns))
+    return {"rows": rows, "blas": blas, "growth": _growth(rows, counts[0], say),
+            "speedup": _speedup(rows, counts, say)}
+
+
+def _rows(torch: Any, form: str, dtype: str, k: int, n: int, d: int, counts: tuple[int | None, ...], repeats: int,
+          recompute: bool, blas: dict[int | None, float]) -> list[dict[str, Any]]:
+    """One configuration's rows, one per thread count, its calls timed interleaved (every count in every repeat)."""
+    causal = form == "causal"
+    a = _inputs(n, k, d, d, dtype, seed=n + k)
+    ours = _gma_calls(a, causal)
+    theirs = _torch_calls(torch, a, causal) if torch else None
+    ours[1]()  # a first call: what is formed once (masks, the thread pool) is not in any peak or time
+    peak = {}
+    for c in counts:  # the tracemalloc peak
+        with thread_count(c, torch):
+            peak[c] = _peak_bytes(ours[1])
+    t = {c: {"fwd": [], "both": [], "t_fwd": [], "t_both": [], "recompute": []} for c in counts}
+    for _ in range(repeats):
+        for c in counts:
+            with thread_count(c, torch):
+                t[c]["fwd"].append(_timed(ours[0]))
+                if theirs:
+                    t[c]["t_fwd"].append(_timed(theirs[0]))
+                t[c]["both"].append(_timed(ours[1]))
+                if theirs:
+                    t[c]["t_both"].append(_timed(theirs[1]))
+                if recompute:
+                    t[c]["recompute"].append(_timed(ours[2]))
+    rows = []
+    for c in counts:
+        with thread_count(c, torch):
+            result = ours[1]()
+            diff = _max_diff(result, theirs[1]()) if theirs else math.nan
+            extra = {"recompute_rel_diff": _max_diff(result, ours[2]())} if recompute else {}
+        best = {key: min(v) if v else math.nan for key, v in t[c].items()}
+        rows.append({"form": form, "dtype": dtype, "k": k, "n": n, "threads": c, **best, "peak_bytes": peak[c],
+                     "fwd_ratio": best["fwd"] / best["t_fwd"], "both_ratio": best["both"] / best["t_both"],
+                     "blas_fraction": _forward_flops(n, k, d, d, causal) / best["fwd"] / blas[c],
+                     "torch_rel_diff": diff, **extra})
+    return rows
+
+
+def _growth(rows: list[dict[str, Any]], count: int | None, say: Callable[[str], None]) -> dict[Any, float]:
+    """t(N)/t(N/8) of forward + backward at thread count ``count``, where both sizes were run."""
     growth = {}
     for r in rows:
-        small = next((s for s in rows if (s["form"], s["dtype"], s["k"], s["n"]) ==
-                      (r["form"], r["dtype"], r["k"], r["n"] // 8)), None)
-        if small:
+        small = next((s for s in rows if (s["form"], s["dtype"], s["k"], s["n"], s["threads"]) ==
+                      (r["form"], r["dtype"], r["k"], r["n"] // 8, count)), None)
+        if small and r["threads"] == count:
             growth[(r["form"], r["dtype"], r["k"])] = r["both"] / small["both"]
             say(f"growth t({r['n']})/t({small['n']}) of forward + backward, {r['form']} {r['dtype']} K = {r['k']}: "
                 f"{growth[(r['form'], r['dtype'], r['k'])]:.2f} (work grows 8×)")
-    return {"rows": rows, "blas": blas, "growth": growth}
+    return growth
+
+
+def _speedup(rows: list[dict[str, Any]], counts: tuple[int | None, ...], say: Callable[[str], None]
+             ) -> dict[Any, tuple[float, float]]:
+    """Forward + backward at the first thread count over at each other, gma-ref's and PyTorch's."""
+    speedup = {}
+    first = {(r["form"], r["dtype"], r["k"], r["n"]): r for r in rows if r["threads"] == counts[0]}
+    for r in rows:
+        key = (r["form"], r["dtype"], r["k"], r["n"])
+        if r["threads"] != counts[0]:
+            base = first[key]
+            ours, theirs = base["both"] / r["both"], base["t_both"] / r["t_both"]
+            speedup[(*key, r["threads"])] = (ours, theirs)
+            say(f"speed-up of forward + backward from {counts[0]} to {r['threads']} threads, {r['form']} {r['dtype']} "
+                f"K = {r['k']} N = {r['n']}: gma-ref {ours:.2f}×" + ("" if math.isnan(theirs) else
+                                                                    f", PyTorch {theirs:.2f}×"))
+    return speedup
