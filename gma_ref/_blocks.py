@@ -308,7 +308,7 @@ class Relay:
 
     def close(self, start: int, stop: int) -> None:
         """To be called once the block [start, stop) has finished, whether it succeeded or raised: if it handed
-        nothing on, the block after it (and whoever waits for the last value) is told so."""
+        nothing on, the block after it is told so (its :meth:`step` raises :class:`RelayBroken`)."""
         i = self._index[(start, stop)]
         if not self._ready[i + 1].is_set():
             self._ready[i + 1].set()  # its value stays _BROKEN
