@@ -47,6 +47,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .bench_end_to_end import run_end_to_end
+from .bench_passes import run_passes
 from .bidirectional import gma_bidirectional, gma_bidirectional_backward
 from .causal import (
     gma_causal_chunked,
@@ -369,6 +370,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequence lengths divided by 8, no chunk-size table (about 70 s on 2 idle cores)")
     parser.add_argument("--end-to-end", action="store_true",
                         help="only the end-to-end table (routing vectors in, six gradients out), with PyTorch")
+    parser.add_argument("--passes", action="store_true",
+                        help="only the passes of one token block, each timed on one thread, against the memory "
+                             "bandwidth and BLAS peak measured in the same run (--n, --k, --dtype)")
     parser.add_argument("--n", type=int, nargs="+", default=[4096, 65536], metavar="N",
                         help="end-to-end sequence lengths, multiples of 64 (default 4096 65536)")
     parser.add_argument("--k", type=int, nargs="+", default=[64, 256], metavar="K",
@@ -387,6 +391,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Run what the parsed options ask for: the end-to-end table alone, or the full benchmark."""
+    if args.passes:
+        return run_passes(tuple(args.n), tuple(args.k), tuple(args.dtype))
     if args.end_to_end:
         return run_end_to_end(tuple(args.n), tuple(args.k), tuple(args.dtype), tuple(args.form),
                               repeats=args.repeats, use_torch=not args.no_torch, recompute=args.recompute,

@@ -42,6 +42,8 @@ ALLOWED_MODULES = {
     "the array code, it is not array code (documented in its module docstring)",
     "bench_end_to_end": "the end-to-end part of the `gma-ref bench` harness (random NumPy inputs, timing, "
     "tracemalloc, the PyTorch comparison); it calls the array code, it is not array code (module docstring)",
+    "bench_passes": "the per-pass part of the `gma-ref bench` harness: it replays one token block's passes in "
+    "NumPy on the host to time each one; it is not array code (module docstring)",
 }
 _NUMPY_NAMES = {"np", "numpy", "onp"}
 
