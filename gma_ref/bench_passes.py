@@ -111,12 +111,11 @@ def _passes(p: dict[str, np.ndarray]) -> tuple[list[tuple[str, str, Callable[[],
     memory, mass_col = memory_c + mass[:, None] * r_v, mass[:, None]
 
     def features() -> None:
+        xc = x - centre
         f = np.empty((n, 2 * d + 1), dtype=x.dtype)
-        xc = f[:, d:2 * d]
-        xc[...] = x
-        xc -= centre
+        f[:, d:2 * d] = xc
+        xc *= xc
         f[:, :d] = xc
-        f[:, :d] *= xc
         f[:, 2 * d] = 1.0
         st["features"] = f
 
@@ -202,7 +201,7 @@ def _passes(p: dict[str, np.ndarray]) -> tuple[list[tuple[str, str, Callable[[],
 
     width = 2 * d + 1
     passes = [
-        ("forward", "features [x'², x', 1]", features, 9 * nd + n * it, 0.0),
+        ("forward", "features [x'², x', 1]", features, 7 * nd + n * it, 0.0),
         ("forward", "scores sᵀ = weights · featuresᵀ", scores, (k * width + n * width) * it + kn, 2.0 * k * n * width),
         ("forward", "row maxima over K", row_max, kn, 0.0),
         ("forward", "the guard's cheap bound", bound, nd + 3 * n * it, 2.0 * n * d),
