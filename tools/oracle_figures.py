@@ -75,10 +75,26 @@ def has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def platform_fingerprint() -> dict[str, Any]:
+    """What the last digits of a float32 figure depend on besides the code and the versions: the CPU's model, the
+    SIMD extensions NumPy finds (its element-wise loops are chosen by them) and BLAS's kernel."""
+    from numpy._core._multiarray_umath import __cpu_features__  # noqa: PLC0415  (NumPy's own record of them)
+    from threadpoolctl import threadpool_info  # noqa: PLC0415
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+        cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu)
+    except OSError:  # not Linux
+        pass
+    blas = sorted(f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info() if i["user_api"] == "blas")
+    return {"cpu": cpu, "simd": sorted(k for k, found in __cpu_features__.items() if found), "blas": blas}
+
+
 def provenance(config: dict[str, Any] | None = None) -> dict[str, Any]:
     versions = {m: importlib.metadata.version(m) for m in ("numpy", "torch") if importlib.util.find_spec(m)}
     return {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-            "versions": versions, "config": config or {}}
+            "platform": platform_fingerprint(), "versions": versions, "config": config or {}}
 
 
 def finite(x: float) -> bool:

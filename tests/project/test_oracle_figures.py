@@ -7,7 +7,8 @@
   and renders the fragments that metric-and-tolerances.md, layer-mode.md and long-sequences.md include: the
   fragments must be the rendering of the JSON, the pages must include them, the τ recorded must be the
   code's, the JSON must agree with what the planted-bug tests assert, and a fresh run of one row of the
-  planted-bug tables and of one calibration must give the committed figure within 5 %.
+  planted-bug tables and of one calibration must give the committed figure within 5 % (the calibration: on the
+  platform it was measured on, which each section records; within 25 % on another).
 * The flash-linear-attention figures are measured by ``tools/oracle_fla_figures.py``, which writes
   ``docs/oracle/measured/fla.json`` and renders the fragments that docs/oracle/triton-and-fla.md
   includes: the fragments must be the rendering of the JSON, the page must include them, and a fresh
@@ -336,19 +337,37 @@ def test_a_fresh_run_of_one_row_of_each_planted_bug_table(figures_tool, measured
 
 
 @pytest.mark.slow
-def test_a_fresh_calibration_reproduces_the_committed_rows(measured) -> None:
+def test_a_fresh_calibration_reproduces_the_committed_rows(figures_tool, measured) -> None:
     """The float32 calibration of the correct NumPy kernel and of the correct NumpyLayer (default + 200 generated
-    cases, τ = 1; about 10 s each) give the committed maxima within 5 %."""
+    cases, τ = 1; about 10 s each): no contract failure, and the committed maxima within 5 % where the section was
+    measured on this platform (its recorded CPU, NumPy's SIMD extensions and BLAS kernel); elsewhere within 25 %.
+    The last digits of float32 results follow the platform: on two x86-64 machines the same code gave the layer's
+    largest norm ratio 0.852 and 0.770, the kernel's the same to 1e-12."""
     from gma_ref.testing.calibration import calibrate
     from gma_ref.testing.emulated import NumpyKernel
     from gma_ref.testing.emulated_layer import NumpyLayer
 
+    here = figures_tool.platform_fingerprint()
     for section, name, impl in (("attention", "numpy-kernel", NumpyKernel("float32")),
                                 ("layer", "numpy-layer", NumpyLayer("float32"))):
         row = next(r for r in measured[section]["rows"] if (r["implementation"], r["dtype"]) == (name, "float32"))
         cal = calibrate(impl, "float32", n_cases=measured[section]["config"]["generated"]["float32"], seed=0)
-        assert cal.n_cases - len(cal.skipped) == row["checked"]
-        assert _close(cal.max_norm(), row["max_norm"]) and _close(cal.max_elem(), row["max_elem"]), section
+        assert cal.failures == [] and cal.n_cases - len(cal.skipped) == row["checked"]
+        rel = 0.05 if measured[section].get("platform") == here else 0.25
+        assert cal.max_norm() == pytest.approx(row["max_norm"], rel=rel), section
+        assert cal.max_elem() == pytest.approx(row["max_elem"], rel=rel), section
+
+
+def test_the_platform_is_recorded_as_the_figures_compare_it(figures_tool) -> None:
+    """The fingerprint a section records is what the comparison above reads: the CPU, NumPy's SIMD extensions
+    found here, BLAS's kernel."""
+    from threadpoolctl import threadpool_info
+
+    fp = figures_tool.provenance()["platform"]
+    assert fp == figures_tool.platform_fingerprint() and set(fp) == {"cpu", "simd", "blas"}
+    assert fp["cpu"] and fp["simd"] == sorted(set(fp["simd"]))
+    assert fp["blas"] == sorted(f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()
+                                if i["user_api"] == "blas")
 
 
 def test_the_cli_page_counts_are_the_codes() -> None:
