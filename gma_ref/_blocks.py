@@ -17,6 +17,9 @@ order by the blocks themselves (the causal core's state, chunk after chunk) is h
 :func:`run_relay`, so that the other blocks' work goes on while it is added. Other namespaces (CuPy, PyTorch,
 ``array_api_strict``, ...) get one block, the whole array, in the calling thread.
 
+The blocks' temporaries are of 2¹⁸ elements and less; :func:`prime_allocator` sees to it, once per process, that
+C's allocator serves them from memory it keeps rather than from fresh pages (glibc; see there).
+
 This module holds no array code.
 """
 
@@ -34,7 +37,7 @@ from typing import Any, TypeVar
 import array_api_compat
 
 __all__ = ["token_blocks", "run_blocks", "run_relay", "Relay", "RelayBroken", "worker_count", "in_place_ok",
-           "small_products", "one_blas_thread"]
+           "small_products", "one_blas_thread", "prime_allocator"]
 
 T = TypeVar("T")
 
@@ -52,6 +55,9 @@ MIN_BLOCK_ROWS = 256
 #: their single-thread time, one thread stalled for milliseconds while the other ran. With 0.1 ms a whole
 #: training step ran 10–25 % faster (docs/benchmarks.md).
 SWITCH_INTERVAL = 1e-4
+#: Bytes of the one block :func:`prime_allocator` allocates and frees (16 MiB: glibc raises its thresholds to the size
+#: of a freed mapped block of at most 32 MiB).
+PRIME_BYTES = 1 << 24
 
 _lock = threading.Lock()
 _pool: list[ThreadPoolExecutor] = []  # at most one, of _pool_size[0] workers
@@ -62,6 +68,7 @@ _held_count = [1]  # BLAS's thread count when the limit was taken: the blocks' t
 _controller_cache: list[Any] = []
 _switch_saved: list[float] = []  # the switch interval before the first of the concurrent callers lowered it
 _switch_holders = [0]
+_primed = [False]  # prime_allocator has run in this process (a forked child inherits the allocator's state too)
 
 
 def _forget_after_fork() -> None:
@@ -143,6 +150,32 @@ def token_blocks(xp: Any, n: int, width: int) -> list[tuple[int, int]]:
     return [(n * i // count, n * (i + 1) // count) for i in range(count)]
 
 
+def prime_allocator() -> None:
+    """Once per process: allocate :data:`PRIME_BYTES` zero bytes and free them again.
+
+    glibc's ``malloc`` serves a request of at least its *mmap threshold* (128 KiB when a process starts) with a
+    fresh mapping, which it unmaps when the block is freed, and it gives the top of its heap back to the system
+    whenever more than twice the threshold lies free there. Memory given back is given again as new pages, and each
+    4 KiB page faults when it is first written: in a process whose arrays have all been small, every temporary
+    of 128 KiB and more (a block's scores or Γ, 1 MiB in float32) costs a page fault per 4 KiB on every call
+    (measured, docs/benchmarks.md: a loop of two 256 KiB NumPy temporaries 10× slower; forward + backward at
+    N = 8192, K = 64 10–20 % slower, 3 600–5 200 faults a call). glibc raises both thresholds to the size of the
+    largest mapped block freed so far (up to 32 MiB), so a process that has once freed a large array no longer
+    pays this. One freed block of :data:`PRIME_BYTES` puts the process in that state: blocks under 16 MiB are then
+    served from the heap, and up to 32 MiB of freed memory stays with the process. ``bytes`` of that size is a
+    ``calloc``, whose fresh mapping is already zero, so no page of it is touched. Nothing to give back (it is
+    the state glibc reaches by itself), and nothing changes where the thresholds were set by hand
+    (``MALLOC_MMAP_THRESHOLD_``, ``mallopt``), which turns their adjustment off, or under another allocator.
+    """
+    if _primed[0]:
+        return
+    with _lock:
+        if not _primed[0]:
+            block = bytes(PRIME_BYTES)  # calloc: a fresh mapping, not touched
+            del block  # freed: glibc's thresholds rise to its size
+            _primed[0] = True
+
+
 @contextmanager
 def _blas_on_one_thread() -> Iterator[None]:
     """Hold BLAS to one thread while blocks run on the pool (process-wide; nested and concurrent
@@ -167,8 +200,10 @@ def one_blas_thread(xp: Any) -> Iterator[None]:
     """BLAS held to one thread for NumPy arrays (threadpoolctl installed), the token blocks on the
     :func:`worker_count` threads BLAS had: for a whole call of the pipeline (:mod:`gma_ref.attention`), whose
     matrix products all run in blocks on those threads. A product on BLAS's own threads leaves them spinning
-    on the cores for a while after it returns, which the blocks' threads then compete with; nothing for other
-    namespaces."""
+    on the cores for a while after it returns, which the blocks' threads then compete with. The allocator primed
+    (:func:`prime_allocator`). Nothing for other namespaces."""
+    if array_api_compat.is_numpy_namespace(xp):
+        prime_allocator()
     if not array_api_compat.is_numpy_namespace(xp) or _controller() is None:
         yield
         return
@@ -180,7 +215,9 @@ def one_blas_thread(xp: Any) -> Iterator[None]:
 def small_products(xp: Any) -> Iterator[None]:
     """BLAS held to one thread for NumPy arrays (threadpoolctl installed), for code that makes many small
     matrix products (the batched chunks of :mod:`gma_ref._causal_batched`), each of which would otherwise wake
-    BLAS's threads; nothing for other namespaces."""
+    BLAS's threads; the allocator primed (:func:`prime_allocator`). Nothing for other namespaces."""
+    if array_api_compat.is_numpy_namespace(xp):
+        prime_allocator()
     if not array_api_compat.is_numpy_namespace(xp) or _controller() is None:
         yield
         return
@@ -231,9 +268,11 @@ def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -
     interval at most :data:`SWITCH_INTERVAL`, each block in a copy of the caller's context (NumPy's ``errstate``);
     each thread takes the next block not yet taken, so blocks of unequal cost still share the threads. ``fn``
     must not rely on the blocks running in any order. The first block's exception (in block order) is raised
-    here, once every block has finished."""
+    here, once every block has finished. For several blocks the allocator is primed first (:func:`prime_allocator`)."""
     if not blocks:
         return []
+    if len(blocks) > 1:
+        prime_allocator()
     workers = min(worker_count(), len(blocks))
     if len(blocks) == 1 or _controller() is None:
         return [fn(start, stop) for start, stop in blocks]
