@@ -446,7 +446,8 @@ def test_run_blocks_finishes_every_block_then_raises_the_first_error(monkeypatch
 
 def test_one_blas_thread_holds_blas_for_a_call_and_keeps_the_thread_count():
     """Inside one_blas_thread (NumPy) BLAS runs on one thread, the blocks on the threads BLAS had before
-    (nested holds share the limit); after it BLAS has its threads back. Other namespaces: nothing held."""
+    (nested holds share the limit); after it BLAS has its threads back; small_products holds it the same way.
+    Other namespaces: nothing held."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from array_api_compat import array_namespace  # noqa: PLC0415
 
@@ -464,6 +465,11 @@ def test_one_blas_thread_holds_blas_for_a_call_and_keeps_the_thread_count():
             assert blas_threads() == 1
         assert blas_threads() == 2 and blocks._holders[0] == 0
         with blocks.one_blas_thread(array_api_strict):
+            assert blas_threads() == 2 and blocks._holders[0] == 0
+        with blocks.small_products(xp):  # on its own, as the causal core takes it
+            assert blas_threads() == 1 and blocks._holders[0] == 1
+        assert blas_threads() == 2 and blocks._holders[0] == 0
+        with blocks.small_products(array_api_strict):
             assert blas_threads() == 2 and blocks._holders[0] == 0
 
 
