@@ -23,6 +23,10 @@ has (:mod:`gma_ref._blocks`): during a call BLAS is held to one thread
 (threadpoolctl), and while blocks run on several threads the interpreter's switch
 interval is at most 0.1 ms (``sys.setswitchinterval``). Both are settings of the
 process; both are given back when the call (or the last of concurrent calls) is done.
+The first such call of a process also allocates and frees one block of 16 MiB
+(:func:`gma_ref._blocks.prime_allocator`), which raises glibc's thresholds as any
+array of that size would: the blocks' temporaries then come from memory the process
+keeps, not from fresh pages that fault on every call.
 """
 
 from __future__ import annotations
