@@ -22,6 +22,7 @@ import array_api_compat
 __all__ = [
     "Array",
     "n_elements",
+    "item_bytes",
     "namespace",
     "check_floating",
     "check_finite",
@@ -282,6 +283,18 @@ def check_nonnegative_array(xp: Any, name: str, a: Array, what: str) -> None:
     """Raise ``ValueError`` if ``a`` has a negative entry (NaN entries are left to the finiteness check)."""
     if n_elements(a) != 0 and bool(xp.any(a < 0)):
         raise ValueError(f"{name} must be non-negative ({what}), got minimum {float(xp.min(a))!r}")
+
+
+def item_bytes(xp: Any, dtype: Any) -> int:
+    """Bytes of one element of ``dtype`` (a dtype of namespace ``xp``): from ``finfo`` for a floating dtype (twice
+    that for a complex one), ``iinfo`` for an integer one, 1 for ``bool``."""
+    if xp.isdtype(dtype, "complex floating"):
+        return 2 * (xp.finfo(dtype).bits // 8)
+    if xp.isdtype(dtype, "real floating"):
+        return xp.finfo(dtype).bits // 8
+    if xp.isdtype(dtype, "integral"):
+        return xp.iinfo(dtype).bits // 8
+    return 1
 
 
 def n_elements(a: Array) -> int:

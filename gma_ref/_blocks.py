@@ -17,7 +17,7 @@ order by the blocks themselves (the causal core's state, chunk after chunk) is h
 :func:`run_relay`, so that the other blocks' work goes on while it is added. Other namespaces (CuPy, PyTorch,
 ``array_api_strict``, ...) get one block, the whole array, in the calling thread.
 
-The blocks' temporaries are of 2¹⁸ elements and less; :func:`prime_allocator` sees to it, once per process, that
+The blocks' temporaries are of 2 MiB and less; :func:`prime_allocator` sees to it, once per process, that
 C's allocator serves them from memory it keeps rather than from fresh pages (glibc; see there).
 
 This module holds no array code.
@@ -41,11 +41,14 @@ __all__ = ["token_blocks", "run_blocks", "run_relay", "Relay", "RelayBroken", "w
 
 T = TypeVar("T")
 
-#: Elements of the (token, column) intermediates one block may hold: rows × (K + 2 d_r + 1) per block.
-#: 2¹⁸ elements (1 MiB in float32, 2 MiB in float64): on 2 threads, blocks of 2¹⁶ (which fit a core's L2
-#: cache) spent their time on the ~25 Python-level calls per block, which hold the GIL; 2¹⁸ was measured
-#: 1.3–1.7× faster on 2 threads than 2¹⁶ and within 10 % of it on one (docs/benchmarks.md).
-BLOCK_ELEMENTS = 1 << 18
+#: Bytes of the (token, column) intermediates one block may hold: rows × (K + 2 d_r + 1) elements per block.
+#: 2 MiB (2¹⁸ float64 or 2¹⁹ float32 elements): on 2 threads, blocks of 2¹⁶ elements (which fit a core's L2
+#: cache) spent their time on the ~25 Python-level calls per block, which hold the GIL; 2¹⁸ elements were measured
+#: 1.3–1.7× faster on 2 threads than 2¹⁶ and within 10 % of it on one. Counted in bytes rather than elements
+#: since float32 blocks of 2¹⁹ elements were measured 4–16 % faster than of 2¹⁸ on 2 threads (fewer calls, each
+#: twice as long, for the GIL to be handed over between), while float64 blocks of 2¹⁹ were up to 1.2× slower
+#: (docs/benchmarks.md).
+BLOCK_BYTES = 1 << 21
 #: Fewest tokens in a block (below that, Python's per-call overhead outweighs the cache).
 MIN_BLOCK_ROWS = 256
 #: The interpreter's switch interval (seconds) while blocks run on several threads (``sys.setswitchinterval``;
@@ -133,16 +136,17 @@ def worker_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def token_blocks(xp: Any, n: int, width: int) -> list[tuple[int, int]]:
-    """[start, stop) bounds covering ``range(n)``: for NumPy, blocks of at most about ``BLOCK_ELEMENTS / width``
-    tokens and at least ``MIN_BLOCK_ROWS`` (or one block), their sizes differing by at most one token, an even
-    number of them where the minimum allows (two threads, the common case, then finish together); fixed by
-    ``n`` and ``width`` whatever the thread count. Otherwise one block."""
+def token_blocks(xp: Any, n: int, width: int, itemsize: int = 8) -> list[tuple[int, int]]:
+    """[start, stop) bounds covering ``range(n)``: for NumPy, blocks of at most about
+    ``BLOCK_BYTES / (width · itemsize)`` tokens (``width`` elements a token, of ``itemsize`` bytes: 8 for
+    float64, 4 for float32) and at least ``MIN_BLOCK_ROWS`` (or one block), their sizes differing by at most one
+    token, an even number of them where the minimum allows (two threads, the common case, then finish together);
+    fixed by ``n``, ``width`` and ``itemsize`` whatever the thread count. Otherwise one block."""
     if n <= 0:
         return []
     if not array_api_compat.is_numpy_namespace(xp):
         return [(0, n)]
-    most = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, width))
+    most = max(MIN_BLOCK_ROWS, BLOCK_BYTES // (max(1, width) * max(1, itemsize)))
     count = -(-n // most)
     if count > 1 and count % 2 and n // (count + 1) >= MIN_BLOCK_ROWS:
         count += 1

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._array import Array, check_cotangent, device_of, namespace, value_scale
+from ._array import Array, check_cotangent, device_of, item_bytes, namespace, value_scale
 from ._blocks import in_place_ok, run_blocks, token_blocks
 from .bidirectional import (
     GMAGrad,
@@ -70,7 +70,8 @@ def _write(xp: Any, gamma_k: Array, v: Array, centre: Array | None = None) -> tu
         gk, vs = gamma_k[..., start:stop, :], v[..., start:stop, :]
         return xp.matmul(xp.matrix_transpose(gk), vs if centre is None else vs - centre), xp.sum(gk, axis=-2)
 
-    memory, mass = _summed(xp, run_blocks(one, token_blocks(xp, v.shape[-2], k + d_v)))
+    blocks = token_blocks(xp, v.shape[-2], k + d_v, item_bytes(xp, xp.result_type(gamma_k, v)))
+    memory, mass = _summed(xp, run_blocks(one, blocks))
     return memory, mass
 
 
@@ -92,7 +93,7 @@ def latent_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, *, chec
     def one(start: int, stop: int) -> None:
         out[..., start:stop, :] = _read(xp, gamma_q[..., start:stop, :], memory, mass_col, eps)
 
-    run_blocks(one, token_blocks(xp, n_q, gamma_q.shape[-1] + d_v))
+    run_blocks(one, token_blocks(xp, n_q, gamma_q.shape[-1] + d_v, item_bytes(xp, out.dtype)))
     return out
 
 
@@ -232,9 +233,9 @@ def latent_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps:
     def keys(start: int, stop: int) -> None:
         d_gamma_k_t[..., start:stop] = lat.keys(start, stop)
 
-    run_blocks(queries, token_blocks(xp, gamma_q.shape[-2], k + 2 * d_v))
+    run_blocks(queries, token_blocks(xp, gamma_q.shape[-2], k + 2 * d_v, item_bytes(xp, lat.dtype)))
     lat.end_queries()
-    run_blocks(keys, token_blocks(xp, v.shape[-2], k + 2 * d_v))
+    run_blocks(keys, token_blocks(xp, v.shape[-2], k + 2 * d_v, item_bytes(xp, lat.dtype)))
     return GMAGrad(xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), lat.d_values)
 
 

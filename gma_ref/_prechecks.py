@@ -28,7 +28,7 @@ from typing import Any
 
 import array_api_compat
 
-from ._array import Array, n_elements, scale_from_extremes
+from ._array import Array, item_bytes, n_elements, scale_from_extremes
 from ._blocks import run_blocks, token_blocks
 
 __all__ = ["extremes", "saved_arrays_pass"]
@@ -39,7 +39,7 @@ def extremes(xp: Any, arrays: Sequence[Array]) -> list[tuple[float, float]]:
     array holding a NaN, (inf, −inf) for an empty one. Each array's rows (axis −2) are cut into token blocks,
     and all the blocks of all the arrays share one :func:`~gma_ref._blocks.run_blocks` call."""
     parts = [(i, start, stop) for i, a in enumerate(arrays) if n_elements(a)
-             for start, stop in token_blocks(xp, a.shape[-2], a.shape[-1])]
+             for start, stop in token_blocks(xp, a.shape[-2], a.shape[-1], item_bytes(xp, a.dtype))]
 
     def one(j: int, _: int) -> tuple[float, float]:
         i, start, stop = parts[j]

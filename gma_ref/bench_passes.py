@@ -284,7 +284,7 @@ def run_passes(ns: tuple[int, ...] = (8192,), ks: tuple[int, ...] = (64, 256),
     for n_total in ns:
         for k in ks:
             for dtype in dtypes:
-                n = token_blocks(np, n_total, k + 2 * d + 1)[0]
+                n = token_blocks(np, n_total, k + 2 * d + 1, np.dtype(dtype).itemsize)[0]
                 n = n[1] - n[0]
                 rows = block_passes(n, k, d, getattr(np, dtype), repeats)
                 tables[(n_total, k, dtype, n)] = rows

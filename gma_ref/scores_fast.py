@@ -63,6 +63,7 @@ from ._array import (
     broadcast_shapes,
     check_cotangent,
     device_of,
+    item_bytes,
     n_elements,
     namespace,
     sum_to_shape,
@@ -278,12 +279,12 @@ def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_pri
         return finish(s_t, top), rows
 
     n = x.shape[-2]
-    blocks = token_blocks(xp, n, means.shape[-2] + 2 * x.shape[-1] + 1)
+    dtype = xp.result_type(x.dtype, sw.weights.dtype)
+    blocks = token_blocks(xp, n, means.shape[-2] + 2 * x.shape[-1] + 1, item_bytes(xp, dtype))
     if len(blocks) <= 1:
         s_t, rows = block(x)
         return xp.matrix_transpose(s_t), rows, [] if then is None else [then(0, n, s_t)]
     batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(sw.weights.shape[:-2]))
-    dtype = xp.result_type(x.dtype, sw.weights.dtype)
     out_t = xp.empty(batch + (means.shape[-2], n), dtype=dtype, device=device_of(x))
     out_rows = xp.empty(batch + (n,), dtype=xp.bool, device=device_of(x))
 
@@ -408,11 +409,11 @@ def _blockwise_backward(xp: Any, x: Array, means: Array, variances: Array, rows:
         return sum_to_shape(xp, d_x, tuple(xs.shape)), d_means, sq_sum, delta_sum
 
     n = x.shape[-2]
-    blocks = token_blocks(xp, n, k + 2 * d_r + 1)
+    dtype = xp.result_type(x.dtype, means.dtype, variances.dtype, delta_dtype)
+    blocks = token_blocks(xp, n, k + 2 * d_r + 1, item_bytes(xp, dtype))
     if len(blocks) <= 1:
         d_x, d_means, sq_sum, delta_sum = block(x, block_delta(0, n), rows)
     else:
-        dtype = xp.result_type(x.dtype, means.dtype, variances.dtype, delta_dtype)
         d_x = xp.empty(tuple(x.shape), dtype=dtype, device=device_of(x))
 
         def one(start: int, stop: int) -> tuple[Array, Array, Array]:

@@ -1,4 +1,5 @@
-"""The shared checks of :mod:`gma_ref._array` that every entry point runs: finiteness and the value scale.
+"""The shared checks of :mod:`gma_ref._array` that every entry point runs: finiteness and the value scale; the
+bytes of a dtype's element, by which the fast path sizes its token blocks.
 
 Both read the array through two reductions (its largest and smallest entries) rather than an element-wise
 pass: a NaN or an infinity anywhere must still be found, and finite arrays whose *sum* would overflow must
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from array_api_compat import array_namespace
 
-from gma_ref._array import check_finite, scale_from_extremes, value_scale
+from gma_ref._array import check_finite, item_bytes, scale_from_extremes, value_scale
 
 xp = array_namespace(np.zeros(1))
 
@@ -84,3 +85,15 @@ def test_value_scale_threshold_and_power_pinned():
     assert value_scale(xp, np.array([[edge * 0.75]]), 5) != 1.0  # (n + 1) = 6 times 0.75 top / 16 > top / 4
     assert value_scale(xp, np.array([[2.0 ** 1000]]), 1 << 30) == 2.0 ** 489  # frexp: 2^1000 = 0.5 · 2^1001
     assert value_scale(xp, np.array([[3.0 * 2.0 ** 1000]]), 1 << 30) == 2.0 ** 490
+
+
+@pytest.mark.parametrize(("dtype", "size"), [("float64", 8), ("float32", 4), ("float16", 2), ("complex128", 16),
+                                             ("complex64", 8), ("int64", 8), ("int32", 4), ("int8", 1),
+                                             ("uint16", 2), ("bool", 1)])
+def test_item_bytes_is_the_itemsize_of_every_kind_of_dtype(dtype, size):
+    """Floating (from finfo, twice for complex), integer (iinfo) and boolean dtypes: NumPy's own itemsize, and
+    the same under array_api_strict (which has no float16), whose dtypes carry no itemsize."""
+    assert item_bytes(xp, getattr(np, dtype)) == size == np.dtype(dtype).itemsize
+    strict = pytest.importorskip("array_api_strict")
+    if dtype != "float16":
+        assert item_bytes(strict, getattr(strict, dtype)) == size

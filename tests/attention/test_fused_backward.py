@@ -28,7 +28,7 @@ from gma_ref.scores_fast import responsibilities_backward_guarded
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of a few tokens, so that every sum over tokens spans several blocks."""
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 60)
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 60 * 8)
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
 
 
@@ -157,11 +157,11 @@ def test_each_side_is_cut_at_the_score_vjps_row_width(monkeypatch):
     _, saved = gma_attention(*args[:6], return_saved=True)
     cuts = []
 
-    def spy(xp, n, width):
-        cuts.append((n, width))
-        return blocks.token_blocks(xp, n, width)
+    def spy(xp, n, width, itemsize):
+        cuts.append((n, width, itemsize))
+        return blocks.token_blocks(xp, n, width, itemsize)
 
     monkeypatch.setattr(fast, "token_blocks", spy)
     monkeypatch.setattr(lf, "token_blocks", spy)
     gma_attention_backward(*args, saved=saved)
-    assert cuts == [(29, 8), (37, 14), (29, 14)]
+    assert cuts == [(29, 8, 8), (37, 14, 8), (29, 14, 8)]

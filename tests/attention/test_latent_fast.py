@@ -29,7 +29,7 @@ def _inputs(rng, batch=(2,), n_q=37, n_k=29, k=5, d_v=3, dtype=np.float64):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of a few tokens, so that every sum over tokens spans several blocks."""
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 40)
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 40 * 8)
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
 
 
@@ -167,16 +167,16 @@ def test_each_pass_is_cut_at_its_row_width(monkeypatch):
     gq, gk, v, d_out = _inputs(np.random.default_rng(8), (2, 4))
     cuts = []
 
-    def spy(xp, n, width):
-        cuts.append((n, width))
-        return blocks.token_blocks(xp, n, width)
+    def spy(xp, n, width, itemsize):
+        cuts.append((n, width, itemsize))
+        return blocks.token_blocks(xp, n, width, itemsize)
 
     monkeypatch.setattr(lf, "token_blocks", spy)
     out = lf.latent_forward(gq, gk, v, 1e-6)
-    assert cuts == [(29, 8), (37, 8)]
+    assert cuts == [(29, 8, 8), (37, 8, 8)]
     cuts.clear()
     lf.latent_backward(gq, gk, v, d_out, 1e-6, out, "saved.out", "saved=None")
-    assert cuts == [(29, 8), (37, 11), (29, 11)]
+    assert cuts == [(29, 8, 8), (37, 11, 8), (29, 11, 8)]
 
 
 @pytest.mark.parametrize("shape", [(2, 38, 3), (2, 37, 4), (2, 37, 1), (1, 37, 3)])

@@ -34,7 +34,7 @@ def _inputs(rng, n=N):
 def test_extremes_over_many_blocks_are_numpys(rng, monkeypatch, threads):
     """Blocks of 256 rows (N = 2000: 8 per array): min and max equal NumPy's for a C-ordered array, a transposed
     view and a batched one; a NaN in one block makes both NaN; an empty array gives (inf, −inf)."""
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 1 << 10)
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 1 << 13)
     a = rng.normal(size=(2000, 4))
     a[1500, 2] = 7.5  # the maximum in a late block
     t = rng.normal(size=(3, 2000)).T  # a (2000, 3) view of component-major storage
@@ -52,7 +52,7 @@ def test_extremes_over_many_blocks_are_numpys(rng, monkeypatch, threads):
 
 def test_extremes_of_a_nan_in_the_first_block_stay_nan(rng, monkeypatch):
     """A NaN found in an early block is not dropped by the finite extremes of later blocks."""
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 1 << 10)
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 1 << 13)
     a = rng.normal(size=(2000, 4))
     a[3, 1] = np.nan
     assert all(math.isnan(x) for x in extremes(namespace(a=a), [a])[0])

@@ -37,8 +37,8 @@ def _inputs(case: str, rng: np.random.Generator, batch: tuple[int, ...] = ()):
 
 
 def _blocked(monkeypatch, on: bool) -> None:
-    """Blocks of 8 tokens (at K + 2 d_r + 1 = 14), or one block of every token."""
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 8 * 14 if on else 1 << 40)
+    """Blocks of 8 float64 tokens (at K + 2 d_r + 1 = 14), or one block of every token."""
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 8 * 14 * 8 if on else 1 << 40)
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 1)
 
 
@@ -107,8 +107,9 @@ def test_a_wrong_cotangent_shape_is_refused_before_the_blocks(monkeypatch):
 
 
 def test_token_blocks_cover_every_token_once(monkeypatch):
-    """Every token in one block; sizes within one token of each other and at most BLOCK_ELEMENTS / width
-    (8 here); an even count where the minimum allows; none under MIN_BLOCK_ROWS but a lone block."""
+    """Every token in one block; sizes within one token of each other and at most
+    BLOCK_BYTES / (width · itemsize) (8 here in float64, 16 in float32); an even count where the minimum allows;
+    none under MIN_BLOCK_ROWS but a lone block."""
     _blocked(monkeypatch, True)
     for n in (0, 1, 7, 8, 9, 16, 17, 40, 41):
         got = blocks.token_blocks(np, n, 14)
@@ -118,6 +119,10 @@ def test_token_blocks_cover_every_token_once(monkeypatch):
         assert all(0 < size <= 8 for size in sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
         assert len(got) == {0: 0, 1: 1, 7: 1, 8: 1, 9: 2, 16: 2, 17: 4, 40: 6, 41: 6}[n]
     assert blocks.token_blocks(np, 40, 14) == [(0, 6), (6, 13), (13, 20), (20, 26), (26, 33), (33, 40)]
+    # the budget is in bytes: float32 tokens (4 bytes an element) come twice as many to a block, three of at
+    # most 16 made an even four
+    assert blocks.token_blocks(np, 40, 14, 4) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    assert blocks.token_blocks(np, 40, 14, 8) == blocks.token_blocks(np, 40, 14)
     monkeypatch.setattr(blocks, "MIN_BLOCK_ROWS", 20)
     assert blocks.token_blocks(np, 45, 14) == [(0, 22), (22, 45)]  # three of 15 would be under the minimum
     assert blocks.token_blocks(np, 39, 14) == [(0, 39)]
@@ -131,8 +136,12 @@ def test_token_blocks_cover_every_token_once(monkeypatch):
     assert blocks.token_blocks(np, 40, 14) == [(0, 6), (6, 13), (13, 20), (20, 26), (26, 33), (33, 40)]  # any count
 
 
-def test_the_default_block_holds_the_documented_elements():
-    assert blocks.BLOCK_ELEMENTS == 1 << 18 and blocks.MIN_BLOCK_ROWS == 256
+def test_the_default_block_holds_the_documented_bytes():
+    """2 MiB a block: 2¹⁸ float64 or 2¹⁹ float32 elements (N = 8192 at K + 2 d_r + 1 = 193: 8 blocks of 1 024
+    float64 tokens, 4 of 2 048 float32 ones)."""
+    assert blocks.BLOCK_BYTES == 1 << 21 and blocks.MIN_BLOCK_ROWS == 256
+    assert [b - a for a, b in blocks.token_blocks(np, 8192, 193, 8)] == [1024] * 8
+    assert [b - a for a, b in blocks.token_blocks(np, 8192, 193, 4)] == [2048] * 4
 
 
 def test_run_blocks_returns_the_results_in_block_order():
@@ -740,9 +749,9 @@ def test_the_forward_and_the_vjps_are_cut_at_their_row_width(monkeypatch):
     x = np.broadcast_to(x, (3,) + x.shape)  # batch axes: shape[1] is neither K nor d_r
     cuts = []
 
-    def spy(xp, n, width):
-        cuts.append((n, width))
-        return blocks.token_blocks(xp, n, width)
+    def spy(xp, n, width, itemsize):
+        cuts.append((n, width, itemsize))
+        return blocks.token_blocks(xp, n, width, itemsize)
 
     monkeypatch.setattr(fast, "token_blocks", spy)
     gamma, rows = fast.responsibilities_and_guard(x, means, var, lp)
@@ -750,4 +759,9 @@ def test_the_forward_and_the_vjps_are_cut_at_their_row_width(monkeypatch):
     d = np.random.default_rng(25).normal(size=gamma.shape)
     fast.scores_backward_guarded(x, means, var, d, tuple(lp.shape), rows)
     fast.responsibilities_backward_guarded(x, means, var, gamma, d, lp, rows)
-    assert cuts == [(37, 14)] * 4
+    assert cuts == [(37, 14, 8)] * 4
+    cuts.clear()  # float32 throughout: 4 bytes an element; one float64 operand makes the blocks float64's
+    f32 = [a.astype(np.float32) for a in (x, means, var, lp)]
+    fast.responsibilities_and_guard(*f32)
+    fast.guarded_scores(f32[0].astype(np.float64), *f32[1:])
+    assert cuts == [(37, 14, 4), (37, 14, 8)]
