@@ -146,7 +146,7 @@ def token_blocks(xp: Any, n: int, width: int, itemsize: int = 8) -> list[tuple[i
         return []
     if not array_api_compat.is_numpy_namespace(xp):
         return [(0, n)]
-    most = max(MIN_BLOCK_ROWS, BLOCK_BYTES // (max(1, width) * max(1, itemsize)))
+    most = max(MIN_BLOCK_ROWS, BLOCK_BYTES // (max(1, width) * itemsize))
     count = -(-n // most)
     if count > 1 and count % 2 and n // (count + 1) >= MIN_BLOCK_ROWS:
         count += 1
