@@ -288,10 +288,10 @@ def check_nonnegative_array(xp: Any, name: str, a: Array, what: str) -> None:
 def item_bytes(xp: Any, dtype: Any) -> int:
     """Bytes of one element of ``dtype`` (a dtype of namespace ``xp``): from ``finfo`` for a floating dtype (twice
     that for a complex one), ``iinfo`` for an integer one, 1 for ``bool``."""
+    if xp.isdtype(dtype, "real floating"):  # the common case first: each test costs a few µs
+        return xp.finfo(dtype).bits // 8
     if xp.isdtype(dtype, "complex floating"):
         return 2 * (xp.finfo(dtype).bits // 8)
-    if xp.isdtype(dtype, "real floating"):
-        return xp.finfo(dtype).bits // 8
     if xp.isdtype(dtype, "integral"):
         return xp.iinfo(dtype).bits // 8
     return 1
