@@ -161,7 +161,7 @@ def prime_allocator() -> None:
     fresh mapping, which it unmaps when the block is freed, and it gives the top of its heap back to the system
     whenever more than twice the threshold lies free there. Memory given back is given again as new pages, and each
     4 KiB page faults when it is first written: in a process whose arrays have all been small, every temporary
-    of 128 KiB and more (a block's scores or Γ, 1 MiB in float32) costs a page fault per 4 KiB on every call
+    of 128 KiB and more (a block's scores or Γ, up to about 1.5 MiB) costs a page fault per 4 KiB on every call
     (measured, docs/benchmarks.md: a loop of two 256 KiB NumPy temporaries 10× slower; forward + backward at
     N = 8192, K = 64 10–20 % slower, 3 600–5 200 faults a call). glibc raises both thresholds to the size of the
     largest mapped block freed so far (up to 32 MiB), so a process that has once freed a large array no longer
