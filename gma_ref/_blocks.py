@@ -45,9 +45,9 @@ T = TypeVar("T")
 #: 2 MiB (2¹⁸ float64 or 2¹⁹ float32 elements): on 2 threads, blocks of 2¹⁶ elements (which fit a core's L2
 #: cache) spent their time on the ~25 Python-level calls per block, which hold the GIL; 2¹⁸ elements were measured
 #: 1.3–1.7× faster on 2 threads than 2¹⁶ and within 10 % of it on one. Counted in bytes rather than elements
-#: since float32 blocks of 2¹⁹ elements were measured 4–16 % faster than of 2¹⁸ on 2 threads (fewer calls, each
-#: twice as long, for the GIL to be handed over between), while float64 blocks of 2¹⁹ were up to 1.2× slower
-#: (docs/benchmarks.md).
+#: since float32 blocks of 2¹⁹ elements were measured 1–17 % faster than of 2¹⁸ on 2 threads (medians; six of
+#: eight rows, the other two within their noise) and 1–6 % on one (fewer calls, each twice as long, for the GIL
+#: to be handed over between), while float64 blocks of 2¹⁹ were up to 1.2× slower (docs/benchmarks.md).
 BLOCK_BYTES = 1 << 21
 #: Fewest tokens in a block (below that, Python's per-call overhead outweighs the cache).
 MIN_BLOCK_ROWS = 256
