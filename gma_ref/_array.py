@@ -246,7 +246,7 @@ def peak_bytes(xp: Any, shape: tuple[int, ...], dtype: Any, peak: tuple[float, f
     Each function that builds an N × N (or N × K × d_v) array states its ``(a, c)``, measured with
     :mod:`tracemalloc` (tests/across_modules/test_memory_peaks.py checks them).
     """
-    item = xp.finfo(dtype).bits // 8
+    item = item_bytes(xp, dtype)
     return math.ceil(peak[0] * math.prod(shape) * item + peak[1] * io_elements * item)
 
 
@@ -264,7 +264,7 @@ def check_memory_budget(
     if max_bytes is None:
         return
     max_bytes = check_positive_int("max_bytes", max_bytes)
-    array = math.prod(shape) * (xp.finfo(dtype).bits // 8)
+    array = math.prod(shape) * item_bytes(xp, dtype)
     needed = peak_bytes(xp, shape, dtype, peak, io_elements)
     if needed > max_bytes:
         raise ValueError(

@@ -233,9 +233,10 @@ def latent_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps:
     def keys(start: int, stop: int) -> None:
         d_gamma_k_t[..., start:stop] = lat.keys(start, stop)
 
-    run_blocks(queries, token_blocks(xp, gamma_q.shape[-2], k + 2 * d_v, item_bytes(xp, lat.dtype)))
+    size = item_bytes(xp, lat.dtype)
+    run_blocks(queries, token_blocks(xp, gamma_q.shape[-2], k + 2 * d_v, size))
     lat.end_queries()
-    run_blocks(keys, token_blocks(xp, v.shape[-2], k + 2 * d_v, item_bytes(xp, lat.dtype)))
+    run_blocks(keys, token_blocks(xp, v.shape[-2], k + 2 * d_v, size))
     return GMAGrad(xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), lat.d_values)
 
 
