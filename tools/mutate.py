@@ -110,9 +110,10 @@ MODULE_TESTS: dict[str, list[str]] = {
                                 "tests/attention/test_saved.py", "tests/attention/test_entry.py",
                                 "tests/attention/test_prechecks.py", "tests/attention/test_overflow_guard.py"],
     "gma_ref/_prechecks.py": ["tests/attention/test_prechecks.py", "tests/attention/test_saved.py"],
-    # the shared checks: their own tests first, then the entry points' refusals of bad input through them
+    # the shared checks: their own tests first, then the entry points' refusals of bad input through them, and the
+    # memory budget's figures
     "gma_ref/_array.py": ["tests/across_modules/test_array_helpers.py", "tests/across_modules/test_bad_input.py",
-                          "tests/attention/test_saved.py"],
+                          "tests/attention/test_saved.py", "tests/across_modules/test_memory_peaks.py"],
     "gma_ref/bidirectional.py": [
         "tests/bidirectional/test_equations.py",
         "tests/bidirectional/test_routing_input_checks.py",
