@@ -29,6 +29,7 @@ import contextvars
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -37,7 +38,7 @@ from typing import Any, TypeVar
 import array_api_compat
 
 __all__ = ["token_blocks", "run_blocks", "run_relay", "Relay", "RelayBroken", "worker_count", "in_place_ok",
-           "small_products", "one_blas_thread", "prime_allocator"]
+           "small_products", "one_blas_thread", "prime_allocator", "block_time"]
 
 T = TypeVar("T")
 
@@ -72,6 +73,7 @@ _controller_cache: list[Any] = []
 _switch_saved: list[float] = []  # the switch interval before the first of the concurrent callers lowered it
 _switch_holders = [0]
 _primed = [False]  # prime_allocator has run in this process (a forked child inherits the allocator's state too)
+_local = threading.local()  # .clock: the total of the innermost block_time() of this thread (None or unset: none)
 
 
 def _forget_after_fork() -> None:
@@ -272,7 +274,37 @@ def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -
     interval at most :data:`SWITCH_INTERVAL`, each block in a copy of the caller's context (NumPy's ``errstate``);
     each thread takes the next block not yet taken, so blocks of unequal cost still share the threads. ``fn``
     must not rely on the blocks running in any order. The first block's exception (in block order) is raised
-    here, once every block has finished. For several blocks the allocator is primed first (:func:`prime_allocator`)."""
+    here, once every block has finished. For several blocks the allocator is primed first (:func:`prime_allocator`).
+    Inside :func:`block_time`, the call's wall time is added to its total."""
+    clock = getattr(_local, "clock", None)
+    if clock is None:
+        return _run_blocks(fn, blocks)
+    _local.clock = None  # blocks that run blocks themselves are inside this call's time
+    start = time.perf_counter()
+    try:
+        return _run_blocks(fn, blocks)
+    finally:
+        clock[0] += time.perf_counter() - start
+        _local.clock = clock
+
+
+@contextmanager
+def block_time() -> Iterator[list[float]]:
+    """``[seconds]``, a one-element list: inside, the wall time of every :func:`run_blocks` call made in this thread
+    (:func:`run_relay`'s too; a call inside another counted once) is added to it, for benchmarks: the part of a
+    pipeline call that runs on the block threads, the rest having run in the calling thread alone. The innermost
+    of nested ``block_time`` contexts gets the time; the outer ones' totals are kept and go on after it."""
+    outer = getattr(_local, "clock", None)
+    clock = [0.0]
+    _local.clock = clock
+    try:
+        yield clock
+    finally:
+        _local.clock = outer
+
+
+def _run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -> list[T]:
+    """:func:`run_blocks` itself (its time not measured)."""
     if not blocks:
         return []
     if len(blocks) > 1:

@@ -19,7 +19,10 @@ to about 1e-12 here (printed). Also printed: the GEMM rate of a large matrix pro
 the same run (the machine's BLAS peak as NumPy sees it) and the fraction of it that the forward
 reaches, counting the multiply-adds of its matrix products (scores: 2·N·(2d_r + 1)·K per side,
 core: 4·N·K·d_v bidirectional, 4·N·K·d_v + 2·N·C·(K + d_v) causal chunked); the growth
-t(N)/t(N/8) where both sizes are run; and the ``tracemalloc`` peak of forward + backward. With ``threads``
+t(N)/t(N/8) where both sizes are run; the part of gma-ref's forward + backward spent in its token blocks' runs
+(column "blocks", with its ratio to PyTorch's forward + backward: the ratio gma-ref would reach if everything it
+does in the calling thread alone, checks and sums over blocks, took no time); and the ``tracemalloc`` peak of
+forward + backward. With ``threads``
 (``--threads 1 2``), every row is timed at each of those thread counts, interleaved in the same repeats (BLAS,
 and with it gma-ref's block threads, and PyTorch's intra-op threads set to the count before each call), and
 the speed-up from the first count to each other is printed for both libraries.
@@ -41,7 +44,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ._blocks import worker_count
+from ._blocks import block_time, worker_count
 from .attention import gma_attention, gma_attention_backward
 from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
 
@@ -160,6 +163,13 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _timed_blocks(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall time of one call, the part of it spent in the block threads' runs), after :func:`_timed`'s pause."""
+    with block_time() as clock:
+        total = _timed(fn)
+    return total, clock[0]
+
+
 def _peak_bytes(fn: Callable[[], Any]) -> int:
     gc.collect()
     tracemalloc.start()
@@ -222,6 +232,9 @@ def _columns(with_torch: bool, recompute: bool, threads: bool = False) -> list[_
     if with_torch:
         cols += [("torch", 8, ">", lambda r: f"{r['t_both']:>8.3f}"),
                  ("ratio", 6, ">", lambda r: f"{r['both_ratio']:>6.2f}")]
+    cols.append(("blocks", 8, ">", lambda r: f"{r['both_blocks']:>8.3f}"))
+    if with_torch:
+        cols.append(("ratio", 6, ">", lambda r: f"{r['blocks_ratio']:>6.2f}"))
     cols += [("%BLAS", 6, ">", lambda r: f"{100 * r['blas_fraction']:>5.1f}%"),
              ("f+b MiB", 8, ">", lambda r: f"{r['peak_bytes'] / _MIB:>8.1f}")]
     if with_torch:
@@ -257,7 +270,10 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
     -------
     dict with ``"rows"`` (one dict per configuration and thread count: times in seconds, ratios, the tracemalloc
     peak of forward + backward in bytes, the relative difference to PyTorch, ``"threads"`` (``None`` without
-    ``threads``); with ``recompute``, ``"recompute"``, the time without the saved values, and
+    ``threads``), ``"both_blocks"``, the part of the fastest forward + backward spent in its token blocks' runs
+    (:func:`gma_ref._blocks.block_time`: the rest ran in the calling thread alone), and ``"blocks_ratio"``, that
+    part over PyTorch's forward + backward (NaN without it), the ratio forward + backward would reach with no
+    serial work at all; with ``recompute``, ``"recompute"``, the time without the saved values, and
     ``"recompute_rel_diff"``, the largest difference between the gradients with and without the saved values),
     ``"blas"`` ((dtype, thread count or ``None``) → flop/s of the large GEMM), ``"growth"`` ((form, dtype, K) →
     t(N)/t(N/8) of forward + backward, at the first thread count) and ``"speedup"`` ((form, dtype, K, N, count) →
@@ -327,13 +343,16 @@ def _rows(torch: Any, form: str, dtype: str, k: int, n: int, d: int, counts: tup
         with thread_count(c, torch):
             peak[c] = _peak_bytes(ours[1])
     t = {c: {"fwd": [], "both": [], "t_fwd": [], "t_both": [], "recompute": []} for c in counts}
+    in_blocks: dict[int | None, list[float]] = {c: [] for c in counts}  # of each call in t[c]["both"]
     for _ in range(repeats):
         for c in counts:
             with thread_count(c, torch):
                 t[c]["fwd"].append(_timed(ours[0]))
                 if theirs:
                     t[c]["t_fwd"].append(_timed(theirs[0]))
-                t[c]["both"].append(_timed(ours[1]))
+                total, blocks = _timed_blocks(ours[1])
+                t[c]["both"].append(total)
+                in_blocks[c].append(blocks)
                 if theirs:
                     t[c]["t_both"].append(_timed(theirs[1]))
                 if recompute:
@@ -345,8 +364,10 @@ def _rows(torch: Any, form: str, dtype: str, k: int, n: int, d: int, counts: tup
             diff = _max_diff(result, theirs[1]()) if theirs else math.nan
             extra = {"recompute_rel_diff": _max_diff(result, ours[2]())} if recompute else {}
         best = {key: min(v) if v else math.nan for key, v in t[c].items()}
+        blocks = in_blocks[c][t[c]["both"].index(best["both"])]  # of the fastest call
         rows.append({"form": form, "dtype": dtype, "k": k, "n": n, "threads": c, **best, "peak_bytes": peak[c],
                      "fwd_ratio": best["fwd"] / best["t_fwd"], "both_ratio": best["both"] / best["t_both"],
+                     "both_blocks": blocks, "blocks_ratio": blocks / best["t_both"],
                      "blas_fraction": _forward_flops(n, k, d, d, causal) / best["fwd"] / blas[c],
                      "torch_rel_diff": diff, **extra})
     return rows

@@ -102,8 +102,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     # the fast path is tested where the direct form is, and its blocks on their own
     "gma_ref/scores_fast.py": [*_SCORES_TESTS, "tests/scores_fast/test_blocked_path.py",
                                "tests/attention/test_fused_backward.py"],
-    "gma_ref/_blocks.py": ["tests/scores_fast/test_blocked_path.py", "tests/scores_fast/test_token_blocks.py",
-                           "tests/scores_fast/test_relay.py", "tests/scores_fast/test_allocator.py"],
+    "gma_ref/_blocks.py": ["tests/scores_fast/test_block_time.py", "tests/scores_fast/test_blocked_path.py",
+                           "tests/scores_fast/test_token_blocks.py", "tests/scores_fast/test_relay.py",
+                           "tests/scores_fast/test_allocator.py"],
+    # the benchmark's rows and columns (a few seconds each: tiny sizes, one repeat)
+    "gma_ref/bench_end_to_end.py": ["tests/bench/test_threads.py", "tests/bench/test_cli_output.py"],
     "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py",
                                    "tests/attention/test_prechecks.py"],
     "gma_ref/_latent_fast.py": ["tests/attention/test_latent_fast.py", "tests/attention/test_fused_backward.py",

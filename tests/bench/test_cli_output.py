@@ -40,6 +40,7 @@ def test_end_to_end_without_torch_says_so_and_prints_no_torch_columns():
         header = next(ln for ln in lines if ln.startswith("form"))
         assert "torch" not in header and "ratio" not in header, header
         rows = [ln for ln in lines if ln.startswith(("bidirectional ", "causal "))]
-        # form, dtype, K, N, fwd s, f+b s, %BLAS, f+b MiB: eight cells, each filled
-        assert len(rows) == 2 and all(len(r.split()) == 8 for r in rows), out
+        # form, dtype, K, N, fwd s, f+b s, blocks, %BLAS, f+b MiB: nine cells, each filled
+        assert header.split()[6:9] == ["f+b", "s", "blocks"], header
+        assert len(rows) == 2 and all(len(r.split()) == 9 for r in rows), out
         assert "nan" not in out.lower(), out

@@ -77,3 +77,29 @@ def test_thread_counts_must_be_positive_integers(threads):
     with pytest.raises(ValueError, match=r"threads must be thread counts ≥ 1, got"):
         e2e.run_end_to_end((64,), (4,), ("float64",), d=8, repeats=1, blas_n=64, use_torch=False,
                            file=io.StringIO(), threads=threads)
+
+
+def test_each_row_reports_its_fastest_calls_time_in_blocks_and_its_ratio_to_torch():
+    """"blocks": the part of the fastest forward + backward spent in its token blocks' runs (at most the call, and
+    more than nothing: every row runs blocks), printed after the forward + backward ratio, with its own ratio to
+    PyTorch's forward + backward."""
+    pytest.importorskip("torch")
+    res, text = _tiny(threads=(1, 2))
+    header = next(line for line in text.splitlines() if line.startswith("form")).split()
+    at = header.index("blocks")
+    assert header[at - 3:at + 2] == ["s", "torch", "ratio", "blocks", "ratio"]
+    for r in res["rows"]:
+        assert 0.0 < r["both_blocks"] <= r["both"]
+        assert r["blocks_ratio"] == r["both_blocks"] / r["t_both"]
+    lines = [line.split() for line in text.splitlines() if line.startswith(("bidirectional ", "causal "))]
+    # the titles "fwd s" and "f+b s" are two words each: the row's cells sit two places before their titles here
+    assert [float(cells[at - 2]) for cells in lines] == [round(r["both_blocks"], 3) for r in res["rows"]]
+    assert [float(cells[at - 1]) for cells in lines] == [round(r["blocks_ratio"], 2) for r in res["rows"]]
+
+
+def test_without_torch_the_blocks_ratio_is_nan_and_not_printed():
+    res, text = _tiny(use_torch=False)
+    header = next(line for line in text.splitlines() if line.startswith("form")).split()
+    assert "blocks" in header and "ratio" not in header
+    assert all(math.isnan(r["blocks_ratio"]) and 0.0 < r["both_blocks"] <= r["both"] for r in res["rows"])
+
