@@ -91,7 +91,9 @@ def test_each_row_reports_its_fastest_calls_time_in_blocks_and_its_ratio_to_torc
     for r in res["rows"]:
         assert 0.0 < r["both_blocks"] <= r["both"]
         assert r["blocks_ratio"] == r["both_blocks"] / r["t_both"]
-    lines = [line.split() for line in text.splitlines() if line.startswith(("bidirectional ", "causal "))]
+    table = [line for line in text.splitlines() if line.startswith(("form", "bidirectional ", "causal "))]
+    assert len({len(line) for line in table}) == 1  # every cell as wide as its title: the columns line up
+    lines = [line.split() for line in table[1:]]
     # the titles "fwd s" and "f+b s" are two words each: the row's cells sit two places before their titles here
     assert [float(cells[at - 2]) for cells in lines] == [round(r["both_blocks"], 3) for r in res["rows"]]
     assert [float(cells[at - 1]) for cells in lines] == [round(r["blocks_ratio"], 2) for r in res["rows"]]
