@@ -105,7 +105,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/_blocks.py": ["tests/scores_fast/test_block_time.py", "tests/scores_fast/test_blocked_path.py",
                            "tests/scores_fast/test_token_blocks.py", "tests/scores_fast/test_relay.py",
                            "tests/scores_fast/test_allocator.py"],
-    # the benchmark's rows and columns (a few seconds each: tiny sizes, one repeat)
+    # the benchmark's rows and columns (tiny sizes, one repeat: about 15 s for both files)
     "gma_ref/bench_end_to_end.py": ["tests/bench/test_threads.py", "tests/bench/test_cli_output.py"],
     "gma_ref/_causal_batched.py": ["tests/causal/test_chunked_batched.py", "tests/attention/test_entry.py",
                                    "tests/attention/test_prechecks.py"],

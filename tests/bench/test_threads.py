@@ -104,4 +104,3 @@ def test_without_torch_the_blocks_ratio_is_nan_and_not_printed():
     header = next(line for line in text.splitlines() if line.startswith("form")).split()
     assert "blocks" in header and "ratio" not in header
     assert all(math.isnan(r["blocks_ratio"]) and 0.0 < r["both_blocks"] <= r["both"] for r in res["rows"])
-
