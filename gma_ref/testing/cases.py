@@ -17,7 +17,18 @@ Regimes:
   one key is placed so that this query's routed mass u_i is between 0.1 ε and 3 ε
   (spread over the batch and heads): the read denominator u_i + ε is decided by ε;
 * ``tiny_grad`` — the cotangent scaled to 4× the smallest normal number of the
-  dtype, so that many true gradients are subnormal.
+  dtype, so that many true gradients are subnormal;
+* ``apart`` — means √d_r standard deviations apart, so that responsibilities are
+  one-hot and a query's and a key's barely overlap (at d_r = 128 the routed mass
+  u_i is near 1e-184: values the floors must not square to 0).
+
+In the ``normal`` regime every input is live: the means spread as 1.5/√d_r per
+coordinate (and ω's spread shrinks likewise), so a routing vector keeps responsibility
+on several components at any d_r and K, and every feature, component, value column,
+token, batch entry and head moves the output (``tests/testing/test_live_axes.py``
+measures it for every nominal case). The hard regimes keep means spread 1.5 per
+coordinate, √d_r standard deviations apart: past a few coordinates Γ is one-hot, which
+is what their extreme masses, scores and gradients need.
 
 NumPy is used here for host-side generation only (this module is bookkeeping,
 not reference array code).
@@ -34,6 +45,7 @@ import numpy as np
 
 from .covering import pairwise_cover
 from .names import DTYPES, GATES, LAYER_REGIMES, REGIMES, VARIANTS
+from .tails import interaction_rows
 
 __all__ = [
     "tie_head_width",
@@ -45,6 +57,7 @@ __all__ = [
     "case_arrays",
     "default_cases",
     "tiling_cases",
+    "interaction_cases",
     "TILING_AXES",
     "SIZE_AXES",
     "LOOP_AXES",
@@ -160,10 +173,23 @@ class Case:
         return replace(self, dtype=dtype)
 
 
+#: Spread of the means: each coordinate ~ N(0, (_MEAN_SPREAD / √d_r)²), so the distance between two means, in
+#: standard deviations, does not grow with d_r and a routing vector drawn from one component keeps a share of its
+#: responsibility on others at any d_r and K (no saturated, one-hot Γ: every feature and component stays live).
+_MEAN_SPREAD = 1.5
+#: Spread of ω around 0, shrunk as 1/√(d_r / 4) past d_r = 4 for the same reason (the log-determinants and the
+#: quadratic terms of two components differ by a sum over d_r coordinates).
+_OMEGA_SPREAD = 0.5
+
+
 def _mixture(rng: np.random.Generator, case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     h, kk, d = case.heads, case.n_components, case.d_r
-    means = rng.normal(scale=1.5, size=(h, kk, d))
-    omega = rng.normal(scale=0.5, size=(h, kk, d))
+    if case.regime == "normal":  # every input live (see the module docstring)
+        means = rng.normal(scale=_MEAN_SPREAD / math.sqrt(d), size=(h, kk, d))
+        omega = rng.normal(scale=_OMEGA_SPREAD / math.sqrt(max(1.0, d / 4.0)), size=(h, kk, d))
+    else:  # the hard regimes: means √d_r standard deviations apart (one-hot Γ past a few coordinates)
+        means = rng.normal(scale=_MEAN_SPREAD, size=(h, kk, d))
+        omega = rng.normal(scale=_OMEGA_SPREAD, size=(h, kk, d))
     if case.regime == "floor":
         at_floor = rng.random(size=(h, kk, d)) < 0.75
         omega = np.where(at_floor, -40.0 + rng.normal(scale=1.0, size=omega.shape), omega)
@@ -318,8 +344,33 @@ def default_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", 
             out.append(_base(variant, dtype, seed=seed * 1000 + i, **spec))
         if variant == "causal":
             out.append(_base(variant, dtype, seed=seed * 1000 + 11, n_q=1, n_k=1, n_components=12, d_r=128,
-                             d_v=4, batch=1, heads=1))
-    return out + tiling_cases(variants, dtype, seed) if tiling else out
+                             d_v=4, batch=1, heads=1, regime="apart"))
+    return out + tiling_cases(variants, dtype, seed) + interaction_cases(variants, dtype, seed) if tiling else out
+
+
+#: Chunk sizes of the interaction cases (for kernels that take one), taken in turn: 64 and tiles below it.
+INTERACTION_CHUNKS: tuple[int, ...] = (64, 32, 64, 16, 48, 64, 40)
+
+
+def interaction_cases(variants: tuple[str, ...] = VARIANTS, dtype: str = "float32", seed: int = 0) -> list[Case]:
+    """The interaction cases: every axis past a tile at once, with B > 1, H > 1 and at least 3 chunks of 64.
+
+    One case per row of :func:`~gma_ref.testing.tails.interaction_rows` for each variant:
+    d_r, d_v, K and N run through sizes that leave tails of every kind after tiles of 8,
+    16, 32, 64 and 128 (:data:`~gma_ref.testing.tails.TAIL_SIZES`); the token-tail cases
+    have B > 1, H > 1 and N ≥ 129 (a kernel with its own chunk of up to 64 carries state
+    across batch, head and chunk); cross has N_q ≠ N_k; ε runs from 1e-8 to 1e-3 and ε_σ
+    from 1e-4 to 0.3. Deterministic in the arguments; raises ``ValueError`` for an unknown
+    variant or dtype.
+    """
+    out = []
+    for variant in variants:
+        for i, row in enumerate(interaction_rows(variant)):
+            row = {key: val for key, val in row.items() if key != "variant"}
+            out.append(Case(variant=variant, dtype=dtype, chunk_size=INTERACTION_CHUNKS[i % len(INTERACTION_CHUNKS)],
+                            seed=seed * 1000 + 200 + i,
+                            **row))
+    return out
 
 
 #: The size axes of the tiling cases, each at values straddling the usual tile sizes (8, 16, 64, 128):

@@ -8,7 +8,8 @@ The layers, bottom to top (each module imports only from layers below it; the te
 
     names                          the vocabulary (this module)
     declaration, capture, buffers, what a kernel declares; capturing what it prints; arrays as plain bytes;
-    covering, probes               pairwise (covering) arrays of case axes; probing a framework's arithmetic
+    covering, tails, probes        pairwise (covering) arrays of case axes; sizes leaving every tail after a
+                                   tile; probing a framework's arithmetic
     adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
     cases, wire                    short and layer cases; the messages between the oracle and its worker
     conditioning, isolation,       the condition factors κ and λ; the oracle's handle on the worker
@@ -76,7 +77,7 @@ VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")
 #: Dtype names the oracle calibrates (``float64`` is the strictest mode).
 DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
 #: Input regimes of the short cases (see :mod:`gma_ref.testing.cases`).
-REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps", "tiny_grad")
+REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps", "tiny_grad", "apart")
 #: Regimes of layer cases (``floor`` needs routing vectors placed within ~ε_σ of a mean, which projections of
 #: shared tokens cannot do for every head at once; the attention mode covers it).
 LAYER_REGIMES: tuple[str, ...] = ("normal", "far", "tiny_eps")

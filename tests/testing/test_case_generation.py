@@ -32,6 +32,7 @@ from gma_ref.testing.cases import (
     default_layer_cases,
     generate_cases,
     generate_layer_cases,
+    interaction_cases,
     layer_case_arrays,
     tie_head_width,
     tiling_cases,
@@ -80,10 +81,10 @@ def test_far_routing_vectors_sit_12_standard_deviations_times_sqrt_dr_from_their
 
 
 def test_routing_vectors_are_drawn_from_the_components_the_priors_choose() -> None:
-    """normal: a query or key is its component's mean plus σ·z, z ~ N(0, I): the standardised residual to the
-    nearest component (by standardised distance) has mean ≈ 0 and variance ≈ 1 per coordinate, and the
-    components are chosen in proportion to the priors; v and d_out are N(0, 1)."""
-    case = Case("bidirectional", 4, 2, 400, 400, 3, 16, 2, seed=5)
+    """A query or key is its component's mean plus σ·z, z ~ N(0, I): with the components apart (so the nearest
+    one is the one drawn), the standardised residual to the nearest component has mean ≈ 0 and variance ≈ 1 per
+    coordinate, and the components are chosen in proportion to the priors; v and d_out are N(0, 1)."""
+    case = Case("bidirectional", 4, 2, 400, 400, 3, 16, 2, seed=5, regime="apart")
     a = case_arrays(case)
     sd = np.sqrt(_variances(case, a))
     priors = np.exp(a["prior_logits"]) / np.exp(a["prior_logits"]).sum(-1, keepdims=True)
@@ -100,14 +101,17 @@ def test_routing_vectors_are_drawn_from_the_components_the_priors_choose() -> No
 
 
 def test_the_mixture_is_drawn_with_the_documented_spreads() -> None:
-    """Means ~ N(0, 1.5²), ω ~ N(0, 0.5²), prior logits ~ N(0, 1): the components are spread a few widths apart
-    (softplus(ω) ≈ 0.7) and the priors are uneven. Pooled over a case with many components."""
-    case = Case("bidirectional", 1, 8, 2, 2, 40, 16, 1, seed=1)
-    a = case_arrays(case)
-    assert a["means"].shape == (8, 40, 16) and a["omega"].shape == (8, 40, 16) and a["prior_logits"].shape == (8, 40)
-    assert 1.4 < float(a["means"].std()) < 1.6 and abs(float(a["means"].mean())) < 0.1
-    assert 0.47 < float(a["omega"].std()) < 0.53 and abs(float(a["omega"].mean())) < 0.05
-    assert 0.85 < float(a["prior_logits"].std()) < 1.15
+    """normal: means ~ N(0, 1.5²/d_r), ω ~ N(0, 0.5²/(d_r/4)) (d_r = 16: 0.375 and 0.25), so two components are a
+    couple of widths apart at any d_r; the hard regimes: means ~ N(0, 1.5²), ω ~ N(0, 0.5²) (√d_r widths apart);
+    prior logits ~ N(0, 1) in both (uneven priors). Pooled over a case with many components."""
+    for regime, mean_sd, omega_sd in (("normal", 0.375, 0.25), ("apart", 1.5, 0.5), ("tiny_grad", 1.5, 0.5)):
+        case = Case("bidirectional", 1, 8, 2, 2, 40, 16, 1, seed=1, regime=regime)
+        a = case_arrays(case)
+        assert a["means"].shape == (8, 40, 16) and a["omega"].shape == (8, 40, 16)
+        assert a["prior_logits"].shape == (8, 40)
+        assert 0.93 * mean_sd < float(a["means"].std()) < 1.07 * mean_sd and abs(float(a["means"].mean())) < 0.1
+        assert 0.94 * omega_sd < float(a["omega"].std()) < 1.06 * omega_sd and abs(float(a["omega"].mean())) < 0.05
+        assert 0.85 < float(a["prior_logits"].std()) < 1.15
 
 
 def test_floor_regime_puts_three_quarters_of_the_variances_at_the_floor() -> None:
@@ -351,7 +355,7 @@ def test_edge_biased_sizes_hit_each_end_with_probability_015_and_are_log_uniform
 def test_generated_cases_cover_each_range_end_to_end() -> None:
     """generate_cases: N ∈ [1, max_tokens] (cross N_q ≠ N_k, moved by one within the range), B ∈ {1, 2},
     H ∈ {1, 2, 3}, K ∈ [1, 12], d_r ∈ [1, 64] or 128 (about 4 %), d_v ∈ [1, 64], chunks [1, 32], each end
-    reached; every fourth case far, floor, tiny_eps, tiny_grad in turn."""
+    reached; every fourth case far, floor, tiny_eps, tiny_grad, apart in turn."""
     cases = generate_cases(3000, seed=4, max_tokens=40)
     ranges = {"n_q": (1, 40), "n_k": (1, 40), "batch": (1, 2), "heads": (1, 3), "n_components": (1, 12),
               "d_v": (1, 64), "chunk_size": (1, 32)}
@@ -361,7 +365,7 @@ def test_generated_cases_cover_each_range_end_to_end() -> None:
     d_r = np.array([c.d_r for c in cases])
     assert set(d_r.tolist()) <= set(range(1, 65)) | {128} and d_r.min() == 1 and 64 in d_r
     assert 0.025 < float(np.mean(d_r == 128)) < 0.055
-    assert [c.regime for c in cases[3:35:4]] == ["far", "floor", "tiny_eps", "tiny_grad"] * 2
+    assert [c.regime for c in cases[3:43:4]] == ["far", "floor", "tiny_eps", "tiny_grad", "apart"] * 2
     assert all(c.eps == (1e-12 if c.regime == "tiny_eps" else 1e-6) for c in cases)
     for n in (1, 2):  # only two lengths: N_k moves up from 1 and down from 2
         cross = generate_cases(30, variants=("cross",), seed=1, max_tokens=n + 1)
@@ -440,7 +444,7 @@ DEFAULT_IDS = [
     "causal-B1-H2-N24-K7-dr96-dv8-f32-c16-s4", "causal-B1-H2-N100-K7-dr5-dv16-f32-c7-s5",
     "causal-B2-H3-N63-K7-dr16-dv16-f32-c16-far-s6", "causal-B2-H3-N63-K7-dr5-dv16-f32-c16-floor-s7",
     "causal-B2-H3-N63-K4-dr5-dv16-f32-c16-tiny_eps-s8", "causal-B2-H3-N63-K7-dr5-dv16-f32-c16-tiny_grad-s9",
-    "causal-B1-H1-N1-K12-dr128-dv4-f32-c16-s11",
+    "causal-B1-H1-N1-K12-dr128-dv4-f32-c16-apart-s11",
     "cross-B2-H3-N37x50-K7-dr5-dv60-f32-s0", "cross-B2-H3-N1x9-K7-dr5-dv60-f32-s1",
     "cross-B2-H3-N29x1-K7-dr5-dv60-f32-s2", "cross-B2-H3-N37x50-K4-dr1-dv60-f32-s3",
     "cross-B1-H2-N24x31-K7-dr96-dv8-f32-s4", "cross-B2-H3-N37x50-K7-dr16-dv16-f32-far-s5",
@@ -494,6 +498,34 @@ TILING_IDS = [
 ]
 
 #: The first generated cases of seed 0 (what ``--cases N`` runs first; the 200-case figures were measured on them).
+INTERACTION_IDS = [
+    "bidirectional-B2-H1-N24-K22-dr44-dv130-f32-s200",
+    "bidirectional-B1-H2-N33-K66-dr88-dv44-f32-eps0.001-es0.01-s201",
+    "bidirectional-B2-H1-N40-K44-dr128-dv255-f32-eps1e-08-es0.3-s202",
+    "bidirectional-B1-H2-N17-K127-dr129-dv88-f32-es0.01-s203",
+    "bidirectional-B2-H1-N29-K64-dr130-dv129-f32-eps0.001-s204",
+    "bidirectional-B1-H2-N36-K95-dr191-dv191-f32-eps1e-08-es0.3-s205",
+    "bidirectional-B2-H1-N21-K65-dr255-dv128-f32-es0.001-s206",
+    "bidirectional-B3-H2-N130-K10-dr12-dv9-f32-eps0.001-s207",
+    "bidirectional-B2-H3-N191-K6-dr10-dv12-f32-es0.001-s208", "bidirectional-B3-H2-N144-K7-dr9-dv11-f32-s209",
+    "causal-B2-H1-N24-K22-dr44-dv130-f32-c64-s200", "causal-B1-H2-N33-K66-dr88-dv44-f32-c32-eps0.001-es0.01-s201",
+    "causal-B2-H1-N40-K44-dr128-dv255-f32-c64-eps1e-08-es0.3-s202",
+    "causal-B1-H2-N17-K127-dr129-dv88-f32-c16-es0.01-s203", "causal-B2-H1-N29-K64-dr130-dv129-f32-c48-eps0.001-s204",
+    "causal-B1-H2-N36-K95-dr191-dv191-f32-c64-eps1e-08-es0.3-s205",
+    "causal-B2-H1-N21-K65-dr255-dv128-f32-c40-es0.001-s206", "causal-B2-H3-N129-K9-dr19-dv17-f32-c64-es0.01-s207",
+    "causal-B3-H2-N130-K10-dr12-dv9-f32-c32-eps0.001-s208",
+    "causal-B2-H2-N168-K11-dr18-dv13-f32-c64-eps1e-08-es0.3-s209",
+    "causal-B2-H3-N191-K6-dr10-dv12-f32-c16-es0.001-s210", "causal-B3-H2-N144-K7-dr9-dv11-f32-c48-s211",
+    "causal-B2-H2-N255-K6-dr13-dv10-f32-c64-eps0.001-es0.01-s212",
+    "causal-B2-H2-N256-K5-dr11-dv8-f32-c40-eps1e-08-es0.3-s213", "cross-B2-H1-N31x24-K22-dr44-dv130-f32-s200",
+    "cross-B1-H2-N40x33-K66-dr88-dv44-f32-eps0.001-es0.01-s201",
+    "cross-B2-H1-N47x40-K44-dr128-dv255-f32-eps1e-08-es0.3-s202",
+    "cross-B1-H2-N24x17-K127-dr129-dv88-f32-es0.01-s203", "cross-B2-H1-N36x29-K64-dr130-dv129-f32-eps0.001-s204",
+    "cross-B1-H2-N43x36-K95-dr191-dv191-f32-eps1e-08-es0.3-s205",
+    "cross-B2-H1-N28x21-K65-dr255-dv128-f32-es0.001-s206", "cross-B2-H3-N191x129-K9-dr19-dv17-f32-es0.01-s207",
+    "cross-B3-H2-N129x144-K7-dr9-dv11-f32-s208", "cross-B2-H2-N130x255-K6-dr13-dv10-f32-eps0.001-es0.01-s209",
+]
+
 GENERATED_IDS = [
     "bidirectional-B1-H1-N94-K3-dr2-dv8-f32-s0", "causal-B1-H3-N78-K2-dr64-dv3-f32-c21-s1",
     "cross-B1-H3-N1x2-K1-dr1-dv1-f32-s2", "bidirectional-B2-H1-N96-K12-dr42-dv2-f32-far-s3",
@@ -513,7 +545,8 @@ def test_the_case_sets_are_the_documented_ones() -> None:
     assert [c.case_id for c in default_cases()] == DEFAULT_IDS
     assert [c.case_id for c in default_layer_cases()] == LAYER_IDS
     assert [c.case_id for c in tiling_cases()] == TILING_IDS
-    assert [c.case_id for c in default_cases(tiling=True)] == DEFAULT_IDS + TILING_IDS
+    assert [c.case_id for c in interaction_cases()] == INTERACTION_IDS
+    assert [c.case_id for c in default_cases(tiling=True)] == DEFAULT_IDS + TILING_IDS + INTERACTION_IDS
     assert [c.case_id for c in generate_cases(8)] == GENERATED_IDS
     assert [c.case_id for c in generate_layer_cases(6)] == GENERATED_LAYER_IDS
     assert all(c.chunk_size == 16 for c in default_cases() if c.n_q != 100)
@@ -559,37 +592,38 @@ def _set_fingerprints():
         gated = (with_gate(c, gate) for c in default_layer_cases())
         fp[f"gated {gate}"] = _joined(_fingerprint(layer_case_arrays(c)) for c in gated)
     fp["tiling"] = _joined(_fingerprint(case_arrays(c)) for c in tiling_cases())
+    fp["interaction"] = _joined(_fingerprint(case_arrays(c)) for c in interaction_cases())
     fp["generated"] = _joined(_fingerprint(case_arrays(c)) for c in generate_cases(24, seed=5))
     fp["generated layer"] = _joined(_fingerprint(layer_case_arrays(c)) for c in generate_layer_cases(24, seed=5))
     return fp
 
 
 ARRAY_FINGERPRINTS: dict[str, str] = {
-    'bidirectional-B2-H3-N63-K7-dr5-dv60-f32-s0': '7c477ee1b16b',
-    'bidirectional-B2-H3-N1-K7-dr5-dv60-f32-s1': '19647151c189',
-    'bidirectional-B2-H3-N20-K1-dr5-dv60-f32-s2': 'f7e87c7eac0d',
+    'bidirectional-B2-H3-N63-K7-dr5-dv60-f32-s0': 'c85cde1bae9d',
+    'bidirectional-B2-H3-N1-K7-dr5-dv60-f32-s1': 'd1a6bfed53ea',
+    'bidirectional-B2-H3-N20-K1-dr5-dv60-f32-s2': '7bb3454173fb',
     'bidirectional-B2-H3-N63-K4-dr1-dv60-f32-s3': '00ebec87f530',
-    'bidirectional-B1-H2-N24-K7-dr96-dv8-f32-s4': 'aefb8b44c00d',
+    'bidirectional-B1-H2-N24-K7-dr96-dv8-f32-s4': '34d62e8ac396',
     'bidirectional-B2-H3-N63-K7-dr16-dv16-f32-far-s5': '4836d382e69f',
     'bidirectional-B2-H3-N63-K7-dr5-dv16-f32-floor-s6': 'b51a832c80a7',
     'bidirectional-B2-H3-N63-K4-dr5-dv16-f32-tiny_eps-s7': '9042cba3f481',
     'bidirectional-B2-H3-N63-K7-dr5-dv16-f32-tiny_grad-s8': 'd20a1aaf4415',
-    'causal-B2-H3-N63-K7-dr5-dv60-f32-c16-s0': '6b49d16b5e33',
-    'causal-B2-H3-N1-K7-dr5-dv60-f32-c16-s1': 'e09233acd53e',
-    'causal-B2-H3-N20-K1-dr5-dv60-f32-c16-s2': '604a45527acb',
+    'causal-B2-H3-N63-K7-dr5-dv60-f32-c16-s0': 'de7d8f4edf19',
+    'causal-B2-H3-N1-K7-dr5-dv60-f32-c16-s1': '0987e80feb70',
+    'causal-B2-H3-N20-K1-dr5-dv60-f32-c16-s2': 'a7b909bf759e',
     'causal-B2-H3-N63-K4-dr1-dv60-f32-c16-s3': 'bda9aebd6e54',
-    'causal-B1-H2-N24-K7-dr96-dv8-f32-c16-s4': '87670932d107',
-    'causal-B1-H2-N100-K7-dr5-dv16-f32-c7-s5': 'fabffe755718',
+    'causal-B1-H2-N24-K7-dr96-dv8-f32-c16-s4': 'ae18bca687e2',
+    'causal-B1-H2-N100-K7-dr5-dv16-f32-c7-s5': '21dba7c120cb',
     'causal-B2-H3-N63-K7-dr16-dv16-f32-c16-far-s6': '24d21dc22789',
     'causal-B2-H3-N63-K7-dr5-dv16-f32-c16-floor-s7': 'b831d73988ed',
     'causal-B2-H3-N63-K4-dr5-dv16-f32-c16-tiny_eps-s8': 'b289164eeb57',
     'causal-B2-H3-N63-K7-dr5-dv16-f32-c16-tiny_grad-s9': '445fdb6afc52',
-    'causal-B1-H1-N1-K12-dr128-dv4-f32-c16-s11': '9e0206798fec',
-    'cross-B2-H3-N37x50-K7-dr5-dv60-f32-s0': 'aaa9a81f4bfc',
-    'cross-B2-H3-N1x9-K7-dr5-dv60-f32-s1': '7a26ca94447f',
-    'cross-B2-H3-N29x1-K7-dr5-dv60-f32-s2': '132f7957ceb0',
+    'causal-B1-H1-N1-K12-dr128-dv4-f32-c16-apart-s11': '43129312370f',
+    'cross-B2-H3-N37x50-K7-dr5-dv60-f32-s0': '1a6633aaaccf',
+    'cross-B2-H3-N1x9-K7-dr5-dv60-f32-s1': '83d3a373ba3c',
+    'cross-B2-H3-N29x1-K7-dr5-dv60-f32-s2': 'a327c4646ee1',
     'cross-B2-H3-N37x50-K4-dr1-dv60-f32-s3': 'a9068950fa35',
-    'cross-B1-H2-N24x31-K7-dr96-dv8-f32-s4': '54394b4aa812',
+    'cross-B1-H2-N24x31-K7-dr96-dv8-f32-s4': 'e90a0390c3b1',
     'cross-B2-H3-N37x50-K7-dr16-dv16-f32-far-s5': 'e9ff45a88525',
     'cross-B2-H3-N37x50-K7-dr5-dv16-f32-floor-s6': '79a0838aad07',
     'cross-B2-H3-N37x50-K4-dr5-dv16-f32-tiny_eps-s7': 'c47d08c13edb',
@@ -624,8 +658,9 @@ ARRAY_FINGERPRINTS: dict[str, str] = {
     'layer-cross-B3-H8-N13x19-K9-dm32-dr17-dv9-f32-es0.01-s20': '91ecfe234f33',
     'gated elementwise': '723c6ba5a45b',
     'gated headwise': '34f01378b310',
-    'tiling': '53d54eb5a251',
-    'generated': '5ec645b05e5a',
+    'tiling': '2c39133095cc',
+    'interaction': 'a4eab95360b9',
+    'generated': 'f8ed55f8d11f',
     'generated layer': '3bd8999d28e5',
 }
 

@@ -23,7 +23,7 @@ PACKAGE = pathlib.Path(gma_ref.testing.__file__).parent
 #: :data:`WITHIN` allows it (the known-good kernels build on the emulated kernel).
 LAYERS: dict[str, int] = {
     "names": 0,
-    "declaration": 1, "capture": 1, "buffers": 1, "covering": 1, "probes": 1,
+    "declaration": 1, "capture": 1, "buffers": 1, "covering": 1, "tails": 1, "probes": 1,
     "adapters": 2, "calls": 2,
     "cases": 3, "wire": 3,
     "conditioning": 4, "isolation": 4, "worker": 4,

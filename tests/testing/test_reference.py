@@ -749,7 +749,7 @@ def test_reference_runs_on_the_rounded_inputs():
     assert max(r.value / r.threshold for r in report.results if r.metric == "norm") < 0.1
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, 2])
 def test_float64_tiny_routed_mass_is_no_false_alarm_and_not_blind(seed):
     """float64 causal N = 1, K = 12, d_r = 128 with u ~ 1e-190: a correct kernel passes, a 1e-9-off one fails.
 
@@ -764,7 +764,7 @@ def test_float64_tiny_routed_mass_is_no_false_alarm_and_not_blind(seed):
 
     from ..support.exact_by_equations import exact_gma
 
-    case = Case("causal", 1, 1, 1, 1, 12, 128, 4, dtype="float64", seed=seed)
+    case = Case("causal", 1, 1, 1, 1, 12, 128, 4, dtype="float64", seed=seed, regime="apart")
     assert float(_routed_mass(case).max()) < 1e-160
     report = check(NumpyKernel("float64"), cases=[case], dtype="float64", grad=True)
     assert report.passed, report.format()

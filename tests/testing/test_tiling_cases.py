@@ -17,6 +17,7 @@ from gma_ref.testing.cases import (
     case_envelope,
     default_cases,
     envelope_limits,
+    interaction_cases,
     refuse_degenerate,
     tiling_cases,
     tiling_rows,
@@ -107,7 +108,7 @@ def test_tiling_cases_reach_the_shapes_where_kernels_break():
     assert all(c.chunk_size == 64 for c in causal) and {129, 257} <= {c.n_q for c in causal}
     assert all(c.n_q != c.n_k for c in cases if c.variant == "cross")
     assert max(case_cost(c) for c in cases) <= 6.0e6
-    assert len(default_cases(tiling=True)) == len(default_cases()) + len(cases)
+    assert len(default_cases(tiling=True)) == len(default_cases()) + len(cases) + len(interaction_cases())
 
 
 def test_eps_sigma_is_part_of_the_case_id():
