@@ -114,8 +114,9 @@ def test_chunked_causal_form_needs_no_prefix_memory_tensor():
 
 
 def test_causal_outputs_of_a_truncated_sequence_agree_to_rounding():
-    """'Maximum prefix error equal to zero' (§5.3): bitwise for the cumulative-sum form, to
-    rounding only for the chunked form (different chunk boundaries, different summation order)."""
+    """A truncation check of causality (§5.3's 'maximum prefix error equal to zero'; docs/guide/04-causal.md):
+    bitwise for the cumulative-sum and streaming forms, below 1e-16 but not bitwise guaranteed for the chunked
+    form (different chunk boundaries, different summation order)."""
     rng = np.random.default_rng(1)
     n, k, d_v = 257, 16, 8
     gq = rng.dirichlet(np.ones(k), n)
@@ -123,12 +124,14 @@ def test_causal_outputs_of_a_truncated_sequence_agree_to_rounding():
     v = rng.standard_normal((n, d_v))
     full_prefix = gma_ref.gma_causal_prefix(gq, gk, v)
     full_chunked = gma_ref.gma_causal_chunked(gq, gk, v, chunk_size=64)
+    full_streaming = gma_ref.gma_causal_streaming(gq, gk, v)
     worst = 0.0
     for m in (1, 5, 63, 64, 65, 100, 200, 256):
         assert np.array_equal(gma_ref.gma_causal_prefix(gq[:m], gk[:m], v[:m]), full_prefix[:m])
+        assert np.array_equal(gma_ref.gma_causal_streaming(gq[:m], gk[:m], v[:m]), full_streaming[:m])
         part = gma_ref.gma_causal_chunked(gq[:m], gk[:m], v[:m], chunk_size=64)
         worst = max(worst, float(np.abs(part - full_chunked[:m]).max()))
-    assert worst <= 1e-14
+    assert worst < 1e-16
 
 
 # --------------------------------------------------------------------------- counts (§3.4, App. B, §5.3)
@@ -136,9 +139,9 @@ def test_causal_outputs_of_a_truncated_sequence_agree_to_rounding():
 
 def test_app_b_sets_the_affinity_alone_against_the_whole_latent_order():
     """App. B (A9): forming Γ^Q(Γ^K)ᵀ costs N²K, as stated; the whole explicit order (Γ^Q(Γ^K)ᵀ)V_X costs
-    N²K + N²d_v (Eq. 43), against 2NKd_v for the latent order (Eq. 48), so the comparison of N²K with 2NKd_v
-    understates the saving by the factor 1 + d_v/K: 1.5 at K = 128, d_v = 64, and 5 at K = 16. The
-    factor-100 example holds (2·10⁷ vs 2·10⁵)."""
+    N²K + N²d_v (Eq. 43), against 2NKd_v for the latent order (Eq. 48). Setting the two costs App. B states,
+    N²K and 2NKd_v, side by side gives a saving smaller by the factor 1 + d_v/K than the whole orders give:
+    1.5 at K = 128, d_v = 64, and 5 at K = 16. The factor-100 example holds (2·10⁷ vs 2·10⁵)."""
     ex = chain_cost(1000, 10, 1000, 10)
     assert (ex.left_first, ex.right_first) == (2 * 10**7, 2 * 10**5)
     n, d_v = 1024, 64
@@ -160,7 +163,7 @@ def test_nk_versus_n2_at_the_wikitext_context_length():
 
 
 def test_table1_parameter_counts_imply_per_head_mixtures():
-    """§5.1: 2.5M (K = 64) → 3.2M (K = 512) parameters matches d_model = 768, 12 heads of 64,
+    """§5.1, footnote 14 (B4): 2.5M (K = 64) → 3.2M (K = 512) parameters matches d_model = 768, 12 heads of 64,
     W_Q, W_K, W_V, W_O and a mixture (μ, ω, α) per head; one shared mixture would give 2.4M."""
     def count(k: int) -> int:
         p = gma_ref.init_layer_params(768, 12, k, 64, 64)
@@ -177,8 +180,9 @@ def test_table1_parameter_counts_imply_per_head_mixtures():
 
 
 def test_table1_memory_figures_against_the_storage_count_of_section_3_4():
-    """§5.1 GMA memory is proportional to N (0.85, 1.70, 3.39 GB) but 8.6 times the §3.4 count
-    2NK per head in bfloat16; over K it is affine with a ≈ 0.7 GB K-independent part."""
+    """§5.1 (A10): GMA memory is proportional to N (0.85, 1.70, 3.39 GB) and 8.6 times the §3.4 count
+    2NK per head in bfloat16; over K it grows linearly (10.5 and 11.4 MB per component) on top of a
+    ≈ 0.7 GB K-independent part."""
     assert 1.70 / 0.85 == pytest.approx(2.0) and 3.39 / 1.70 == pytest.approx(2.0, abs=0.01)
     b, h, n = 8, 12, 4000
     counted = b * h * 2 * n * 256 * 2  # Γ^Q and Γ^K, bfloat16 bytes
@@ -186,6 +190,8 @@ def test_table1_memory_figures_against_the_storage_count_of_section_3_4():
     assert routing_storage_total(n, 256, 64) - (2 * n * 256) == 256 * 64 + 256 + n * 64
     slope_low = (3.39 - 1.37) / (256 - 64)
     slope_high = (6.32 - 3.39) / (512 - 256)
+    assert (round(slope_low * 1e3, 1), round(slope_high * 1e3, 1)) == (10.5, 11.4)  # MB per component
+    assert 3.39e9 / (b * h * n * 256 * 2) == pytest.approx(17.2, abs=0.05)  # bfloat16 numbers per (b, h, n, k)
     assert slope_high / slope_low == pytest.approx(1.09, abs=0.01)  # close to linear in K
     assert 1.37 - 64 * slope_low == pytest.approx(0.70, abs=0.01)  # the intercept
     # Eager softmax at N = 4000 holds 7.5 score-sized bfloat16 arrays of B·H·N² entries.
@@ -333,11 +339,12 @@ def test_relabelling_one_head_leaves_the_output_but_not_the_head_averaged_diagno
 
 
 def test_linear_in_n_hides_d_r_and_d_v_and_the_naive_mahalanobis_broadcast_needs_nkd_r():
-    """A14: the work of Eq. 12 grows with d_r and d_v at fixed N and K (doubling both nearly doubles it), and
-    the naive broadcast (x[..., :, None, :] − μ) of the Mahalanobis term holds B·H·N·K·d_r numbers: at Table 1's
-    setting (B = 8, H = 12, N = 4000, K = 512, d_r = 64, bfloat16) 25.2 GB, 32 times Γ^Q and Γ^K together
-    (0.79 GB). gma_ref.posterior.scores forms it a token block at a time: at N = 16384, K = 64, d_r = 64 its
-    peak (the 8 MB result and a few blocks of 2¹⁶ numbers) is below a quarter of the 537 MB broadcast."""
+    """A14, A19: the work of Eq. 12 grows with d_r and d_v at fixed N and K (doubling both nearly doubles it),
+    which §3.3's 'end-to-end O(NK)' leaves out; and the naive broadcast (x[..., :, None, :] − μ) of the
+    Mahalanobis term holds B·H·N·K·d_r numbers: at Table 1's setting (B = 8, H = 12, N = 4000, K = 512,
+    d_r = 64, bfloat16) 25.2 GB, 32 times Γ^Q and Γ^K together (0.79 GB). gma_ref.posterior.scores forms it a
+    token block at a time: at N = 16384, K = 64, d_r = 64 its peak (the 8 MB result and a few blocks of 2¹⁶
+    numbers) is below a quarter of the 537 MB broadcast."""
     n, k = 1024, 128
     assert routing_cost_total(n, k, 128, 128) / routing_cost_total(n, k, 64, 64) == pytest.approx(1.985, abs=0.001)
     b, h, n, k, d_r = 8, 12, 4000, 512, 64
@@ -438,9 +445,12 @@ def test_head_averaging_explains_at_most_log_h_of_the_token_entropy():
 
 def test_table1_counts_rule_out_a_mixture_shared_by_the_heads_and_include_w_o():
     """§2, Eq. 13 (A15): Table 1's 2.5M (K = 64) → 3.2M (K = 512) is a mixture per head (2,458,368 and
-    3,151,872). One mixture shared by the 12 heads (d_r = 64), as §2 describes, gives 2.4M → 2.4M; one mixture
-    over the 768-dimensional concatenated routing space (a single head) gives 2,457,664 → 3,146,240, that is
-    2.5M → 3.1M; and Θ_GMA of Eq. 13, without W_O, gives 1.9M → 2.6M."""
+    3,151,872, 1,548 = 12 · 129 parameters per component). One mixture of 64-wide components shared by the
+    12 heads grows by 129 per component and gives 2.4M → 2.4M. One mixture over the 768-dimensional
+    concatenated routing space (a single head) gives 2,457,664 → 3,146,240, 2.5M → 3.1M, but only 3,760
+    parameters short of rounding to 3.2M: biases on the four projections and a LayerNorm would carry it
+    across, so the counts alone do not rule it out (the head axis of Γ does). Θ_GMA of Eq. 13, without W_O,
+    gives 1.9M → 2.6M."""
     def count(p) -> int:
         return sum(int(np.prod(a.shape)) for a in (p.w_q, p.w_k, p.w_v, p.w_o, p.means, p.omega, p.prior_logits))
 
@@ -463,6 +473,10 @@ def test_table1_counts_rule_out_a_mixture_shared_by_the_heads_and_include_w_o():
                 for f in (per_head, shared_by_heads, one_wide_mixture, without_w_o)}
     assert millions == {"per_head": [2.5, 3.2], "shared_by_heads": [2.4, 2.4],
                         "one_wide_mixture": [2.5, 3.1], "without_w_o": [1.9, 2.6]}
+    growth = {f.__name__: (f(512) - f(64)) // 448 for f in (per_head, shared_by_heads)}
+    assert growth == {"per_head": 12 * 129, "shared_by_heads": 129}
+    assert round(3.2e6 - 0.05e6) - one_wide_mixture(512) == 3_760
+    assert round((one_wide_mixture(512) + 4 * 768 + 2 * 768) / 1e6, 1) == 3.2
 
 
 # --------------------------------------------------------------------------- §3.3, App. G: the overlap as a similarity
@@ -777,9 +791,9 @@ def test_nmi_is_0_over_0_when_an_entropy_is_0_and_has_no_limit_there():
 
 
 def test_top_k_over_all_k_components_selects_nothing():
-    """G1: 'top-k' (§2, §6, App. G) counts the entries kept; read as keeping the top K of K components it is no
-    selection at all: Eq. 41 with r = K returns the dense gates of Eq. 40 unchanged, while r < K zeroes K − r of
-    them per row and renormalises the rest."""
+    """G1: 'top-k' (§2, §6, App. G), the standard name, counts the entries kept; read with the paper's K, as
+    keeping the top K of K components, it is no selection at all: Eq. 41 with r = K returns the dense gates of
+    Eq. 40 unchanged, while r < K zeroes K − r of them per row and renormalises the rest."""
     from gma_ref.extensions import moe_sparse_gates, top_r_mask
 
     rng = np.random.default_rng(8)
