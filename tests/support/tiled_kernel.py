@@ -2,12 +2,13 @@
 
 :class:`TiledKernel` is written as a fused GPU kernel is: it computes in its storage dtype
 (float32 or float64), tiles d_r, K and d_v by :data:`TILE` (16) and tokens by :data:`TOKEN_TILE`
-(64), each tiled loop followed by a scalar-style tail loop over the remainder, and runs the causal
-forward in its own chunks of :data:`CHUNK` (64; ``accepts_chunk_size=False``) with the carried
-state (memory Ṽ ``(K, d_v)``, mass Z ``(K)``) of every (batch, head) pair in a flat buffer indexed
-``b·H + h``. The backward is hand-written: the read's cotangents, the reverse chunk scan carrying
-the state's cotangent, the softmax backward and the mixture gradients, reduced over tokens and
-batch by trees and added over the two sides. What is not tiled is vectorised.
+(64), each tiled loop followed by a scalar-style tail loop over the remainder (a loop shorter than
+one tile is one masked tile), and runs the causal forward in its own chunks of :data:`CHUNK` (64;
+``accepts_chunk_size=False``) with the carried state (memory Ṽ ``(K, d_v)``, mass Z ``(K)``) of
+every (batch, head) pair in a flat buffer indexed ``b·H + h``. The backward is hand-written: the
+read's cotangents, the reverse chunk scan carrying the state's cotangent, the softmax backward and
+the mixture gradients, reduced over tokens and batch by trees and added over the two sides. What is
+not tiled is vectorised.
 
 Every loop, reduction, index and constant goes through :meth:`TiledKernel.blocks`,
 :meth:`TiledKernel.reduce`, :meth:`TiledKernel.tile_map` or a test of :meth:`TiledKernel.on`, so
@@ -96,7 +97,11 @@ class TiledKernel:
 
     def blocks(self, axis: str, site: str, n: int, tile: int) -> Iterator[tuple[slice, slice, bool]]:
         """The steps of a tiled loop over ``n``: ``(source, destination, in_tail)`` for each full tile, then for
-        each remaining element (the scalar tail loop). A loop fault at (``axis``, ``site``) changes them."""
+        each remaining element (the scalar tail loop); ``n`` below one tile is one masked tile. A loop fault at
+        (``axis``, ``site``) changes the steps of the tiles and the tail loop."""
+        if n < tile:
+            yield slice(0, n), slice(0, n), False
+            return
         f = self.fault
         kind = f.kind if f is not None and (f.axis, f.site) == (axis, site) else ""
         full = n // tile
