@@ -104,7 +104,7 @@ def measure(fault_ids: list[str] | None = None, processes: int = 2) -> dict[str,
     for fault_id, dtype, case_id in found:
         kills.setdefault(fault_id, {})[dtype] = case_id
     return {"kills": kills, "case_set": fingerprint(ids), "cases": counts,
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "case_by_case": [d for d in DTYPES if _CASES[d] is not None], "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def summary(measured: dict[str, Any]) -> dict[str, Any]:
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             print(fault_id, *(f"{d}: {k[d]}" for d in DTYPES))
         return 0
     write(measured)
+    for dtype in sorted(set(DTYPES) - set(measured["case_by_case"])):
+        print(f"{dtype}: default_cases() does not list the cases check() ran; every fault got the whole check")
     s = summary(measured)
     print(f"{s['faults']} faults; killed float32 {s['float32']['killed']}, float64 {s['float64']['killed']} "
           f"({measured['seconds']} s)")
