@@ -159,7 +159,9 @@ class Report:
     #: The candidate ran in a worker process (``False``: in this process, where it can affect the verdict).
     isolated: bool = False
     #: The largest sizes of the cases planned: ``n``, ``k``, ``d_r``, ``d_v``, ``heads``, ``batch``, ``chunks``
-    #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed.
+    #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed. For a kernel that keeps its own
+    #: chunk size (``accepts_chunk_size=False``) ``own_chunks_C`` and ``own_chunks_C_bh`` (C = 16, 32, 64: the
+    #: most chunks of C a causal case runs through, overall and with B > 1 and H > 1) replace ``chunks``.
     envelope: dict[str, int] = field(default_factory=dict)
     #: Every declared property that changes the verdict, in words: limits that remove part of the default envelope
     #: (``'n_max = 100 (default N up to 257)'``), a fixed ε or ε_σ, size multiples, a tied head width, and
@@ -287,6 +289,7 @@ class Report:
                  ("chunks", "chunks"))
         text = "; envelope " + " ".join(f"{label}<={self.envelope[key]}" for key, label in names
                                         if key in self.envelope and (key != "chunks" or self.envelope[key]))
+        text += _own_chunks_text(self.envelope)
         if self.envelope_limits:
             text += "; limited by the declaration: " + ", ".join(self.envelope_limits)
         return text
@@ -317,6 +320,17 @@ class Report:
         """``AssertionError`` with the failing lines when anything failed."""
         if not self.passed:
             raise AssertionError(self.format())
+
+
+def _own_chunks_text(envelope: dict[str, int]) -> str:
+    """``' chunks of 16<=19 (with B,H>1: 4), of 32<=10 (2), of 64<=5 (1)'``: for a kernel that keeps its own chunk
+    size, the chunks of each size a causal case runs through; ``''`` when the envelope has none."""
+    sizes = sorted(int(k.split("_")[2]) for k in envelope if re.fullmatch(r"own_chunks_\d+", k))
+    if not sizes:
+        return ""
+    parts = [f"{envelope[f'own_chunks_{c}']} ({'with B,H>1: ' if i == 0 else ''}{envelope[f'own_chunks_{c}_bh']})"
+             for i, c in enumerate(sizes)]
+    return " chunks of " + ", of ".join(f"{c}<={p}" for c, p in zip(sizes, parts, strict=True))
 
 
 def _explore_lines(explored: dict[str, Any]) -> list[str]:

@@ -476,10 +476,32 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
     if decl.constrained and not from_file:
         case_list = _constrain(case_list, decl, report)
     report.envelope = case_envelope(case_list)
+    if not decl.accepts_chunk_size and not layer:
+        report.envelope = _own_chunk_envelope(report.envelope, case_list)
     if active and case_list and not from_file:
         base = requested if explicit or scale == "long" else case_envelope(defaults(active, dtype=dtype, seed=seed))
         report.envelope_limits = _declared_limits(report, decl, base, "requested" if explicit else "default")
     return case_list
+
+
+#: The chunk sizes a kernel that keeps its own chunk is shown the coverage of (``Report.envelope``).
+OWN_CHUNKS: tuple[int, ...] = (16, 32, 64)
+
+
+def _own_chunk_envelope(envelope: dict[str, int], case_list: list[Case]) -> dict[str, int]:
+    """``envelope`` for a kernel that keeps its own chunk size (``accepts_chunk_size=False``): instead of the
+    cases' chunks (which it never sees), ``own_chunks_C`` — the most chunks of C tokens a causal case runs
+    through — and ``own_chunks_C_bh``, the same among the causal cases with B > 1 and H > 1, for each C of
+    :data:`OWN_CHUNKS`."""
+    out = {k: v for k, v in envelope.items() if k != "chunks"}
+    causal = [c for c in case_list if c.causal]
+    if not causal:
+        return out
+    for size in OWN_CHUNKS:
+        out[f"own_chunks_{size}"] = max(-(-c.n_q // size) for c in causal)
+        out[f"own_chunks_{size}_bh"] = max((-(-c.n_q // size) for c in causal if c.batch > 1 and c.heads > 1),
+                                           default=0)
+    return out
 
 
 def _declared_limits(report: Report, decl: Declaration, base: dict[str, int], baseline: str) -> list[str]:

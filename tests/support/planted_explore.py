@@ -28,3 +28,4 @@ class NormaliserTail21(NumpyKernel):
 
 #: The planted kernel in float64, as a target ``tests.support.planted_explore:kernel``.
 kernel = NormaliserTail21("float64")
+

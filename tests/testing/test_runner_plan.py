@@ -200,7 +200,8 @@ def test_a_declared_tf32_is_listed_and_one_the_probe_contradicts_fails(monkeypat
     from gma_ref.testing.declared import TF32_CHECK_ID
 
     _probes(monkeypatch, tf32=True)
-    report = check(_declared(_K32, dtypes=("float32", "float64"), tf32=True), cases=[_CASE], contract=False)
+    report = check(_declared(_K32, dtypes=("float32", "float64"), tf32=True), cases=[_CASE], contract=False,
+                   dtype="float32")
     assert report.passed and report.notes == []
     assert report.envelope_limits == ["tf32 = True (declared: the tolerance of float32 with TF32 products)"]
     float64 = check(_declared(tf32=True), cases=[_CASE], contract=False)
