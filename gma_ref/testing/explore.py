@@ -203,7 +203,7 @@ def _write(out: Explored, decl: Declaration, directory: str, name: str, grad: bo
                                          failures=lines)
         path = os.path.join(directory, "test_" + _identifier(case.case_id) + ".py")
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(test_file_text(case, os.path.basename(out.case_file), name, target, lines))
+            fh.write(test_file_text(case, out.case_file, name, target, lines))
         out.test_file = path
     except OSError as exc:
         out.note = f"not written: {type(exc).__name__}: {exc}"
@@ -217,21 +217,23 @@ def _identifier(text: str) -> str:
 _TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
-def test_file_text(case: Case, case_file_name: str, name: str, target: str | None, failures: Sequence[str]) -> str:
-    """The pytest module written beside a found failure's case file: it checks the kernel on that case.
+def test_file_text(case: Case, case_file: str, name: str, target: str | None, failures: Sequence[str]) -> str:
+    """The pytest module written beside a found failure's case file ``case_file``: it checks the kernel on that case
+    (the file of that name beside the module).
 
     The kernel is ``target`` (``package.module:attribute``), else ``name`` when it is one; otherwise the
     module says to set ``IMPL`` to the kernel, and its test fails until it is set.
     """
+    case_file_name = os.path.basename(case_file)
     impl = target or (name if _TARGET.fullmatch(name) else None)
     shown = "".join("#   " + line + "\n" for f in failures[:6] for line in f.splitlines())
     how = (f"IMPL = {impl!r}" if impl is not None else
            f"IMPL = None  # set it to the kernel {name!r}: a callable, or its 'package.module:attribute'")
     sizes = (f"{case.variant}, B={case.batch}, H={case.heads}, N_q={case.n_q}, N_k={case.n_k}, "
              f"K={case.n_components}, d_r={case.d_r}, d_v={case.d_v}, {case.dtype}, {case.regime}")
-    return (f'"""The case {case.case_id} ({sizes}), found by gma-ref\'s search beyond the case set and shrunk.\n\n'
-            f'Keep {case_file_name} beside this file.\n"""\n\n'
-            f"# It failed with:\n{shown}# Re-run it alone: {rerun_command(name, case_file_name)}\n\n"
+    return (f'"""The case {case.case_id}, found by gma-ref\'s search beyond the case set and shrunk:\n'
+            f'{sizes}.\n\nKeep {case_file_name} beside this file.\n"""\n\n'
+            f"# It failed with:\n{shown}# Re-run it alone: {rerun_command(name, case_file)}\n\n"
             "from pathlib import Path\n\nfrom gma_ref.testing import check\n\n"
             f"{how}\nCASE_FILE = Path(__file__).with_name({case_file_name!r})\n\n\n"
             f"def test_{_identifier(case.case_id)}() -> None:\n"

@@ -113,6 +113,11 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
     TypeError
         ``impl`` is not callable or ``declaration`` not a Declaration.
     """
+    each = tuple(dict.fromkeys((declaration or declaration_of(impl) or Declaration()).dtypes))
+    if dtype is None and len(each) > 1:
+        return _every_dtype(impl, declaration, each, dict(device=device, grad=grad, mode=mode, variants=variants,
+                                                            long=long, n_cases=n_cases, seed=seed, n_max=n_max,
+                                                            tiling=tiling))
     probe = check(impl, declaration, cases=[], variants=variants, dtype=dtype, device=device, grad=grad, mode=mode)
     refused = [f"{s.what}: {s.reason}" for s in probe.skipped if s.requested]
     if refused:
