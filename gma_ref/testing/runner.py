@@ -849,7 +849,8 @@ def _validate_explore(explore: Any, scale: str, case_file: str | None) -> None:
 def _explore(report: Report, impl: Callable[..., Any], decl: Declaration, active: tuple[str, ...],
              opts: dict[str, Any], seed: int, seconds: float, repro: str | None, timeout: float | None) -> None:
     """Search beyond the case set for ``seconds`` (:func:`~gma_ref.testing.explore.explore`); every candidate
-    runs through :func:`_run_one`, as the cases do. A failure's checks join ``report``."""
+    runs through :func:`_run_one`, as the cases do. A failure's checks join ``report``; an interrupt raises
+    :class:`Interrupted` with ``report`` (the cases' results)."""
     from .explore import DEFAULT_EXPLORE_DIR, explore
 
     if not active or report.mode == "layer":
@@ -867,8 +868,15 @@ def _explore(report: Report, impl: Callable[..., Any], decl: Declaration, active
         return None if res.not_checkable is not None else res.results
 
     target = impl.target if isinstance(impl, IsolatedCandidate) else None
-    found = explore(run, decl, variants=active, dtype=report.dtype, seed=seed, seconds=seconds,
-                    directory=directory, name=report.implementation, grad=opts["vjp"] is not None, target=target)
+    try:
+        found = explore(run, decl, variants=active, dtype=report.dtype, seed=seed, seconds=seconds,
+                        directory=directory, name=report.implementation, grad=opts["vjp"] is not None, target=target)
+    except KeyboardInterrupt as exc:
+        report.interrupted = True
+        report.interrupt_status = getattr(exc, "status", EXIT_INTERRUPTED)
+        report.notes.append(f"interrupted ({getattr(exc, 'reason', 'KeyboardInterrupt')}) during the search beyond "
+                            "the case set: the results are those of the cases")
+        raise Interrupted(report) from None
     report.explored = found.summary()
     if found.failure is not None:
         report.results += found.failure_results

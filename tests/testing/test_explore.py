@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gma_ref.testing import Declaration, check, default_cases, load_case_file
+from gma_ref.testing import Case, Declaration, check, default_cases, load_case_file
 from gma_ref.testing.diagnosis import case_attributes
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.explore import explore
@@ -100,3 +100,23 @@ def test_explore_options_are_validated(monkeypatch):
     monkeypatch.setitem(sys.modules, "hypothesis", None)
     with pytest.raises(ImportError, match="hypothesis"):
         check(kern, cases=_one_small_case(), explore=1.0, grad=False)
+
+
+def test_an_interrupt_during_the_search_keeps_the_cases_results():
+    """Ctrl-C while the search runs (a kernel raising KeyboardInterrupt on a case with N > 40, which only the search
+    draws here): check raises Interrupted whose report holds the cases run before, marked interrupted."""
+    from gma_ref.testing import Interrupted
+
+    class InterruptsWhenLong(NumpyKernel):
+        def __call__(self, q, *args, **kw):
+            if q.shape[-2] > 40:
+                raise KeyboardInterrupt
+            return super().__call__(q, *args, **kw)
+
+    cases = [Case("bidirectional", 1, 2, 20, 20, 4, 3, 5, dtype="float64")]
+    with pytest.raises(Interrupted) as stopped:
+        check(InterruptsWhenLong("float64"), cases=cases, explore=30.0, seed=SEED, grad=False, repro="unused")
+    report = stopped.value.report
+    assert report.interrupted and report.exit_code == 130 and report.results and not report.failures
+    assert report.case_ids == [cases[0].case_id] and not report.explored
+    assert any("during the search beyond the case set" in n for n in report.notes)
