@@ -345,6 +345,8 @@ def _explore_lines(explored: dict[str, Any]) -> list[str]:
     out = [head + f": FAIL {fail['case_id']} (shrunk from {fail['found_id']})"]
     if fail.get("case_file"):
         out.append(f"  case file {fail['case_file']}\n  pytest test {fail['test_file']}")
+    elif fail.get("note"):
+        out.append(f"  case file and test {fail['note']}")
     return out
 
 
