@@ -16,9 +16,9 @@ from gma_ref.testing.report import CheckResult
 
 from ..support.planted_explore import BAD_TAIL, K_TILE, NormaliserTail21
 
-#: A seed under which the search meets the planted fault within its first dozen cases (about a second; the budget
+#: A seed under which the search meets the planted fault at its third case (a fraction of a second; the budget
 #: of 10 s leaves room for a loaded machine, and the search ends when the failure is shrunk).
-SEED = 5
+SEED = 27
 
 
 def _one_small_case():
