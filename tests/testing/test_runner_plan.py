@@ -747,7 +747,7 @@ def test_every_declared_dtype_is_checked_each_with_its_summary_and_dtype_narrows
 
 def test_a_failure_in_one_dtype_fails_the_run_and_a_dtype_the_framework_lacks_is_not_a_failure(monkeypatch):
     """A float32 kernel declared for float32 and float64 fails the float64 part: the run fails (exit 1) while the
-    float32 part passes. A declared dtype the framework lacks here is a skip of its part that nobody requested:
+    float32 part passes, and the likely cause across the parts names the dtype. A declared dtype the framework lacks here is a skip of its part that nobody requested:
     the others decide the verdict (exit 0)."""
     from gma_ref.testing import adapters
 
@@ -755,6 +755,7 @@ def test_a_failure_in_one_dtype_fails_the_run_and_a_dtype_the_framework_lacks_is
     report = check(kern, cases=_CASES, contract=False)
     assert [p.passed for p in report.parts] == [True, False] and not report.passed and report.exit_code == 1
     assert report.format().splitlines()[-1].startswith("FAIL over 2 dtypes (float32 PASS, float64 FAIL)")
+    assert report.likely_causes()[-1] == "every failing case has dtype float64 (3 of 3 failing, 0 of 3 passing)"
     real = adapters.candidate_dtype
     monkeypatch.setattr(adapters, "candidate_dtype", lambda ns, dt: None if dt == "bfloat16" else real(ns, dt))
     lacking = check(_declared(_K32, dtypes=("float32", "bfloat16"), grad=False), cases=_CASES,
