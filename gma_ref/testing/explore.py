@@ -42,7 +42,8 @@ from .names import REGIMES
 from .report import CheckResult, rerun_command
 from .repro import write_reproducer
 
-__all__ = ["DEFAULT_EXPLORE_DIR", "EXPLORE_LIMITS", "TILES", "Explored", "explore", "test_file_text"]
+__all__ = ["DEFAULT_EXPLORE_DIR", "EXPLORE_LIMITS", "TILES", "VOLUME_MAX", "SMALL", "RunCase", "Explored", "explore",
+           "case_strategy", "test_file_text"]
 
 #: Where a failure found is written unless a reproducer directory is given (as ``gma-ref check``'s default).
 DEFAULT_EXPLORE_DIR = "gma-ref-repro"
@@ -98,7 +99,8 @@ class _Spent(BaseException):
 
 
 def _size(st: Any, hi: int) -> Any:
-    """A size in [1, ``hi``]: anywhere, or a multiple of a tile plus a remainder below the tile (at most ``hi``)."""
+    """A size in [1, ``hi``]: small (at most :data:`SMALL`), anywhere, or a multiple of a tile plus a remainder
+    below the tile (at most ``hi``), each a third of the time."""
     def tiled(t: int) -> Any:
         return st.builds(lambda m, r: min(hi, t * m + r), st.integers(1, max(1, hi // t)), st.integers(0, t - 1))
 
@@ -132,6 +134,7 @@ def case_strategy(variants: Sequence[str], dtype: str) -> Any:
 
 
 def _admissible(case: Case, decl: Declaration) -> Case:
+    """``case`` mapped to the sizes, ε and ε_σ that ``decl`` admits (:func:`~gma_ref.testing.cases.constrain_case`)."""
     return constrain_case(case, eps=decl.eps, eps_sigma=decl.eps_sigma, n_multiple=decl.n_multiple,
                           n_max=decl.n_max, k_multiple=decl.k_multiple, k_max=decl.k_max, d_multiple=decl.d_multiple,
                           d_max=decl.d_max, chunked=decl.accepts_chunk_size)[0]
@@ -144,7 +147,8 @@ def explore(run: RunCase, decl: Declaration, *, variants: Sequence[str], dtype: 
     ``run(case)`` checks one case and returns its results (``None``: not checkable, not a failure).
     ``name`` is the implementation's name in the report, ``target`` the ``package.module:attribute``
     the written test checks (default: ``name`` when it is one). Deterministic under ``seed`` (the
-    number of cases tried aside). Returns an :class:`Explored`.
+    number of cases tried aside). The search stops when ``seconds`` are spent; the first failure is
+    shrunk for at most ``seconds`` more. Returns an :class:`Explored`.
 
     Raises
     ------

@@ -747,8 +747,8 @@ def test_every_declared_dtype_is_checked_each_with_its_summary_and_dtype_narrows
 
 def test_a_failure_in_one_dtype_fails_the_run_and_a_dtype_the_framework_lacks_is_not_a_failure(monkeypatch):
     """A float32 kernel declared for float32 and float64 fails the float64 part: the run fails (exit 1) while the
-    float32 part passes, and the likely cause across the parts names the dtype. A declared dtype the framework lacks here is a skip of its part that nobody requested:
-    the others decide the verdict (exit 0)."""
+    float32 part passes, and the likely cause across the parts names the dtype. A declared dtype the framework
+    lacks here is a skip of its part that nobody requested: the others decide the verdict (exit 0)."""
     from gma_ref.testing import adapters
 
     kern = _declared(_K32, dtypes=("float32", "float64"), grad=False)
