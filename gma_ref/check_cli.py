@@ -4,7 +4,7 @@
 
     gma-ref check package.module:function --variant causal --dtype float32 [--device cuda] [--grad]
                   [--mode layer] [--cases N] [--seed S] [--long | --scaling] [--json] [--verbose] [--timeout S]
-                  [--traceback] [--repro DIR | --no-repro] [--case-file FILE]
+                  [--traceback] [--repro DIR | --no-repro] [--case-file FILE] [--explore SECONDS]
                   [--eps E] [--eps-sigma E] [--n-multiple M] [--n-max M] [--k-multiple M] [--k-max M]
                   [--d-multiple M] [--d-max M] [--tied-head-width]
 
@@ -21,6 +21,10 @@ written as a reproducer to ``--repro DIR`` (default ``gma-ref-repro``; ``--no-re
 to skip): ``DIR/<case>.npz`` with the inputs and the declaration, and the one-line
 command ``gma-ref check package.module:function --case-file DIR/<case>.npz`` that
 re-runs just that case.
+Without ``--dtype`` every declared dtype is checked, each with its own summary line.
+``--explore SECONDS`` then searches beyond the case set for that long (deterministic under
+``--seed``); a failure it finds is shrunk and written to the same directory as a case file and a
+ready-to-paste pytest test.
 
 Exit status: 0 all checks passed; 1 a mismatch, a timeout, a failure of any kind
 of the implementation (it raised, exited, ran out of memory, returned the wrong
@@ -97,7 +101,7 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--variant", action="append", choices=("bidirectional", "causal", "cross"),
                    help="variant to check (repeatable); default: bidirectional, causal and cross")
     p.add_argument("--dtype", choices=("float64", "float32", "float16", "bfloat16"),
-                   help="dtype under test; default: the first declared")
+                   help="dtype under test; default: every declared dtype, each with its own summary line")
     p.add_argument("--device", choices=("cpu", "cuda"), help="device; default: the first declared")
     p.add_argument("--mode", choices=("attention", "layer"),
                    help="attention: impl(q, k, v, means, omega, prior_logits, ...); layer: the multi-head layer "
@@ -128,6 +132,10 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-tiling", dest="tiling", action="store_false",
                    help="leave out the tiling cases (N, K, d_r, d_v straddling the usual tile sizes, up to 8 heads, "
                         "4 batch entries, eps_sigma up to 0.3): the 29 edge cases only")
+    p.add_argument("--explore", type=_positive_float, default=None, metavar="SECONDS",
+                   help="after the cases, search beyond them for SECONDS (hypothesis: shapes, regimes, the dtypes "
+                        "checked; deterministic under --seed); a failure is shrunk and written to the --repro DIR as "
+                        "a case file and a pytest test")
     p.add_argument("--in-process", action="store_true",
                    help="run the implementation in this process (for debugging: it can then affect the verdict); "
                         "default: in a worker process that cannot")
@@ -305,12 +313,15 @@ def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: st
             contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None),
             timeout=getattr(args, "timeout", 0.0) or None, full_traceback=getattr(args, "traceback", False),
             repro=repro, case_file=getattr(args, "case_file", None), tiling=getattr(args, "tiling", True),
+            explore=getattr(args, "explore", None),
             progress=None if getattr(args, "quiet", False) else _Progress(),
             scale="scaling" if getattr(args, "scaling", False) else "long" if getattr(args, "long", False)
             else "short")
     except Interrupted as exc:
         report = exc.report
     except (TypeError, ValueError) as exc:
+        return EXIT_USAGE, _failure(args, EXIT_USAGE, str(exc))
+    except ImportError as exc:  # --explore without hypothesis
         return EXIT_USAGE, _failure(args, EXIT_USAGE, str(exc))
     except Exception as exc:  # noqa: BLE001 - the harness itself failed: still a report, still JSON
         return 1, _failure(args, 1, "the harness failed", exc)

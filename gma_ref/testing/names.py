@@ -21,6 +21,7 @@ The layers, bottom to top (each module imports only from layers below it; the te
     case_runner                    checking one case (an outcome, or "not checkable")
     repro, calibration, assertions shrinking and case files; calibration; assert_gma_close;
     scaling, declared              the complexity check; declared properties confirmed (a fixed ε)
+    explore                        the search beyond the case set (hypothesis, imported when a search runs)
     runner                         check, assert_conforms
     pytest_plugin                  the pytest plugin (one test item per case)
 

@@ -5,7 +5,7 @@ Installed with gma-ref (the ``pytest11`` entry point), and **off** unless ``--gm
     pytest --gma-impl mypkg.kernels:my_gma [--gma-dtype float32] [--gma-grad] [--gma-long]
            [--gma-mode layer] [--gma-variant causal]... [--gma-cases N] [--gma-seed S]
            [--gma-n-max N] [--gma-device cuda] [--gma-timeout S]
-           [--gma-xfail FILE] [--gma-repro DIR]
+           [--gma-xfail FILE] [--gma-repro DIR] [--gma-explore SECONDS]
 
 collects, beside the project's own tests, the items ``gma-ref::<case id>`` — one per case
 of the set ``gma-ref check`` runs with the same options (the ids are
@@ -15,6 +15,9 @@ of the set ``gma-ref check`` runs with the same options (the ids are
 lines of that case and, with ``--gma-repro DIR``, writes the shrunk reproducer there.
 ``--gma-xfail FILE`` marks the case ids listed in FILE (one a line, ``#`` comments) as
 *strict* expected failures: a listed case that passes fails the run (XPASS strict).
+Without ``--gma-dtype`` the cases of every declared dtype are collected (their ids name the dtype).
+``--gma-explore SECONDS`` adds the item ``gma-ref::explore``: the search beyond the case set
+(:mod:`gma_ref.testing.explore`), failing with the shrunk case it wrote.
 
 From a kernel author's own test module, the same items come from a parametrisation::
 
@@ -54,7 +57,8 @@ from .long import LONG_SIZES, long_cases
 from .report import Report
 from .runner import check
 
-__all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "read_xfail_file"]
+__all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "check_explore",
+           "read_xfail_file"]
 
 #: Name of the collector node: item ids are ``gma-ref::<case id>``.
 NODE_NAME = "gma-ref"
@@ -95,7 +99,8 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
                   n_max: int | None = None, tiling: bool = False) -> list[GmaCase]:
     """The cases :func:`gma_ref.testing.check` would run for these options, as :class:`GmaCase` objects.
 
-    Defaults as in ``check``: the declared (else every) variant, the first declared dtype and
+    Defaults as in ``check``: the declared (else every) variant, every declared dtype (the cases of
+    each in turn; a dtype the framework lacks here is left out, with a warning), the first declared
     device, the declared mode, gradients if declared; ``long`` the long cases up to ``n_max``
     (else the declared ``n_max``, else 131072); ``n_cases`` seeded random cases added.
     Cases are mapped to the declared constraints (:func:`gma_ref.testing.cases.constrain_case`).
@@ -108,6 +113,11 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
     TypeError
         ``impl`` is not callable or ``declaration`` not a Declaration.
     """
+    each = tuple(dict.fromkeys((declaration or declaration_of(impl) or Declaration()).dtypes))
+    if dtype is None and len(each) > 1:
+        return _every_dtype(impl, declaration, each, dict(device=device, grad=grad, mode=mode, variants=variants,
+                                                            long=long, n_cases=n_cases, seed=seed, n_max=n_max,
+                                                            tiling=tiling))
     probe = check(impl, declaration, cases=[], variants=variants, dtype=dtype, device=device, grad=grad, mode=mode)
     refused = [f"{s.what}: {s.reason}" for s in probe.skipped if s.requested]
     if refused:
@@ -136,6 +146,42 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
                            declaration=declaration))
         seen.add(c.variant)
     return out
+
+
+def _every_dtype(impl: Callable[..., Any], declaration: Declaration | None, dtypes: tuple[str, ...],
+                 options: dict[str, Any]) -> list[GmaCase]:
+    """:func:`gma_case_list` of each of ``dtypes`` in turn; one the framework lacks here is left out with a
+    warning (as :func:`gma_ref.testing.check` skips it)."""
+    out: list[GmaCase] = []
+    for dtype in dtypes:
+        probe = check(impl, declaration, cases=[], variants=options["variants"], dtype=dtype,
+                      device=options["device"], grad=options["grad"], mode=options["mode"])
+        lacking = [s.reason for s in probe.skipped
+                   if s.what == f"dtype {dtype}" and s.reason.startswith(f"{probe.declaration.namespace} has no")]
+        if lacking:
+            warnings.warn(pytest.PytestWarning(f"gma-ref: declared dtype {dtype} not collected: {lacking[0]}"),
+                          stacklevel=2)
+            continue
+        out += gma_case_list(impl, declaration, dtype=dtype, **options)
+    return out
+
+
+def check_explore(impl: Callable[..., Any], seconds: float, *, declaration: Declaration | None = None,
+                  repro: str | None = None, **options: Any) -> Report:
+    """Search beyond the case set for ``seconds`` (``check(impl, cases=[], explore=seconds, ...)``); returns the
+    report when nothing was found.
+
+    ``options`` are :func:`gma_ref.testing.check`'s (``dtype``, ``variants``, ``seed``, ``grad``, ``timeout``
+    …); the failure found is written to ``repro`` (default ``gma-ref-repro``). Raises :class:`GmaCaseFailed`
+    with the search's lines and the failing case's checks when it found a failure, and as ``check`` does
+    for a bad option.
+    """
+    __tracebackhide__ = True
+    report = check(impl, declaration, cases=[], explore=seconds, repro=repro, **options)
+    failure = report.explored.get("failure")
+    if failure:
+        raise GmaCaseFailed(f"the search beyond the case set found {failure['case_id']}\n" + report.format())
+    return report
 
 
 def read_xfail_file(path: str | os.PathLike[str]) -> set[str]:
@@ -207,7 +253,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="collect one test per conformance case of this implementation (package.module:function; "
                      "a class is instantiated)")
     g.addoption("--gma-dtype", choices=("float64", "float32", "float16", "bfloat16"), default=None,
-                help="dtype under test (default: the first declared)")
+                help="dtype under test (default: every declared dtype)")
     g.addoption("--gma-device", choices=("cpu", "cuda"), default=None, help="device (default: the first declared)")
     g.addoption("--gma-grad", action="store_true", default=None, help="check every gradient (needs a VJP)")
     g.addoption("--gma-long", action="store_true", default=False, help="the long-sequence cases (N >= 4096)")
@@ -227,6 +273,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="case ids (one a line) that are known to fail: marked xfail(strict=True)")
     g.addoption("--gma-repro", metavar="DIR", default=None,
                 help="write the shrunk reproducer of every failing case to DIR")
+    g.addoption("--gma-explore", type=float, default=None, metavar="SECONDS",
+                help="one more item, gma-ref::explore: search beyond the case set for SECONDS (deterministic under "
+                     "--gma-seed); a failure is shrunk and written (to --gma-repro DIR, else gma-ref-repro) as a "
+                     "case file and a pytest test")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -289,6 +339,10 @@ class _GmaSession:
             if c.case_id in known:
                 item.add_marker(_xfail_mark(xfail_file))
             added.append(item)
+        seconds = config.getoption("gma_explore")
+        if seconds:
+            added.append(GmaExploreItem.from_parent(parent, name="explore", impl=impl, seconds=seconds,
+                                                    target=self.target))
         items.extend(added)
         # report the collector's result as pytest reports a file's: the terminal's "collected N items", the
         # selected/deselected counts and --collect-only's summary count these items
@@ -330,6 +384,30 @@ class GmaCaseItem(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         """The oracle's report of the case (no Python traceback) for a failed case."""
+        if isinstance(excinfo.value, GmaCaseFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{NODE_NAME}::{self.name}"
+
+
+class GmaExploreItem(pytest.Item):
+    """The search beyond the case set of the implementation given by ``--gma-impl`` (``--gma-explore SECONDS``)."""
+
+    def __init__(self, *, impl: Callable[..., Any], seconds: float, target: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.impl, self.seconds, self.target = impl, seconds, target
+
+    def runtest(self) -> None:
+        """Search; raises :class:`GmaCaseFailed` with the search's report when it finds a failing case."""
+        opt = self.config.getoption
+        check_explore(self.impl, self.seconds, repro=opt("gma_repro"), name=self.target, dtype=opt("gma_dtype"),
+                      device=opt("gma_device"), grad=opt("gma_grad"), variants=opt("gma_variant"),
+                      seed=opt("gma_seed"), timeout=opt("gma_timeout") or None)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        """The search's report (no Python traceback) when it found a failure."""
         if isinstance(excinfo.value, GmaCaseFailed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)

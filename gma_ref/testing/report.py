@@ -17,7 +17,7 @@ from .capture import MAX_TEXT, printable, truncated
 from .declaration import Declaration
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "CheckResult", "json_safe", "Skip", "Report", "Interrupted",
-           "Terminated", "rerun_command"]
+           "Terminated", "rerun_command", "combine_reports"]
 
 
 #: :attr:`Report.exit_code` of a run stopped by ``KeyboardInterrupt`` (128 + SIGINT, as a shell reports it).
@@ -159,7 +159,9 @@ class Report:
     #: The candidate ran in a worker process (``False``: in this process, where it can affect the verdict).
     isolated: bool = False
     #: The largest sizes of the cases planned: ``n``, ``k``, ``d_r``, ``d_v``, ``heads``, ``batch``, ``chunks``
-    #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed.
+    #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed. For a kernel that keeps its own
+    #: chunk size (``accepts_chunk_size=False``) ``own_chunks_C`` and ``own_chunks_C_bh`` (C = 16, 32, 64: the
+    #: most chunks of C a causal case runs through, overall and with B > 1 and H > 1) replace ``chunks``.
     envelope: dict[str, int] = field(default_factory=dict)
     #: Every declared property that changes the verdict, in words: limits that remove part of the default envelope
     #: (``'n_max = 100 (default N up to 257)'``), a fixed ε or ε_σ, size multiples, a tied head width, and
@@ -168,6 +170,17 @@ class Report:
     envelope_limits: list[str] = field(default_factory=list)
     #: What the author should change before reading the rest (e.g. the declaration to attach); printed first.
     advice: list[str] = field(default_factory=list)
+    #: One report per dtype when the run checked several (:func:`combine_reports`); empty for a one-dtype run.
+    parts: list[Report] = field(default_factory=list)
+    #: The search beyond the case set (``check(..., explore=SECONDS)``, :mod:`~gma_ref.testing.explore`):
+    #: ``budget_s``, ``elapsed_s``, ``seed``, ``tried``, ``dtypes`` and, when it found one, ``failure``
+    #: (``case_id``, ``case_file``, ``test_file``); empty when no search ran.
+    explored: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dtypes(self) -> list[str]:
+        """The dtypes this run checked: one per part of a multi-dtype report, else ``[dtype]``."""
+        return [p.dtype for p in self.parts] or [self.dtype]
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -211,7 +224,10 @@ class Report:
 
     def format(self, verbose: bool = False) -> str:
         """Readable report: the advice and likely causes first, then every failing case in full and passing
-        cases as one line each (all lines if ``verbose``)."""
+        cases as one line each (all lines if ``verbose``). A multi-dtype report prints each part so, each with
+        its own summary line, then a line for the whole run."""
+        if self.parts:
+            return self._format_parts(verbose)
         lines = [f"gma-ref check {self.implementation}  " + ("mode=layer " if self.mode == "layer" else "")
                  + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"
                  + ("  isolated: the candidate ran in a worker process" if self.isolated
@@ -238,6 +254,7 @@ class Report:
             why = "; ".join(f"{s.what}: {s.reason}" for s in self.skipped if s.requested)
             why = why or "; ".join(f"{s.what}: {s.reason}" for s in self.skipped[:3]) or "no case was run"
             lines.append(f"nothing was checked ({why})")
+        lines += _explore_lines(self.explored)
         cases = [cid for cid, rs in by_case.items() if any(r.check != "declaration" for r in rs)]
         n_fail = len([cid for cid in self.failed_cases() if cid in cases])
         declared = "".join(f"declared {r.tensor} {'confirmed' if r.passed else 'FALSE'}, " for r in self.results
@@ -247,6 +264,23 @@ class Report:
                      f"checks, {len(self.skipped)} skipped, {declared}{self.elapsed_s:.1f} s" + self._envelope_text())
         return printable("\n".join(lines))  # nothing a candidate printed or raised can move the cursor
 
+    def _format_parts(self, verbose: bool) -> str:
+        """A multi-dtype report: the advice and likely causes over every dtype, each part in full with its own
+        summary line, the search beyond the set, and one line for the whole run."""
+        lines = [f"gma-ref check {self.implementation}  dtypes={','.join(self.dtypes)}: every declared dtype, "
+                 "each with its own summary line"]
+        lines += ["advice: " + a.replace("\n", "\n  ") for a in self.top_advice()]
+        lines += ["likely cause: " + c for c in self.likely_causes()]
+        for part in self.parts:
+            lines += ["", part.format(verbose)]
+        lines += [""] + _explore_lines(self.explored)
+        verdict = "INTERRUPTED" if self.interrupted else ("PASS" if self.passed else "FAIL")
+        each = ", ".join(f"{p.dtype} {'INTERRUPTED' if p.interrupted else 'PASS' if p.passed else 'FAIL'}"
+                         if p.results else f"{p.dtype} not checked" for p in self.parts)
+        lines.append(f"{verdict} over {len(self.parts)} dtypes ({each}): {len(self.failures)} failed checks, "
+                     f"{self.elapsed_s:.1f} s")
+        return printable("\n".join(lines))
+
     def _envelope_text(self) -> str:
         """``'; envelope N≤257 K≤65 d_r≤129 d_v≤129 H≤8 B≤4 chunks≤15'`` and the declared limits, or ``''``."""
         if not self.envelope:
@@ -255,6 +289,7 @@ class Report:
                  ("chunks", "chunks"))
         text = "; envelope " + " ".join(f"{label}<={self.envelope[key]}" for key, label in names
                                         if key in self.envelope and (key != "chunks" or self.envelope[key]))
+        text += _own_chunks_text(self.envelope)
         if self.envelope_limits:
             text += "; limited by the declaration: " + ", ".join(self.envelope_limits)
         return text
@@ -272,7 +307,8 @@ class Report:
             "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
             "interrupted": self.interrupted, "isolated": self.isolated, "envelope": dict(self.envelope),
             "envelope_limits": list(self.envelope_limits), "advice": self.top_advice(),
-            "likely_causes": self.likely_causes(),
+            "likely_causes": self.likely_causes(), "dtypes": self.dtypes, "explored": dict(self.explored),
+            "parts": [json.loads(p.to_json()) for p in self.parts],
         }), indent=1, allow_nan=False)
 
     def add_output(self, case_id: str, text: str) -> None:
@@ -284,6 +320,71 @@ class Report:
         """``AssertionError`` with the failing lines when anything failed."""
         if not self.passed:
             raise AssertionError(self.format())
+
+
+def _own_chunks_text(envelope: dict[str, int]) -> str:
+    """``' chunks of 16<=19 (with B,H>1: 4), of 32<=10 (2), of 64<=5 (1)'``: for a kernel that keeps its own chunk
+    size, the chunks of each size a causal case runs through; ``''`` when the envelope has none."""
+    sizes = sorted(int(k.split("_")[2]) for k in envelope if re.fullmatch(r"own_chunks_\d+", k))
+    if not sizes:
+        return ""
+    parts = [f"{envelope[f'own_chunks_{c}']} ({'with B,H>1: ' if i == 0 else ''}{envelope[f'own_chunks_{c}_bh']})"
+             for i, c in enumerate(sizes)]
+    return " chunks of " + ", of ".join(f"{c}<={p}" for c, p in zip(sizes, parts, strict=True))
+
+
+def _explore_lines(explored: dict[str, Any]) -> list[str]:
+    """The report's lines on the search beyond the case set (``check(..., explore=SECONDS)``); ``[]`` without one."""
+    if not explored:
+        return []
+    head = (f"explore: {explored['tried']} case(s) beyond the set in {explored['elapsed_s']:.1f} s of "
+            f"{explored['budget_s']:g} s (seed {explored['seed']}, dtypes {', '.join(explored['dtypes'])})")
+    fail = explored.get("failure")
+    if not fail:
+        return [head + ": no failure found"]
+    out = [head + f": FAIL {fail['case_id']} (shrunk from {fail['found_id']})"]
+    if fail.get("case_file"):
+        out.append(f"  case file {fail['case_file']}\n  pytest test {fail['test_file']}")
+    elif fail.get("note"):
+        out.append(f"  case file and test {fail['note']}")
+    return out
+
+
+def combine_reports(parts: list[Report]) -> Report:
+    """One report of a run over several dtypes: ``parts`` (one :class:`Report` per dtype, in order) kept in
+    :attr:`Report.parts`, their results, skips, case ids, reproducers, notes and output joined.
+
+    The combined report passes when at least one check ran and none failed in any part; its
+    :attr:`Report.exit_code` is the worst of the run (1 on any failure, 2 when something requested
+    was skipped, the interrupt status when interrupted); :attr:`Report.dtype` is the dtypes joined
+    by ``'+'`` (:attr:`Report.dtypes` lists them). The declaration's advice is the combined report's
+    alone. Raises ``ValueError`` for an empty ``parts``.
+    """
+    if not parts:
+        raise ValueError("parts must hold at least one Report, got none")
+    first = parts[0]
+
+    def joined(name: str) -> list[Any]:
+        out: list[Any] = []
+        for p in parts:
+            out += [x for x in getattr(p, name) if x not in out]
+        return out
+
+    advice = joined("advice")
+    for p in parts:
+        p.advice = []
+    env = {key: max(p.envelope.get(key, 0) for p in parts) for p in parts for key in p.envelope}
+    interrupted = next((p for p in parts if p.interrupted), None)
+    return Report(
+        implementation=first.implementation, declaration=first.declaration, dtype="+".join(p.dtype for p in parts),
+        device=first.device, grad=first.grad, results=[r for p in parts for r in p.results], skipped=joined("skipped"),
+        case_ids=[c for p in parts for c in p.case_ids], elapsed_s=sum(p.elapsed_s for p in parts),
+        reference_backend=first.reference_backend, mode=first.mode, reproducers=joined("reproducers"),
+        notes=joined("notes"), candidate_output={k: v for p in parts for k, v in p.candidate_output.items()},
+        interrupted=interrupted is not None,
+        interrupt_status=interrupted.interrupt_status if interrupted is not None else EXIT_INTERRUPTED,
+        isolated=first.isolated, envelope=env, envelope_limits=joined("envelope_limits"), advice=advice,
+        parts=list(parts))
 
 
 class Terminated(KeyboardInterrupt):

@@ -84,6 +84,7 @@ def check(
     in_process: bool | None = None,
     import_timeout: float | None = None,
     tiling: bool = True,
+    explore: float | None = None,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
@@ -105,9 +106,14 @@ def check(
         ``vjp(q, k, v, means, omega, prior_logits, d_out, **options) -> {'d_q': …, …}``.
         Default: ``impl.gma_vjp``, else :func:`torch_autograd` / :func:`jax_vjp` by namespace.
     variants, dtype, device, grad
-        What to check; default: every variant, the first declared dtype and
+        What to check; default: every variant, every declared dtype, the first declared
         device, gradients if declared. Requested but undeclared items are skipped,
-        listed, and make :attr:`Report.exit_code` 2.
+        listed, and make :attr:`Report.exit_code` 2. With several declared dtypes and no
+        ``dtype``, each dtype is a run of its own and the report combines them
+        (:func:`~gma_ref.testing.report.combine_reports`: :attr:`Report.parts` holds one report per
+        dtype, each with its own summary line; the combined report passes when every part does).
+        A declared dtype the framework lacks here (bfloat16 without ``ml_dtypes``) is a skip of its
+        part, not a failure. A scaling check and a case file run one dtype.
     cases : sequence of Case, optional
         Explicit cases (their dtype is replaced by ``dtype``); default
         :func:`default_cases` plus ``n_cases`` :func:`generate_cases`.
@@ -160,6 +166,13 @@ def check(
     import_timeout : float, optional
         Seconds the worker may take to import the target (default
         :data:`~gma_ref.testing.isolation.IMPORT_TIMEOUT_S`).
+    explore : float, optional
+        Seconds of search beyond the case set after the cases (:func:`~gma_ref.testing.explore.explore`):
+        shapes, regimes and the checked dtypes drawn by hypothesis (deterministic under ``seed``), each
+        candidate run as the cases are (in the worker when isolated). A failure is shrunk and written as a
+        case file and a pytest test into ``repro`` (default ``gma-ref-repro``); its checks join the report,
+        which then fails, and :attr:`Report.explored` says what was searched. Needs hypothesis
+        (``ImportError`` naming it otherwise); not with ``scale='scaling'`` or ``case_file``.
 
     Raises
     ------
@@ -191,6 +204,12 @@ def check(
     _validate_request(impl, declaration, variants, dtype, device, mode, n_cases, timeout)
     if scale not in ("short", "long", "scaling"):
         raise ValueError(f"scale must be 'short', 'long' or 'scaling', got {scale!r}")
+    _validate_explore(explore, scale, case_file)
+    if dtype is None and scale != "scaling" and case_file is None:
+        each = _declared_dtypes(impl, declaration)
+        if len(each) > 1:
+            options = {k: v for k, v in locals().items() if k in _CHECK_OPTIONS}
+            return _check_each_dtype(impl, declaration, each, options)
     if repro is not None:
         check_writable_dir(repro, "repro")
     file_case = None
@@ -227,6 +246,8 @@ def check(
         raise Interrupted(report) from None
     if shrinker is not None:
         shrinker.summarise()
+    if explore:
+        _explore(report, impl, decl, active, opts, seed, explore, repro, timeout)
     report.elapsed_s = time.perf_counter() - t0
     return report
 
@@ -455,10 +476,32 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
     if decl.constrained and not from_file:
         case_list = _constrain(case_list, decl, report)
     report.envelope = case_envelope(case_list)
+    if not decl.accepts_chunk_size and not layer:
+        report.envelope = _own_chunk_envelope(report.envelope, case_list)
     if active and case_list and not from_file:
         base = requested if explicit or scale == "long" else case_envelope(defaults(active, dtype=dtype, seed=seed))
         report.envelope_limits = _declared_limits(report, decl, base, "requested" if explicit else "default")
     return case_list
+
+
+#: The chunk sizes a kernel that keeps its own chunk is shown the coverage of (``Report.envelope``).
+OWN_CHUNKS: tuple[int, ...] = (16, 32, 64)
+
+
+def _own_chunk_envelope(envelope: dict[str, int], case_list: list[Case]) -> dict[str, int]:
+    """``envelope`` for a kernel that keeps its own chunk size (``accepts_chunk_size=False``): instead of the
+    cases' chunks (which it never sees), ``own_chunks_C`` — the most chunks of C tokens a causal case runs
+    through — and ``own_chunks_C_bh``, the same among the causal cases with B > 1 and H > 1, for each C of
+    :data:`OWN_CHUNKS`."""
+    out = {k: v for k, v in envelope.items() if k != "chunks"}
+    causal = [c for c in case_list if c.causal]
+    if not causal:
+        return out
+    for size in OWN_CHUNKS:
+        out[f"own_chunks_{size}"] = max(-(-c.n_q // size) for c in causal)
+        out[f"own_chunks_{size}_bh"] = max((-(-c.n_q // size) for c in causal if c.batch > 1 and c.heads > 1),
+                                           default=0)
+    return out
 
 
 def _declared_limits(report: Report, decl: Declaration, base: dict[str, int], baseline: str) -> list[str]:
@@ -742,3 +785,99 @@ def assert_conforms(impl: Callable[..., Any], declaration: Declaration | None = 
     report = check(impl, declaration, **kwargs)
     report.raise_if_failed()
     return report
+
+
+#: The keyword options of :func:`check` that a run of one dtype of a multi-dtype check receives.
+_CHECK_OPTIONS: tuple[str, ...] = (
+    "vjp", "variants", "device", "grad", "cases", "n_cases", "seed", "contract", "tolerance", "name", "mode", "scale",
+    "n_max", "timeout", "progress", "full_traceback", "repro", "in_process", "import_timeout", "tiling", "explore")
+
+
+def _declared_dtypes(impl: Any, declaration: Declaration | None) -> tuple[str, ...]:
+    """The dtypes a check without ``dtype=`` runs: every declared one, in the declared order."""
+    decl = declaration or declaration_of(impl) or Declaration()
+    return tuple(dict.fromkeys(decl.dtypes))
+
+
+def _check_each_dtype(impl: Any, declaration: Declaration | None, dtypes: tuple[str, ...],
+                      options: dict[str, Any]) -> Report:
+    """:func:`check` once per dtype, combined (:func:`~gma_ref.testing.report.combine_reports`).
+
+    A dtype the framework lacks here is a skip of its part that was not requested (the declaration asked for
+    it, not the caller). A search beyond the set gets an equal share of its seconds in every dtype. An
+    interrupt in one dtype raises :class:`Interrupted` with the parts run so far.
+    """
+    from .report import combine_reports
+
+    if options.get("explore"):
+        options = dict(options, explore=options["explore"] / len(dtypes))
+    parts: list[Report] = []
+    for dtype in dtypes:
+        try:
+            part = check(impl, declaration, dtype=dtype, **options)
+        except Interrupted as exc:
+            parts.append(exc.report)
+            raise Interrupted(combine_reports(parts)) from None
+        namespace = part.declaration.namespace
+        for s in part.skipped:
+            if s.what == f"dtype {dtype}" and s.reason.startswith(f"{namespace} has no {dtype}"):
+                s.requested = False
+        parts.append(part)
+    report = combine_reports(parts)
+    explored = [p.explored for p in parts if p.explored]
+    if explored:
+        failure = next((e["failure"] for e in explored if e.get("failure")), None)
+        report.explored = {"budget_s": sum(e["budget_s"] for e in explored),
+                           "elapsed_s": sum(e["elapsed_s"] for e in explored), "seed": explored[0]["seed"],
+                           "tried": sum(e["tried"] for e in explored),
+                           "dtypes": [d for e in explored for d in e["dtypes"]], "failure": failure}
+    return report
+
+
+def _validate_explore(explore: Any, scale: str, case_file: str | None) -> None:
+    """``ValueError`` for an ``explore`` that is not a number of seconds > 0, or one combined with what it cannot."""
+    if explore is None:
+        return
+    if isinstance(explore, bool) or not isinstance(explore, (int, float)) or not 0 < explore < float("inf"):
+        raise ValueError(f"explore must be None or a finite number of seconds > 0, got {explore!r}")
+    if scale == "scaling" or case_file is not None:
+        what = "scale='scaling'" if scale == "scaling" else "case_file"
+        raise ValueError(f"explore={explore!r} cannot be combined with {what}: the search runs beside the short "
+                         "or long cases")
+
+
+def _explore(report: Report, impl: Callable[..., Any], decl: Declaration, active: tuple[str, ...],
+             opts: dict[str, Any], seed: int, seconds: float, repro: str | None, timeout: float | None) -> None:
+    """Search beyond the case set for ``seconds`` (:func:`~gma_ref.testing.explore.explore`); every candidate
+    runs through :func:`_run_one`, as the cases do. A failure's checks join ``report``; an interrupt raises
+    :class:`Interrupted` with ``report`` (the cases' results)."""
+    from .explore import DEFAULT_EXPLORE_DIR, explore
+
+    if not active or report.mode == "layer":
+        why = "layer mode: the search draws attention cases" if active else "nothing declared to search"
+        report.skipped.append(Skip("explore", why))
+        return
+    directory = repro or DEFAULT_EXPLORE_DIR
+
+    def run(case: Case) -> list[CheckResult] | None:
+        scratch = Report(report.implementation, decl, report.dtype, report.device, report.grad)
+        res = _run_one(scratch, impl, case, decl, dict(opts, contract=False), timeout)
+        if res is None:
+            return [CheckResult(case.case_id, "call", "case", "timeout", None, timeout, False,
+                                detail=f"no result after {timeout:g} s (the call was abandoned)")]
+        return None if res.not_checkable is not None else res.results
+
+    target = impl.target if isinstance(impl, IsolatedCandidate) else None
+    try:
+        found = explore(run, decl, variants=active, dtype=report.dtype, seed=seed, seconds=seconds,
+                        directory=directory, name=report.implementation, grad=opts["vjp"] is not None, target=target)
+    except KeyboardInterrupt as exc:
+        report.interrupted = True
+        report.interrupt_status = getattr(exc, "status", EXIT_INTERRUPTED)
+        report.notes.append(f"interrupted ({getattr(exc, 'reason', 'KeyboardInterrupt')}) during the search beyond "
+                            "the case set: the results are those of the cases")
+        raise Interrupted(report) from None
+    report.explored = found.summary()
+    if found.failure is not None:
+        report.results += found.failure_results
+        report.case_ids.append(found.failure.case_id)

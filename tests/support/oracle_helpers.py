@@ -32,3 +32,9 @@ def routed_mass(case):
     if case.causal:
         aff = aff * np.tril(np.ones((case.n_q, case.n_k)))
     return aff.sum(-1)
+
+
+TWO_DTYPES = NumpyKernel("float64")
+"""The correct NumPy kernel computing in float64, declared for float64 and float32 (outputs in the input's dtype)."""
+TWO_DTYPES.gma_declaration = Declaration(dtypes=("float64", "float32"), grad=True, namespace="numpy",
+                                         returns_state=False, accepts_chunk_size=True)

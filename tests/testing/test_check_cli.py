@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from gma_ref.check_cli import main as cli_main
 from gma_ref.testing import check
 
@@ -101,3 +103,24 @@ def test_cli_constraint_flags(capsys):
                      "--k-multiple", "4", "--d-multiple", "8", "--d-max", "64", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["declaration"]["eps"] == 1e-10 and out["declaration"]["n_multiple"] == 16
+
+
+def test_cli_checks_every_declared_dtype_and_explores(capsys, tmp_path):
+    """Without --dtype every declared dtype has its summary line, then one for the run; --dtype narrows it to one.
+    --explore SECONDS on a kernel wrong only at K mod 32 = 21 exits 1 and names the case file and test written."""
+    two = "tests.support.oracle_helpers:TWO_DTYPES"
+    assert cli_main([two, "--variant", "cross", "--no-tiling", "--no-grad", "--no-repro", "-q"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    assert [ln.split(":")[0] for ln in lines] == ["PASS", "PASS", "PASS over 2 dtypes (float64 PASS, float32 PASS)"]
+    assert cli_main([two, "--variant", "cross", "--no-tiling", "--no-grad", "--no-repro", "-q", "--dtype",
+                     "float32"]) == 0
+    assert [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(("PASS", "FAIL"))][0].startswith(
+        "PASS: ")
+    status = cli_main(["tests.support.planted_explore:kernel", "--in-process", "--no-tiling",
+                       "--explore", "10", "--seed", "27", "--repro", str(tmp_path), "-q"])
+    text = capsys.readouterr().out
+    assert status == 1 and "explore: " in text and "FAIL" in text
+    assert str(tmp_path / "test_") in text and ".npz" in text
+    with pytest.raises(SystemExit) as bad:
+        cli_main(["tests.support.planted_explore:kernel", "--explore", "0"])
+    assert bad.value.code == 4

@@ -352,3 +352,29 @@ def test_command_line_options_reach_the_case_list(pytester):
     res.assert_outcomes(failed=1, deselected=28)
     res.stdout.fnmatch_lines(["gma-ref: conformance cases of kern:k64 (items gma-ref::<case id>; run in a worker "
                               "process)", "*timeout*"])
+
+
+def test_every_declared_dtype_is_collected_and_gma_dtype_narrows_it():
+    """gma_case_list without dtype: the cases of each declared dtype in turn (float64's, then float32's), each
+    variant's first case of each dtype with the contract checks; dtype='float32' gives that dtype's alone."""
+    from gma_ref.testing.pytest_plugin import gma_case_list
+
+    from ..support.oracle_helpers import TWO_DTYPES
+
+    both = gma_case_list(TWO_DTYPES, variants=("cross",))
+    one = gma_case_list(TWO_DTYPES, variants=("cross",), dtype="float32")
+    assert [c.case.dtype for c in both] == ["float64"] * len(one) + ["float32"] * len(one)
+    assert [c.case_id for c in both[len(one):]] == [c.case_id for c in one]
+    assert [c.contract for c in both].count(True) == 2
+
+
+def test_gma_explore_adds_an_item_that_fails_with_the_shrunk_case(pytester, tmp_path):
+    """--gma-explore SECONDS adds gma-ref::explore: on a kernel wrong only at K mod 32 = 21 it fails, naming the case
+    file and the pytest test it wrote into --gma-repro DIR."""
+    out = tmp_path / "found"
+    result = pytester.runpytest(*PLUGIN, "--gma-impl", "tests.support.planted_explore:kernel", "--gma-in-process",
+                                "-k", "explore", "--gma-explore", "10", "--gma-seed", "27", "--gma-repro", str(out))
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "gma-ref::explore" in text and "the search beyond the case set found" in text
+    assert len(list(out.glob("*.npz"))) == 1 and len(list(out.glob("test_*.py"))) == 1

@@ -61,3 +61,37 @@ def test_worst_values_are_printed_with_repr_digits():
 
     line = CheckResult("c", "forward", "out", "elem", 1.0, 0.5, False, (0, 1), float(np.float32(0.1)), 0.1).format()
     assert "0.10000000149011612 vs 0.1" in line
+
+
+def test_combined_reports_keep_each_part_and_the_worst_status():
+    """combine_reports: the parts are kept in order with their own summary lines; results, cases and skips are
+    joined (a skip repeated in every part once); the status is the worst (2 for a requested skip, 1 for a failure,
+    the interrupt status when a part was interrupted); an empty list is a ValueError."""
+    import pytest
+
+    from gma_ref.testing import Declaration
+    from gma_ref.testing.report import CheckResult, Report, Skip, combine_reports
+
+    def part(dtype, passed=True, skips=()):
+        r = Report("impl", Declaration(), dtype, "cpu", False, skipped=[Skip("state", "not declared"), *skips],
+                   case_ids=[f"c-{dtype}"], envelope={"n": 3 if dtype == "float64" else 5})
+        r.results.append(CheckResult(f"c-{dtype}", "forward", "out", "norm", 0.0, 1.0, passed))
+        return r
+
+    both = combine_reports([part("float64"), part("float32")])
+    assert both.passed and both.exit_code == 0 and both.dtypes == ["float64", "float32"]
+    assert both.case_ids == ["c-float64", "c-float32"] and len(both.skipped) == 1 and both.envelope == {"n": 5}
+    text = both.format()
+    assert text.count("PASS: 1/1 cases passed") == 2 and text.splitlines()[-1].startswith(
+        "PASS over 2 dtypes (float64 PASS, float32 PASS)")
+    data = json.loads(both.to_json())
+    assert data["dtype"] == "float64+float32" and [p["dtype"] for p in data["parts"]] == ["float64", "float32"]
+    asked = combine_reports([part("float64"), part("float32", skips=[Skip("variant x", "no", requested=True)])])
+    assert asked.passed and asked.exit_code == 2
+    failing = combine_reports([part("float64", passed=False), part("float32")])
+    assert not failing.passed and failing.exit_code == 1 and failing.failed_cases() == ["c-float64"]
+    stopped = part("float32")
+    stopped.interrupted, stopped.interrupt_status = True, 143
+    assert combine_reports([part("float64"), stopped]).exit_code == 143
+    with pytest.raises(ValueError, match="parts"):
+        combine_reports([])

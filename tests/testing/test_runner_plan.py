@@ -200,7 +200,8 @@ def test_a_declared_tf32_is_listed_and_one_the_probe_contradicts_fails(monkeypat
     from gma_ref.testing.declared import TF32_CHECK_ID
 
     _probes(monkeypatch, tf32=True)
-    report = check(_declared(_K32, dtypes=("float32", "float64"), tf32=True), cases=[_CASE], contract=False)
+    report = check(_declared(_K32, dtypes=("float32", "float64"), tf32=True), cases=[_CASE], contract=False,
+                   dtype="float32")
     assert report.passed and report.notes == []
     assert report.envelope_limits == ["tf32 = True (declared: the tolerance of float32 with TF32 products)"]
     float64 = check(_declared(tf32=True), cases=[_CASE], contract=False)
@@ -361,7 +362,10 @@ def test_every_declared_constraint_maps_the_cases_and_is_listed() -> None:
     assert [(s.what, s.reason) for s in report.skipped if s.what.endswith(" edge")] == [
         ("causal edge", f"not realisable under the declaration: {n}") for n in notes]
     assert report.envelope_limits == envelope_limits(case_envelope(cases), baseline="default", **fields)
-    assert report.envelope == case_envelope([m for m, _ in mapped])
+    planned = case_envelope([m for m, _ in mapped])  # a kernel with its own chunk: its chunks of 16, 32, 64
+    assert {k: v for k, v in report.envelope.items() if not k.startswith("own_")} == {
+        k: v for k, v in planned.items() if k != "chunks"}
+    assert report.envelope["own_chunks_64"] == max(-(-m.n_q // 64) for m, _ in mapped)
 
 
 @pytest.mark.parametrize("limit", ["n_max", "k_max", "d_max"])
@@ -715,3 +719,47 @@ def test_the_report_names_the_reference_backend_it_used(monkeypatch) -> None:
     monkeypatch.setattr(runner, "reference_namespace", lambda device: Renamed("array_api_compat.cupy"))
     report = check(_K64, cases=[_CASE], contract=False)
     assert report.reference_backend == "cupy"
+
+
+# --------------------------------------------------------------------------- every declared dtype
+
+
+def test_every_declared_dtype_is_checked_each_with_its_summary_and_dtype_narrows_it():
+    """Without dtype=, a kernel declaring float64 and float32 is checked in both, in the declared order: one part per
+    dtype, each with its cases in its dtype and its own summary line, then one line for the run; the combined report
+    passes, exits 0 and its JSON has both parts. dtype='float32' runs that one alone (no parts)."""
+    import json
+
+    from ..support.oracle_helpers import TWO_DTYPES
+
+    report = check(TWO_DTYPES, cases=_CASES)
+    assert report.dtypes == ["float64", "float32"] and [p.dtype for p in report.parts] == report.dtypes
+    assert report.passed and report.exit_code == 0 and report.dtype == "float64+float32"
+    assert [{cid.split("-")[-2 if "cross" in cid or "bidi" in cid else -3] for cid in p.case_ids}
+            for p in report.parts] == [{"f64"}, {"f32"}]
+    lines = [line.split(":")[0] for line in report.format().splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert lines == ["PASS", "PASS", "PASS over 2 dtypes (float64 PASS, float32 PASS)"]
+    data = json.loads(report.to_json())
+    assert data["dtypes"] == ["float64", "float32"] and [p["dtype"] for p in data["parts"]] == data["dtypes"]
+    one = check(TWO_DTYPES, cases=_CASES, dtype="float32")
+    assert one.parts == [] and one.dtypes == ["float32"] and one.passed
+
+
+def test_a_failure_in_one_dtype_fails_the_run_and_a_dtype_the_framework_lacks_is_not_a_failure(monkeypatch):
+    """A float32 kernel declared for float32 and float64 fails the float64 part: the run fails (exit 1) while the
+    float32 part passes, and the likely cause across the parts names the dtype. A declared dtype the framework
+    lacks here is a skip of its part that nobody requested: the others decide the verdict (exit 0)."""
+    from gma_ref.testing import adapters
+
+    kern = _declared(_K32, dtypes=("float32", "float64"), grad=False)
+    report = check(kern, cases=_CASES, contract=False)
+    assert [p.passed for p in report.parts] == [True, False] and not report.passed and report.exit_code == 1
+    assert report.format().splitlines()[-1].startswith("FAIL over 2 dtypes (float32 PASS, float64 FAIL)")
+    assert report.likely_causes()[-1] == "every failing case has dtype float64 (3 of 3 failing, 0 of 3 passing)"
+    real = adapters.candidate_dtype
+    monkeypatch.setattr(adapters, "candidate_dtype", lambda ns, dt: None if dt == "bfloat16" else real(ns, dt))
+    lacking = check(_declared(_K32, dtypes=("float32", "bfloat16"), grad=False), cases=_CASES,
+                    contract=False)
+    assert lacking.passed and lacking.exit_code == 0 and lacking.parts[1].results == []
+    assert [s.requested for s in lacking.skipped if s.what == "dtype bfloat16"] == [False]
+    assert "bfloat16 not checked" in lacking.format().splitlines()[-1]
