@@ -20,7 +20,7 @@ long-sequence bug runs the long check and the short default check of each dtype 
 ``hidden_in``), beside the correct kernel, and the largest error / threshold of each is printed.
 """
 
-# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+# sphinx_gallery_thumbnail_path = '_figures/gallery_calibrate_long.png'
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ Without fla (or, for ``--device cuda``, without CUDA/Triton/CuPy) it prints why 
 Exit status 1 if any check failed.
 """
 
-# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+# sphinx_gallery_thumbnail_path = '_figures/gallery_check_fla.png'
 
 from __future__ import annotations
 

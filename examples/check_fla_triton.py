@@ -38,7 +38,7 @@ of that process (the oracle's worker)::
 Without triton, fla or torch it prints why and exits 0. Exit status 1 if any check failed.
 """
 
-# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+# sphinx_gallery_thumbnail_path = '_figures/gallery_check_fla_triton.png'
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ the float64 reference with CuPy on the GPU, and compares on the GPU: nothing goe
 host except the error figures. Replace ``cuda_gma`` by your kernel to check it.
 """
 
-# sphinx_gallery_thumbnail_path = '_figures/oracle_errors.png'
+# sphinx_gallery_thumbnail_path = '_figures/gallery_check_torch_cuda.png'
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ Usage (from the repository root, with the test dependencies installed)::
     python tools/mutate.py gma_ref/induced.py --tests tests/bidirectional/test_equations.py
     python tools/mutate.py gma_ref/causal.py --list           # list the mutants, run nothing
     python tools/mutate.py gma_ref/causal.py --match read_weights   # only mutants whose key matches
+    python tools/mutate.py --write-table                      # the table of docs/contributing.md
+    python tools/mutate.py --status                           # modules to rerun: changed or never run in full
 
 The working tree is never modified: the mutant is served to the test process by an
 import hook (``sys.meta_path``) in a forked child, so the source file on disk stays as it
@@ -27,15 +29,23 @@ costs only the time of its tests. POSIX only (``os.fork``).
 
 Mutant keys are stable under line shifts: ``module | function | mutation #n | line text``
 where ``#n`` counts equal mutations of equal line text in the same function.
+
+A run of every mutant of a module against its default test files (no ``--match``, no
+``--tests``) records its counts and the SHA-256 of the module's source in
+``tools/mutation-results.json``; ``--write-table`` writes the table of those results into
+``docs/contributing.md`` between its two ``mutation-table`` marker comments, and ``--status``
+names the modules whose source has changed since their recorded run and those never run in full.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import importlib.abc
 import importlib.util
 import io
+import json
 import os
 import signal
 import sys
@@ -47,6 +57,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENTS = ROOT / "tools" / "mutation-equivalents.txt"
+RESULTS = ROOT / "tools" / "mutation-results.json"
+CONTRIBUTING = ROOT / "docs" / "contributing.md"
+TABLE_START = "<!-- mutation-table: written by python tools/mutate.py --write-table -->"
+TABLE_END = "<!-- /mutation-table -->"
 
 #: The tests of the scores and responsibilities: both the direct form (posterior) and the fast path
 #: (scores_fast) answer to them.
@@ -608,6 +622,81 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, str]:
     return out
 
 
+# --------------------------------------------------------------------------- recorded results
+
+
+def source_sha256(module: str) -> str:
+    """SHA-256 of the module's source file, which a recorded run is tied to."""
+    return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
+
+
+def load_results(path: Path = RESULTS) -> dict[str, dict]:
+    """Module path -> its last full run: ``mutants``, ``killed``, ``equivalent``, ``survived``, ``source_sha256``."""
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for module, row in data.items():
+        missing = {"mutants", "killed", "equivalent", "survived"} - set(row)
+        if missing:
+            raise SystemExit(f"{path}: {module} lacks {sorted(missing)}")
+        if row["killed"] + row["equivalent"] + row["survived"] != row["mutants"]:
+            raise SystemExit(f"{path}: {module}: killed + equivalent + survived is not the number of mutants")
+    return data
+
+
+def record_result(module: str, mutants: int, killed: int, equivalent: int, survived: int,
+                  path: Path = RESULTS) -> None:
+    """Store one full run of ``module`` (replacing its previous one); modules are kept in path order."""
+    data = load_results(path)
+    data[module] = {"mutants": mutants, "killed": killed, "equivalent": equivalent, "survived": survived,
+                    "source_sha256": source_sha256(module)}
+    path.write_text(json.dumps(dict(sorted(data.items())), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def mutation_table(results: dict[str, dict]) -> str:
+    """The Markdown table of the recorded runs: one row per module, score = killed / (mutants − equivalent)."""
+    lines = ["| module | mutants | killed | equivalent (listed) | survivors | score |", "|---|---|---|---|---|---|"]
+    for module, row in sorted(results.items()):
+        scored = row["mutants"] - row["equivalent"]
+        score = f"{100 * row['killed'] / scored:.1f} %" if scored else "–"
+        lines.append(f"| `{module}` | {row['mutants']} | {row['killed']} | {row['equivalent']} | {row['survived']} "
+                     f"| {score} |")
+    return "\n".join(lines)
+
+
+def replace_table(text: str, table: str) -> str:
+    """``text`` with what lies between the two marker comments replaced by ``table``."""
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start or text.count(TABLE_START) != 1 or text.count(TABLE_END) != 1:
+        raise ValueError(f"the page needs one {TABLE_START!r} and, after it, one {TABLE_END!r}")
+    return text[:start + len(TABLE_START)] + "\n" + table + "\n" + text[end:]
+
+
+def write_table(page: Path = CONTRIBUTING, results: Path = RESULTS) -> bool:
+    """Write the table of ``results`` into ``page``; True when the page changed."""
+    text = page.read_text(encoding="utf-8")
+    new = replace_table(text, mutation_table(load_results(results)))
+    if new != text:
+        page.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def status(results: dict[str, dict]) -> list[str]:
+    """One line per module to rerun: source changed since (or not recorded with) its run, never run in full."""
+    out = []
+    for module in sorted(set(results) | set(MODULE_TESTS)):
+        if not (ROOT / module).is_file():
+            out.append(f"{module}: no longer present" + (" (remove its recorded run)" if module in results else ""))
+        elif module not in results:
+            out.append(f"{module}: never run in full")
+        elif results[module].get("source_sha256") is None:  # counts recorded without the source they came from
+            now, then = len(generate(module)[1]), results[module]["mutants"]
+            out.append(f"{module}: its recorded run names no source ({now} mutants now, {then} in that run)")
+        elif results[module]["source_sha256"] != source_sha256(module):
+            out.append(f"{module}: source changed since its recorded run")
+    return out
+
+
 def _preimport() -> None:
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
@@ -626,7 +715,7 @@ def _preimport() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("module", help="path of the module under test, e.g. gma_ref/mixture.py")
+    parser.add_argument("module", nargs="?", help="path of the module under test, e.g. gma_ref/mixture.py")
     parser.add_argument("--tests", nargs="+", help="test files to run (default: the module's list in MODULE_TESTS)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per mutant (default: 3 × baseline + 10)")
@@ -638,9 +727,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-tests", action="store_true",
                         help="run every test file for every mutant (default: only the tests that execute the "
                              "mutated line, from a traced run of the unmutated module)")
+    parser.add_argument("--write-table", action="store_true",
+                        help=f"write the table of {RESULTS.name} into docs/contributing.md and exit")
+    parser.add_argument("--status", action="store_true",
+                        help="name the modules whose source changed since their recorded run, or never run in full")
     args = parser.parse_args(argv)
 
+    if args.write_table:
+        changed = write_table()
+        print(f"{CONTRIBUTING.relative_to(ROOT)}: mutation table {'written' if changed else 'already up to date'}")
+        return 0
+    if args.status:
+        lines = status(load_results())
+        print("\n".join(lines) if lines else "every module's recorded run is of its current source")
+        return 0
     module = args.module
+    if module is None:
+        parser.error("name a module (or --write-table, --status)")
     if not (ROOT / module).is_file():
         parser.error(f"no such module: {module}")
     tests = args.tests or MODULE_TESTS.get(module)
@@ -722,6 +825,11 @@ def main(argv: list[str] | None = None) -> int:
               "rerun them (--match) before counting them")
     for m in wrongly_equivalent:
         print(f"KILLED but listed as equivalent (remove from {EQUIVALENTS.name}): {m.key}")
+    if args.match or args.tests:
+        print(f"not recorded in {RESULTS.name}: a run with --match or --tests is not the module's full run")
+    else:
+        record_result(module, total, counts["killed"], counts["equivalent"], counts["survived"])
+        print(f"recorded in {RESULTS.name}; python tools/mutate.py --write-table puts it in the docs")
     if args.show and survivors:
         print("\nsurvivors:")
         for m in survivors:

@@ -12,6 +12,8 @@ and line numbers; the ``gma-code`` directive of ``gma_docs`` shows them under th
 the guide, and ``tests/project/test_guide_code.py`` checks that every guide equation has such a
 block and that every block finds its lines. A label is one word without spaces or brackets:
 an equation number (``16``, ``3b``), several joined by ``+`` (``5+6``) or a name (``barycentre``).
+The label :data:`WHOLE` (``*``) asks for the function's whole body, its docstring left out: the
+guide shows backward passes that way, beside their forwards, where every line is the derivation's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, NamedTuple
 
+#: The label of a function's whole body (no markers needed).
+WHOLE = "*"
 MARKER = re.compile(r"^\s*# \[(/?)eq:([^\]\s]+)\]\s*$")
 #: ```{gma-code} gma_ref.module.function label``` in a Markdown page.
 CODE_DIRECTIVE = re.compile(r"^```\{gma-code\}[ \t]+(\S+)[ \t]+(\S+)[ \t]*$", re.MULTILINE)
@@ -64,6 +68,8 @@ def equation_lines(dotted: str, label: str) -> EquationLines:
     obj = inspect.unwrap(resolve(dotted))
     lines, start = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj) or "?")
+    if label == WHOLE:
+        return _body(lines, start, path, dotted)
     opens = [i for i, line in enumerate(lines) if (m := MARKER.match(line)) and not m[1] and m[2] == label]
     closes = [i for i, line in enumerate(lines) if (m := MARKER.match(line)) and m[1] and m[2] == label]
     if len(opens) != 1 or len(closes) != 1 or closes[0] <= opens[0]:
@@ -76,6 +82,25 @@ def equation_lines(dotted: str, label: str) -> EquationLines:
     if not text.strip():
         raise LookupError(f"the '# [eq:{label}]' markers of {dotted} enclose no code")
     return EquationLines(text, path, start + opens[0] + 1, start + closes[0] - 1)
+
+
+def _body(lines: list[str], start: int, path: Path, dotted: str) -> EquationLines:
+    """The function's body after its signature and docstring, dedented."""
+    import ast
+
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    func = tree.body[0]
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise LookupError(f"{dotted} is not a function: '*' shows a function's body")
+    body = func.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    if not body:
+        raise LookupError(f"{dotted} has no body beside its docstring")
+    first, last = body[0].lineno, body[-1].end_lineno or body[-1].lineno  # 1-based, within ``lines``
+    text = textwrap.dedent("".join(lines[first - 1:last])).strip("\n")
+    return EquationLines(text, path, start + first - 1, start + last - 1)
 
 
 def tag_numbers(tag: str) -> set[str]:

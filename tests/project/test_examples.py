@@ -189,3 +189,16 @@ def test_every_gallery_card_shows_a_picture_of_its_example():
         elif thumb is None or Path(thumb[1]).stem not in drawn:
             missing.append(f"{path.name}: not run by the build and names no drawn figure as its thumbnail")
     assert not missing, missing
+
+
+def test_no_two_gallery_cards_share_a_thumbnail():
+    """Each example the build does not run names a thumbnail of its own (the run ones draw their own)."""
+    import re
+
+    named: dict[str, list[str]] = {}
+    for path in sorted(EXAMPLES.glob("*.py")):
+        thumb = re.search(r"^# sphinx_gallery_thumbnail_path = '(.+?)'", path.read_text(encoding="utf-8"), re.MULTILINE)
+        if thumb:
+            named.setdefault(thumb[1], []).append(path.name)
+    shared = {thumb: names for thumb, names in named.items() if len(names) > 1}
+    assert not shared, f"gallery cards sharing a thumbnail: {shared}"

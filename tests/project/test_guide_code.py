@@ -1,11 +1,13 @@
 """Every equation of the guide is followed by the gma-ref lines that compute it, and every page
 ends with an example the docs build runs.
 
-Reads the Markdown of ``docs/guide/02-*.md`` … ``13-*.md`` (no Sphinx needed): every numbered
-display equation (``\\text{(Eq. N)}``) has a ``gma-code`` block on its page whose label names one
-of its numbers, every ``gma-code`` block finds its ``# [eq:<label>]`` … ``# [/eq:<label>]`` lines
-in the source (the lines the build shows, so a block cannot drift from the code), every marker
-in gma_ref is paired, and every page ends with a ``gma-run`` example of at most 15 lines.
+Reads the Markdown of ``docs/guide/01-*.md`` … ``13-*.md`` (no Sphinx needed): every display
+equation is tagged, with its number (``\\text{(Eq. N)}``) or with why it has none
+(``\\text{(unnumbered, …)}``); every numbered display is followed directly (after at most further
+displays of the same group) by ``gma-code`` blocks whose labels name one of its numbers; every
+``gma-code`` block finds its ``# [eq:<label>]`` … ``# [/eq:<label>]`` lines in the source (the lines
+the build shows, so a block cannot drift from the code); every marker in gma_ref is paired; and
+every page ends with a ``gma-run`` example of at most 15 lines.
 """
 
 from __future__ import annotations
@@ -21,15 +23,79 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 import gma_source  # noqa: E402
 
-GUIDE = sorted(p for p in (ROOT / "docs" / "guide").glob("[0-9][0-9]-*.md") if p.name[:2] >= "02")
+GUIDE = sorted((ROOT / "docs" / "guide").glob("[0-9][0-9]-*.md"))
 IDS = [p.stem for p in GUIDE]
 DISPLAY = re.compile(r"^\$\$\n(.*?)^\$\$", re.MULTILINE | re.DOTALL)
+#: A display's tag: ``\text{(Eq. 16 = Eq. 50)}`` or ``\text{(unnumbered, App. C.2)}``.
+ANY_TAG = re.compile(r"\\text\{\(([^}]*)\)\}")
+#: The page cut into displays, gma-code blocks, other fenced blocks and the prose between them.
+ELEMENT = re.compile(r"^(?P<display>\$\$\n.*?^\$\$)[ \t]*$|^(?P<fence>```.*?^```)[ \t]*$", re.MULTILINE | re.DOTALL)
 EXAMPLE_LINES = 15
 
 
+def elements(text: str) -> list[tuple[str, str]]:
+    """(kind, text) in page order: ``display``, ``code`` (a gma-code block), ``fence`` or ``prose``."""
+    out, at = [], 0
+    for m in ELEMENT.finditer(text):
+        if text[at:m.start()].strip():
+            out.append(("prose", text[at:m.start()]))
+        if m["display"]:
+            out.append(("display", m["display"]))
+        else:
+            out.append(("code" if m["fence"].startswith("```{gma-code}") else "fence", m["fence"]))
+        at = m.end()
+    if text[at:].strip():
+        out.append(("prose", text[at:]))
+    return out
+
+
+def unfollowed_equations(text: str) -> list[str]:
+    """Tags of numbered displays not followed directly by code computing them.
+
+    After a numbered display come, with nothing but blank lines between, possibly more displays
+    (one group), then gma-code blocks; their labels must name one of the display's numbers.
+    """
+    items = elements(text)
+    missing = []
+    for i, (kind, body) in enumerate(items):
+        if kind != "display":
+            continue
+        tags = gma_source.EQUATION_TAG.findall(body)
+        if not tags:
+            continue
+        j = i + 1
+        while j < len(items) and items[j][0] == "display":
+            j += 1
+        covered: set[str] = set()
+        while j < len(items) and items[j][0] == "code":
+            _, label = gma_source.CODE_DIRECTIVE.search(items[j][1]).groups()
+            covered |= gma_source.label_numbers(label)
+            j += 1
+        missing += [tag for tag in tags if not gma_source.tag_numbers(tag) & covered]
+    return missing
+
+
 def test_the_guide_pages_are_found():
-    """Pages 02 to 13 (guards the parametrisations against an empty glob)."""
-    assert [p.name[:2] for p in GUIDE] == [f"{n:02d}" for n in range(2, 14)]
+    """Pages 01 to 13 (guards the parametrisations against an empty glob)."""
+    assert [p.name[:2] for p in GUIDE] == [f"{n:02d}" for n in range(1, 14)]
+
+
+@pytest.mark.parametrize("page", GUIDE, ids=IDS)
+def test_every_display_is_tagged(page):
+    """Each display equation carries its number, or says why it has none ("unnumbered, ...")."""
+    untagged = []
+    for display in DISPLAY.findall(page.read_text(encoding="utf-8")):
+        tags = ANY_TAG.findall(display)
+        if not any(re.match(r"Eqs?\.", t) or t.startswith("unnumbered") for t in tags):
+            untagged.append(display.strip().splitlines()[0][:60])
+    assert not untagged, f"{page.name}: displays without a number or a reason: {untagged}"
+
+
+@pytest.mark.parametrize("page", GUIDE, ids=IDS)
+def test_every_numbered_equation_is_followed_by_its_code(page):
+    """A numbered display (or its group of displays) is followed directly by the blocks computing it."""
+    missing = unfollowed_equations(page.read_text(encoding="utf-8"))
+    assert not missing, f"{page.name}: equations not followed directly by their code: {missing}"
 
 
 @pytest.mark.parametrize("page", GUIDE, ids=IDS)
@@ -100,3 +166,15 @@ def test_a_missing_marker_or_function_is_reported():
     assert gma_source.tag_numbers("Eqs. 42–44") == {"42", "43", "44"}
     assert gma_source.tag_numbers("Eq. 9b, §3.5") == {"9b"}
     assert gma_source.label_numbers("3+3b+51") == {"3", "3b", "51"}
+
+
+def test_an_equation_far_from_its_code_is_reported():
+    """The order check can fail: prose between an equation and its block, or a block for another equation."""
+    eq = "$$\nx = 1\n\\qquad\\text{(Eq. 5)}\n$$\n"
+    block = "```{gma-code} gma_ref.bidirectional.write_memory 5+6\n```\n"
+    other = "```{gma-code} gma_ref.bidirectional.read_memory 7+8\n```\n"
+    eq6 = "$$\ny = 2\n\\qquad\\text{(Eq. 6)}\n$$\n"
+    assert unfollowed_equations(eq + "\n" + block) == []
+    assert unfollowed_equations(eq + "\n" + eq6 + "\n" + block) == []
+    assert unfollowed_equations(eq + "\nSome prose.\n\n" + block) == ["Eq. 5"]
+    assert unfollowed_equations(eq + "\n" + other) == ["Eq. 5"]
