@@ -24,8 +24,6 @@ the SHA-256 of the newline-joined sorted case ids of the float32 and float64 def
 from __future__ import annotations
 
 import argparse
-import hashlib
-import inspect
 import json
 import multiprocessing
 import sys
@@ -39,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gma_ref.testing import Case, check, default_cases  # noqa: E402
+from gma_ref.testing.power import case_set_fingerprint  # noqa: E402
 from tests.support.fault_model import FAULTS, faulty  # noqa: E402
 from tests.support.tiled_kernel import TiledKernel  # noqa: E402
 
@@ -60,14 +59,8 @@ def default_case_list(dtype: str) -> tuple[list[Case] | None, list[str]]:
     report = check(TiledKernel(dtype), dtype=dtype, grad=True)
     if not report.passed:
         raise RuntimeError(f"the correct tiled kernel fails the default {dtype} check:\n{report.format()}")
-    options = {"tiling": True} if "tiling" in inspect.signature(default_cases).parameters else {}
-    listed = default_cases(dtype=dtype, **options)
+    listed = default_cases(dtype=dtype, tiling=True)
     return (listed if [c.case_id for c in listed] == report.case_ids else None), list(report.case_ids)
-
-
-def fingerprint(case_ids: list[str]) -> str:
-    """SHA-256 of the newline-joined sorted case ids."""
-    return hashlib.sha256("\n".join(sorted(case_ids)).encode()).hexdigest()
 
 
 def first_kill(task: tuple[str, str]) -> tuple[str, str, str]:
@@ -103,7 +96,7 @@ def measure(fault_ids: list[str] | None = None, processes: int = 2) -> dict[str,
     kills: dict[str, dict[str, str]] = {}
     for fault_id, dtype, case_id in found:
         kills.setdefault(fault_id, {})[dtype] = case_id
-    return {"kills": kills, "case_set": fingerprint(ids), "cases": counts,
+    return {"kills": kills, "case_set": case_set_fingerprint(ids), "cases": counts,
             "case_by_case": [d for d in DTYPES if _CASES[d] is not None], "seconds": round(time.perf_counter() - t0, 1)}
 
 

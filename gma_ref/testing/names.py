@@ -12,6 +12,7 @@ The layers, bottom to top (each module imports only from layers below it; the te
                                    tile; probing a framework's arithmetic
     adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
     cases, wire                    short and layer cases; the messages between the oracle and its worker
+    power                          the default set's detection power against the fault model (its counts)
     conditioning, isolation,       the condition factors κ and λ; the oracle's handle on the worker
     worker                         process; the worker process itself (the candidate's side)
     reference                      the float64 reference of a short or layer case

@@ -176,6 +176,9 @@ class Report:
     #: ``budget_s``, ``elapsed_s``, ``seed``, ``tried``, ``dtypes`` and, when it found one, ``failure``
     #: (``case_id``, ``case_file``, ``test_file``); empty when no search ran.
     explored: dict[str, Any] = field(default_factory=dict)
+    #: The detection power of the case set against the project's fault model, in words
+    #: (:func:`~gma_ref.testing.power.detection_text`); empty when not known (layer, long and scaling checks).
+    detection: str = ""
 
     @property
     def dtypes(self) -> list[str]:
@@ -292,6 +295,8 @@ class Report:
         text += _own_chunks_text(self.envelope)
         if self.envelope_limits:
             text += "; limited by the declaration: " + ", ".join(self.envelope_limits)
+        if self.detection:
+            text += "; " + self.detection
         return text
 
     def to_json(self) -> str:
@@ -306,7 +311,7 @@ class Report:
             "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
             "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
             "interrupted": self.interrupted, "isolated": self.isolated, "envelope": dict(self.envelope),
-            "envelope_limits": list(self.envelope_limits), "advice": self.top_advice(),
+            "detection": self.detection, "envelope_limits": list(self.envelope_limits), "advice": self.top_advice(),
             "likely_causes": self.likely_causes(), "dtypes": self.dtypes, "explored": dict(self.explored),
             "parts": [json.loads(p.to_json()) for p in self.parts],
         }), indent=1, allow_nan=False)

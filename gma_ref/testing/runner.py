@@ -52,6 +52,7 @@ from .declaration import suggest_declaration
 from .declared import TF32_CHECK_ID
 from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, WorkerLost
 from .long import LONG_SIZES, long_cases
+from .power import detection_text
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
 
 __all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "run_case", "EXIT_INTERRUPTED",
@@ -229,6 +230,8 @@ def check(
                            tiling)
     if file_case is not None:
         _explain_file_case(report, file_case, case_file, case_list)
+    elif report.mode == "attention" and scale == "short":
+        report.detection = detection_text([c.case_id for c in case_list], report.dtype)
     opts = {"vjp": the_vjp, "device": report.device, "xp": xp, "tolerance": tolerance,
             "full_traceback": full_traceback, "arrays": None if file_case is None else file_case.arrays}
     shrinker = _Shrinker(impl, decl, repro, report, opts, timeout) if repro is not None and file_case is None else None

@@ -25,7 +25,7 @@ LAYERS: dict[str, float] = {
     "names": 0,
     "declaration": 1, "capture": 1, "buffers": 1, "covering": 1, "tails": 1, "probes": 1,
     "adapters": 2, "calls": 2,
-    "cases": 3, "wire": 3,
+    "cases": 3, "wire": 3, "power": 3.5,
     "conditioning": 4, "isolation": 4, "worker": 4,
     "reference": 5,
     "compare": 6,
