@@ -31,7 +31,7 @@ class RunBounds:
     budget : float, optional
         Seconds the whole run may take (``None``: no limit).
     hint : str
-        How to ask for every case to be run, quoted in the reason (``'keep_going=True'``, ``'--keep-going'``).
+        How to ask for every case to be run, quoted in the reason (``'--gma-keep-going'`` in the pytest plugin).
 
     Raises
     ------
@@ -39,7 +39,8 @@ class RunBounds:
         ``budget`` is not ``None`` or a positive number, or ``keep_going`` is not a bool.
     """
 
-    def __init__(self, keep_going: bool = False, budget: float | None = None, hint: str = "keep_going=True") -> None:
+    def __init__(self, keep_going: bool = False, budget: float | None = None,
+                 hint: str = "--keep-going or keep_going=True") -> None:
         if not isinstance(keep_going, bool):
             raise ValueError(f"keep_going must be True or False, got {keep_going!r}")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))

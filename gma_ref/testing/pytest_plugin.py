@@ -2,10 +2,10 @@
 
 Installed with gma-ref (the ``pytest11`` entry point), and **off** unless ``--gma-impl`` is given::
 
-    pytest --gma-impl mypkg.kernels:my_gma [--gma-dtype float32] [--gma-grad] [--gma-long]
+    pytest --gma-impl mypkg.kernels:my_gma [--gma-dtype float32] [--gma-long]
            [--gma-mode layer] [--gma-variant causal]... [--gma-cases N] [--gma-seed S]
-           [--gma-n-max N] [--gma-device cuda] [--gma-timeout S]
-           [--gma-xfail FILE] [--gma-repro DIR]
+           [--gma-n-max N] [--gma-device cuda] [--gma-timeout S] [--gma-keep-going]
+           [--gma-budget SECONDS] [--gma-html FILE] [--gma-xfail FILE] [--gma-repro DIR]
 
 collects, beside the project's own tests, the items ``gma-ref::<case id>`` — one per case
 of the set ``gma-ref check`` runs with the same options (the ids are
@@ -14,14 +14,16 @@ of the set ``gma-ref check`` runs with the same options (the ids are
 :func:`gma_ref.testing.check` (``cases=[case]``); a failing item shows the oracle's report
 lines of that case and, with ``--gma-repro DIR``, writes the shrunk reproducer there.
 ``--gma-xfail FILE`` marks the case ids listed in FILE (one a line, ``#`` comments) as
-*strict* expected failures: a listed case that passes fails the run (XPASS strict).
+*strict* expected failures: a listed case that passes fails the run (XPASS strict). Two consecutive
+items that end in ``timeout`` (or the same crash) skip the items after as not run
+(``--gma-keep-going`` runs them); ``--gma-html FILE`` writes the HTML page of every item run.
 
 From a kernel author's own test module, the same items come from a parametrisation::
 
     import pytest
     from gma_ref.testing.pytest_plugin import check_case, gma_cases
 
-    @pytest.mark.parametrize("case", gma_cases(my_gma, dtype="float32", grad=True))
+    @pytest.mark.parametrize("case", gma_cases(my_gma, dtype="float32"))
     def test_my_gma(case):
         check_case(my_gma, case)
 

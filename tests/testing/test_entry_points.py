@@ -143,3 +143,20 @@ def test_a_spent_budget_lists_the_rest_as_not_run_and_the_run_does_not_pass() ->
     assert report.case_ids == [] or len(report.case_ids) < len(_IDS)
     assert "budget of 1e-09 s was spent" in report.stopped and report.exit_code == 1 and not report.passed
     assert sorted(report.case_ids + _not_run(json.loads(report.to_json())["skipped"])) == sorted(_IDS)
+
+
+def test_the_command_line_stops_a_kernel_that_holds_the_gil_after_two_timeouts() -> None:
+    """gma-ref check --timeout 1 on a GIL-holding kernel: two cases time out, the rest are listed as not run with
+    the reason, the JSON report says why it stopped, exit status 1; --budget 0 is a usage error."""
+    from gma_ref.testing import default_cases
+
+    argv = [sys.executable, "-m", "gma_ref.check_cli", "tests.support.adversarial_impls:HoldsTheGil", "--variant",
+            "causal", "--no-tiling", "--json", "--quiet", "--no-repro", "--timeout", "1"]
+    proc = subprocess.run(argv, cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    planned = [c.case_id for c in default_cases(("causal",), dtype="float32")]
+    assert report["cases"] == planned[:2] and _not_run(report["skipped"]) == planned[2:]
+    assert report["stopped"].startswith("2 consecutive cases ended in timeout") and "--keep-going" not in argv
+    proc = subprocess.run(argv + ["--budget", "0"], cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 4 and "--budget" in proc.stderr
