@@ -99,13 +99,14 @@ class GmaCaseFailed(AssertionError):
 def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = None, *, dtype: str | None = None,
                   device: str | None = None, grad: bool | None = None, mode: str | None = None,
                   variants: Sequence[str] | None = None, long: bool = False, n_cases: int = 0, seed: int = 0,
-                  n_max: int | None = None, tiling: bool = False) -> list[GmaCase]:
+                  n_max: int | None = None, tiling: bool = False, in_process: bool = False) -> list[GmaCase]:
     """The cases :func:`gma_ref.testing.check` would run for these options, as :class:`GmaCase` objects.
 
     Defaults as in ``check``: the declared (else every) variant, the first declared dtype and
     device, the declared mode, gradients if declared; ``long`` the long cases up to ``n_max``
     (else the declared ``n_max``, else 131072); ``n_cases`` seeded random cases added.
     Cases are mapped to the declared constraints (:func:`gma_ref.testing.cases.constrain_case`).
+    The plan is made with ``impl`` in its worker process (:func:`worker_for`) unless ``in_process``.
 
     Raises
     ------
@@ -115,8 +116,8 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
     TypeError
         ``impl`` is not callable or ``declaration`` not a Declaration.
     """
-    probe = check(worker_for(impl), declaration, cases=[], variants=variants, dtype=dtype, device=device, grad=grad,
-                  mode=mode)
+    probe = check(impl if in_process else worker_for(impl), declaration, cases=[], variants=variants, dtype=dtype,
+                  device=device, grad=grad, mode=mode, in_process=True if in_process else None)
     refused = [f"{s.what}: {s.reason}" for s in probe.skipped if s.requested]
     if refused:
         raise ValueError("cannot check as requested:\n  " + "\n  ".join(refused))
@@ -289,6 +290,7 @@ class _GmaSession:
         except ValueError as exc:
             raise pytest.UsageError(f"--gma-budget: {exc}") from None
         self.reports: list[Report] = []
+        self.total = 0  # case items collected
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the HTML page of every case item run (``--gma-html FILE``)."""
@@ -321,7 +323,7 @@ class _GmaSession:
             cases = gma_case_list(impl, dtype=opt("gma_dtype"), device=opt("gma_device"), grad=opt("gma_grad"),
                                   mode=opt("gma_mode"), variants=opt("gma_variant"), long=opt("gma_long"),
                                   n_cases=opt("gma_cases"), seed=opt("gma_seed"), n_max=opt("gma_n_max"),
-                                  tiling=not opt("gma_no_tiling"))
+                                  tiling=not opt("gma_no_tiling"), in_process=bool(opt("gma_in_process")))
         except (TypeError, ValueError) as exc:
             raise pytest.UsageError(f"--gma-impl {self.target}: {exc}") from exc
         return impl, cases
@@ -344,6 +346,7 @@ class _GmaSession:
                 item.add_marker(_xfail_mark(xfail_file))
             added.append(item)
         items.extend(added)
+        self.total = len(added)
         # report the collector's result as pytest reports a file's: the terminal's "collected N items", the
         # selected/deselected counts and --collect-only's summary count these items
         session.ihook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, added))
@@ -409,13 +412,14 @@ class GmaCaseItem(pytest.Item):
         timeout = opt("gma_timeout") or None
         bounds = self.gma_session.bounds if self.gma_session is not None else None
         if bounds is not None:
-            stop = bounds.stopped or bounds.before_case(len(self.gma_session.reports), -1)
+            stop = bounds.stopped or bounds.before_case(len(self.gma_session.reports), self.gma_session.total)
             if stop:
                 pytest.skip(f"not run: {stop}")
             timeout = bounds.case_timeout(timeout)
         report: Report | None = None
         try:
-            report = check_case(self.impl, self.gma_case, repro=opt("gma_repro"), timeout=timeout, name=self.target)
+            report = check_case(self.impl, self.gma_case, repro=opt("gma_repro"), timeout=timeout, name=self.target,
+                                in_process=bool(opt("gma_in_process")))
         except GmaCaseFailed as exc:
             report = exc.report
             raise

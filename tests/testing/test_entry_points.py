@@ -160,3 +160,13 @@ def test_the_command_line_stops_a_kernel_that_holds_the_gil_after_two_timeouts()
     assert report["stopped"].startswith("2 consecutive cases ended in timeout") and "--keep-going" not in argv
     proc = subprocess.run(argv + ["--budget", "0"], cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 4 and "--budget" in proc.stderr
+
+
+def test_the_plugin_in_process_when_asked_and_its_page_says_so(tmp_path: pathlib.Path) -> None:
+    """pytest --gma-in-process: the items run in pytest's process (the page written by --gma-html says so, and
+    why), and a correct kernel passes."""
+    html = tmp_path / "report.html"
+    proc = _pytest(tmp_path, "--gma-impl", "tests.support.adversarial_impls:Correct", "--gma-variant", "cross",
+                   "--gma-no-tiling", "--gma-in-process", "--gma-html", str(html))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "in-process (asked for with in_process=True)" in html.read_text(encoding="utf-8")
