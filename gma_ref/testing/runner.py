@@ -97,8 +97,11 @@ def check(
         ``'package.module:function'`` (the current directory is importable; a class is
         instantiated): the implementation runs in a worker process
         (:class:`~gma_ref.testing.isolation.IsolatedCandidate`) and cannot affect the verdict.
-        A callable runs in this process, and the report says so ("in-process: the candidate can
-        affect this verdict"). Either way it is
+        A callable runs there too whenever the worker can load it
+        (:func:`~gma_ref.testing.placement.place`: a module-level function or class by its name, an
+        instance pickled); a lambda, a closure, an object of ``__main__`` or one that does not pickle
+        runs in this process, and stderr and the report's first line say so and why
+        ("in-process (…): the candidate can affect this verdict"). Either way it is
         ``impl(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma[, chunk_size])``
         on arrays of its own kind, returning the output ``(B, H, N_q, d_v)`` (or
         ``(out, CausalState(memory, mass))`` or ``(out, memory, mass)`` when it declares ``returns_state``).
@@ -159,8 +162,10 @@ def check(
         On by default, as in ``gma-ref check`` and the pytest plugin (``--no-tiling``,
         ``--gma-no-tiling``); ``False`` checks the edge cases alone. Ignored when ``cases`` is given.
     in_process : bool, optional
-        With a ``'module:function'`` target, ``True`` imports and runs it in this process
-        (for debugging). A scaling check always does (it runs each size in a child process).
+        ``True`` runs the implementation in this process (for debugging; a target is imported
+        here); ``False`` insists on a worker (``ValueError`` when it cannot load the callable);
+        ``None`` (default): a worker whenever it can. A scaling check, and a callable with a
+        separate ``vjp=``, always run here (a scaling check runs each size in a child process).
     import_timeout : float, optional
         Seconds the worker may take to import the target (default
         :data:`~gma_ref.testing.isolation.IMPORT_TIMEOUT_S`).
@@ -179,7 +184,8 @@ def check(
         ``impl`` is neither a target string nor callable, or ``declaration`` is not a :class:`Declaration`.
     ImportError
         The target cannot be imported (:class:`~gma_ref.testing.isolation.LoadError` when isolated:
-        it raised, the worker died, or the import overran ``import_timeout``).
+        it raised, the worker died, or the import overran ``import_timeout``). A callable the worker
+        fails to load is not an error: it runs in this process, saying why.
     ValueError
         An unknown variant, dtype, device or mode name, or ``n_cases`` < 0, or
         ``timeout`` <= 0, or ``budget`` <= 0, or a ``repro`` directory that cannot be written, or a case file
