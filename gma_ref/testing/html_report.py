@@ -9,8 +9,8 @@ commands that re-run the check and its reproducers; what the candidate printed; 
 In the heatmap a cell is the largest ratio of a tensor's error to its threshold over the norm-wise and
 element-wise metrics (:func:`heatmap_cells`): blue far below the threshold, pale yellow at it, red above.
 A tensor that failed without a ratio (wrong shape, NaN, not returned) is dark red; a case that ended
-before any tensor was compared (it crashed, timed out, raised) has every cell dark grey; a tensor the
-case does not have is left white.
+before any tensor was compared (it crashed, timed out, raised) has every cell dark grey, a case listed as
+not run (the run stopped before it) light grey; a tensor the case does not have is left white.
 """
 
 from __future__ import annotations
@@ -34,14 +34,18 @@ _CELL_W, _CELL_H, _LABEL_W, _HEAD_H = 104, 16, 7, 28  # px; _LABEL_W: per charac
 class Cell:
     """One cell of the heatmap: ``ratio`` (error / threshold, ``None`` when there is none), ``failed``, ``title``."""
 
-    __slots__ = ("ratio", "failed", "ended", "title")
+    __slots__ = ("ratio", "failed", "ended", "not_run", "title")
 
-    def __init__(self, ratio: float | None = None, failed: bool = False, ended: bool = False, title: str = "") -> None:
-        self.ratio, self.failed, self.ended, self.title = ratio, failed, ended, title
+    def __init__(self, ratio: float | None = None, failed: bool = False, ended: bool = False, title: str = "",
+                 not_run: bool = False) -> None:
+        self.ratio, self.failed, self.ended, self.title, self.not_run = ratio, failed, ended, title, not_run
 
     @property
     def colour(self) -> str:
-        """The fill: by the ratio on a log scale; dark red for a failure without one, dark grey for an ended case."""
+        """The fill: by the ratio on a log scale; dark red for a failure without one, dark grey for an ended case,
+        light grey for a case not run."""
+        if self.not_run:
+            return "#d9d9d9"
         if self.ended:
             return "#4d4d4d"
         if self.ratio is None:
@@ -53,11 +57,13 @@ class Cell:
         return "#" + "".join(f"{round(a + (b - a) * t):02x}" for a, b in zip(lo, hi, strict=True))
 
 
-def heatmap_cells(results: Sequence[Any], case_ids: Sequence[str]) -> tuple[list[str], dict[tuple[str, str], Cell]]:
+def heatmap_cells(results: Sequence[Any], case_ids: Sequence[str], not_run: Sequence[str] = ()
+                  ) -> tuple[list[str], dict[tuple[str, str], Cell]]:
     """The columns (tensors) and cells ``{(case id, tensor): Cell}`` of the heatmap of ``results``.
 
-    ``results`` are :class:`~gma_ref.testing.report.CheckResult`; every case of ``case_ids`` is a row.
-    A tensor is a column when some case compared it (a ``norm`` or ``elem`` metric) or it failed.
+    ``results`` are :class:`~gma_ref.testing.report.CheckResult`; every case of ``case_ids``, then of
+    ``not_run`` (cases listed as not run), is a row. A tensor is a column when some case compared it (a
+    ``norm`` or ``elem`` metric) or it failed; ``out`` alone when no case got that far.
     """
     cells: dict[tuple[str, str], Cell] = {}
     seen: list[str] = []
@@ -79,6 +85,10 @@ def heatmap_cells(results: Sequence[Any], case_ids: Sequence[str]) -> tuple[list
         if not r.passed and not compared:
             cell.title += f"; {r.check} {r.metric} failed"
     columns = [t for t in TENSOR_ORDER if t in seen] + [t for t in seen if t not in TENSOR_ORDER]
+    columns = columns or ["out"]
+    for cid in not_run:
+        for t in columns:
+            cells[(cid, t)] = Cell(not_run=True, title=f"{cid}: not run")
     for cid in case_ids:
         for t in columns:
             cell = cells.setdefault((cid, t), Cell())
@@ -90,17 +100,18 @@ def heatmap_cells(results: Sequence[Any], case_ids: Sequence[str]) -> tuple[list
     return columns, cells
 
 
-def heatmap_svg(results: Sequence[Any], case_ids: Sequence[str]) -> str:
+def heatmap_svg(results: Sequence[Any], case_ids: Sequence[str], not_run: Sequence[str] = ()) -> str:
     """The heatmap of :func:`heatmap_cells` as an inline SVG element (``class="heatmap"``), with its legend.
 
     Each cell is a ``<rect class="cell">`` with ``data-case``, ``data-tensor`` and ``data-ratio`` attributes
-    and a ``<title>`` (the tooltip); the SVG's ``width`` and ``height`` are set. ``''`` when there is no cell.
+    and a ``<title>`` (the tooltip); the SVG's ``width`` and ``height`` are set. ``''`` when there is no row.
     """
-    columns, cells = heatmap_cells(results, case_ids)
-    if not columns or not case_ids:
+    columns, cells = heatmap_cells(results, case_ids, not_run)
+    case_ids = [*case_ids, *not_run]
+    if not case_ids:
         return ""
     left = 8 + _LABEL_W * max(len(c) for c in case_ids)
-    width = max(left + _CELL_W * len(columns), left + 560) + 8
+    width = max(left + _CELL_W * len(columns), left + 670) + 8
     height = _HEAD_H + _CELL_H * len(case_ids) + 48
     out = [f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" role="img" aria-label="error over threshold, per case and tensor">']
@@ -130,7 +141,7 @@ def _legend(x: int, y: int) -> str:
     parts.append(f'<text x="{x}" y="{y + 22}" class="legend">1e-4</text>')
     parts.append(f'<text x="{x + 112}" y="{y + 22}" class="legend">1 (threshold)</text>')
     for k, (cell, label) in enumerate(((Cell(2.0), "above"), (Cell(None, True), "failed"),
-                                       (Cell(None, ended=True), "case ended"))):
+                                       (Cell(None, ended=True), "case ended"), (Cell(not_run=True), "not run"))):
         px = x + 210 + 110 * k
         parts.append(f'<rect x="{px}" y="{y}" width="14" height="10" fill="{cell.colour}"/>'
                      f'<text x="{px + 18}" y="{y + 9}" class="legend">{label}</text>')
@@ -155,6 +166,15 @@ def _list(title: str, items: Sequence[str], mono: bool = False) -> str:
         return ""
     cls = ' class="mono"' if mono else ""
     return f"<h2>{escape(title)}</h2>\n<ul>" + "".join(f"<li{cls}>{escape(i)}</li>" for i in items) + "</ul>"
+
+
+def _skips(skipped: Sequence[Any]) -> list[str]:
+    """One line per skip; the skips that share a reason (the cases not run) as one line listing them."""
+    by_reason: dict[tuple[str, bool], list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault((s.reason, s.requested), []).append(s.what)
+    return [f"{', '.join(whats)}: {reason}" + (" [requested]" if requested else "")
+            for (reason, requested), whats in by_reason.items()]
 
 
 def _failures_table(report: Any) -> str:
@@ -185,7 +205,9 @@ def report_html(report: Any, commands: Sequence[str] = ()) -> str:
     where = ("isolated: the candidate ran in a worker process" if report.isolated else
              "in-process" + (f" ({report.in_process_reason})" if report.in_process_reason else "")
              + ": the candidate can affect this verdict")
-    figure = heatmap_svg(report.results, report.case_ids)
+    not_run = [s.what.removeprefix("case ") for s in report.skipped
+               if s.what.startswith("case ") and s.reason.startswith("not run: ")]
+    figure = heatmap_svg(report.results, report.case_ids, not_run)
     envelope = ", ".join(f"{k} ≤ {v}" for k, v in report.envelope.items())
     body = [f"<h1>gma-ref check {escape(report.implementation)}</h1>",
             f'<p class="verdict {verdict}"><strong>{escape(summary[-1])}</strong></p>',
@@ -199,9 +221,8 @@ def report_html(report: Any, commands: Sequence[str] = ()) -> str:
     body.append("<h2>Error / threshold, per case and tensor</h2>")
     body.append(f'<div class="figure">{figure}</div>' if figure else "<p>No tensor was compared.</p>")
     body.append(_failures_table(report))
-    body.append(_list("Not checked", [f"{s.what}: {s.reason}" + (" [requested]" if s.requested else "")
-                                      for s in report.skipped]
-                      + [f"{n}: optional, not declared" for n in report.not_checked]))
+    body.append(_list("Not checked", _skips(report.skipped) + [f"{n}: optional, not declared"
+                                                               for n in report.not_checked]))
     body.append(_list("Envelope of the cases", ([envelope] if envelope else []) + list(report.envelope_limits)))
     body.append(_list("Re-run", list(commands), mono=True))
     if report.candidate_output:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from gma_ref.testing import Case, CheckResult, Declaration, Report, check
+from gma_ref.testing import Case, CheckResult, Declaration, Report, Skip, check
 from gma_ref.testing.html_report import TENSOR_ORDER, Cell, heatmap_cells, heatmap_svg
 
 from ..support import planted_impls
@@ -32,6 +32,7 @@ def _report() -> Report:
                  CheckResult("case-a", "gradient", "d_q", "elem", 3.0, 1.0, False, (0, 1), 2.5, 2.0),
                  CheckResult("case-b", "call", "case", "crashed", None, None, False, detail="killed <b>by</b> 11")]
     r.not_checked = ["returned state (memory, mass)"]
+    r.skipped = [Skip(f"case case-{x}", "not run: the run's budget of 1 s was spent after 2 of 4 cases") for x in "cd"]
     return r
 
 
@@ -60,7 +61,17 @@ def test_the_svg_has_one_cell_per_case_and_tensor_with_a_size() -> None:
     assert re.search(r'<svg class="heatmap"[^>]* width="\d+" height="\d+"', svg)
     tensors = re.findall(r'data-case="x" data-tensor="([^"]+)"', svg)
     assert tensors == list(TENSOR_ORDER)
-    assert heatmap_svg([], ["x"]) == ""
+    assert heatmap_svg([], []) == ""
+
+
+def test_cases_not_run_are_rows_and_a_run_where_every_case_ended_still_has_its_figure() -> None:
+    """Every case crashed and the rest were not run: one column ('out'), the ended rows dark grey, the rows not run
+    light grey, each with its tooltip."""
+    results = [CheckResult(c, "call", "case", "crashed", None, None, False, detail="signal 11") for c in "ab"]
+    columns, cells = heatmap_cells(results, ["a", "b"], not_run=["c"])
+    assert columns == ["out"] and cells[("a", "out")].ended and cells[("c", "out")].not_run
+    assert cells[("c", "out")].colour == "#d9d9d9" and cells[("c", "out")].title == "c: not run"
+    assert heatmap_svg(results, ["a", "b"], ["c"]).count('<rect class="cell"') == 3
 
 
 def test_the_page_is_self_contained_escaped_and_complete() -> None:
@@ -74,7 +85,8 @@ def test_the_page_is_self_contained_escaped_and_complete() -> None:
     assert not re.search(r'(src|href)="(https?:)?//', page)
     assert "[0, 1]: 2.5 vs 2.0" in page and "returned state (memory, mass): optional, not declared" in page
     assert "gma-ref check mypkg.attn:my_gma --dtype float32 --device cpu --grad" in page
-    assert "Failing cases (2)" in page
+    assert "Failing cases (2)" in page and page.count('<rect class="cell"') == 4 * 2
+    assert "case case-c, case case-d: not run: the run&#x27;s budget of 1 s was spent" in page
 
 
 def test_write_html_writes_the_page_and_refuses_a_non_path(tmp_path: pathlib.Path) -> None:
