@@ -24,7 +24,7 @@ from typing import Any
 
 from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate
 
-__all__ = ["Placement", "place", "shared_candidate", "close_shared"]
+__all__ = ["Placement", "place", "candidate_name", "shared_candidate", "close_shared"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class Placement:
         return IsolatedCandidate(self.target or self.name, import_timeout=import_timeout, pickled=self.pickled)
 
 
-def _name_of(obj: Any) -> str:
+def candidate_name(obj: Any) -> str:
+    """What a report calls ``obj``: its ``__qualname__``, else its class's (never raises)."""
     try:
         return str(getattr(obj, "__qualname__", None) or type(obj).__qualname__)[:200]
     except Exception:  # noqa: BLE001 - an object whose attributes raise
@@ -91,7 +92,7 @@ def place(impl: Any) -> Placement:
     """
     if not callable(impl):
         raise TypeError(f"impl must be callable, got {type(impl).__name__}")
-    name = _name_of(impl)
+    name = candidate_name(impl)
     if inspect.isfunction(impl) or inspect.isclass(impl):
         module, qualname = getattr(impl, "__module__", None), getattr(impl, "__qualname__", None)
         why = _unimportable(module, qualname)

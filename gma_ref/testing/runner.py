@@ -53,7 +53,7 @@ from .declaration import suggest_declaration
 from .declared import TF32_CHECK_ID
 from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, LoadError, WorkerLost
 from .long import LONG_SIZES, long_cases
-from .placement import Placement, place
+from .placement import Placement, candidate_name, place
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
 
 __all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "run_case", "EXIT_INTERRUPTED",
@@ -279,14 +279,14 @@ def _check_target(target: str, declaration: Declaration | None, options: dict[st
 def _placement(impl: Callable[..., Any], vjp: Any, in_process: bool | None, scale: str) -> Placement:
     """Where :func:`check` runs a callable: :func:`~gma_ref.testing.placement.place`, unless asked for this process,
     a scaling check, or a separate ``vjp=`` keep it here (``ValueError`` for ``in_process=False`` when it cannot)."""
-    placed = place(impl)
     why = ("asked for with in_process=True" if in_process else
            "a scaling check runs every size in a child process of its own" if scale == "scaling" else
            "vjp= is passed separately (attach it as impl.gma_vjp to check both in a worker)" if vjp is not None
-           else placed.why_not)
-    if in_process is False and why is not None:
-        raise ValueError(f"in_process=False: {placed.name} cannot run in a worker process: {why}")
-    return placed if why == placed.why_not else Placement(None, None, placed.name, why)
+           else None)
+    placed = place(impl) if why is None else Placement(None, None, candidate_name(impl), why)  # nothing pickled
+    if in_process is False and placed.why_not is not None:
+        raise ValueError(f"in_process=False: {placed.name} cannot run in a worker process: {placed.why_not}")
+    return placed
 
 
 def _check_placed(placed: Placement, declaration: Declaration | None, options: dict[str, Any]) -> Report | str:
