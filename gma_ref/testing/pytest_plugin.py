@@ -53,7 +53,7 @@ from .cases import (
 )
 from .declaration import Declaration, declaration_of
 from .long import LONG_SIZES, long_cases
-from .report import Report
+from .report import Report, Skip
 from .runner import check
 
 __all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "read_xfail_file", "worker_for",
@@ -291,12 +291,15 @@ class _GmaSession:
             raise pytest.UsageError(f"--gma-budget: {exc}") from None
         self.reports: list[Report] = []
         self.total = 0  # case items collected
+        self.not_run: list[str] = []  # ids of the case items skipped once the run stopped
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the HTML page of every case item run (``--gma-html FILE``)."""
         path = self.config.getoption("gma_html")
         if path and self.reports:
-            merged_report(self.reports, self.target, self.bounds.stopped).write_html(path)
+            merged = merged_report(self.reports, self.target, self.bounds.stopped)
+            merged.skipped += [Skip(f"case {cid}", f"not run: {self.bounds.stopped}") for cid in self.not_run]
+            merged.write_html(path)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Kill the worker process at the end of the run."""
@@ -414,6 +417,7 @@ class GmaCaseItem(pytest.Item):
         if bounds is not None:
             stop = bounds.stopped or bounds.before_case(len(self.gma_session.reports), self.gma_session.total)
             if stop:
+                self.gma_session.not_run.append(self.gma_case.case_id)
                 pytest.skip(f"not run: {stop}")
             timeout = bounds.case_timeout(timeout)
         report: Report | None = None

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from gma_ref.testing import Case, check
+from gma_ref.testing import Case, check, default_cases
 from gma_ref.testing.runner import assert_conforms
 
 from ..support import adversarial_impls as adv
@@ -75,8 +76,6 @@ def test_assert_conforms_raises_with_the_whole_report(name: str) -> None:
 @pytest.mark.parametrize("name", KERNELS)
 def test_the_command_line_fails_it(name: str) -> None:
     """gma-ref check exits 1 with a complete JSON report."""
-    from gma_ref.testing import default_cases
-
     proc = subprocess.run([sys.executable, "-m", "gma_ref.check_cli", f"tests.support.adversarial_impls:{name}",
                            "--variant", "bidirectional", "--no-tiling", "--json", "--quiet", "--no-repro"],
                           cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300)
@@ -100,7 +99,10 @@ def test_the_pytest_plugin_fails_it(tmp_path: pathlib.Path, name: str) -> None:
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]
     assert "2 failed" in out and "skipped" in out and "not run: 2 consecutive cases ended in the same crash" in out
-    assert "crashed" in out and html.exists() and "crashed" in html.read_text(encoding="utf-8")
+    page = html.read_text(encoding="utf-8")
+    assert "crashed" in out and "crashed" in page and page.count('data-tensor="out"') == len(default_cases(("cross",)))
+    not_run = re.findall(r'<rect class="cell"[^>]* fill="#d9d9d9"', page)  # the items not run, light grey
+    assert len(not_run) == len(default_cases(("cross",))) - 2
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -148,8 +150,6 @@ def test_a_spent_budget_lists_the_rest_as_not_run_and_the_run_does_not_pass() ->
 def test_the_command_line_stops_a_kernel_that_holds_the_gil_after_two_timeouts() -> None:
     """gma-ref check --timeout 1 on a GIL-holding kernel: two cases time out, the rest are listed as not run with
     the reason, the JSON report says why it stopped, exit status 1; --budget 0 is a usage error."""
-    from gma_ref.testing import default_cases
-
     argv = [sys.executable, "-m", "gma_ref.check_cli", "tests.support.adversarial_impls:HoldsTheGil", "--variant",
             "causal", "--no-tiling", "--json", "--quiet", "--no-repro", "--timeout", "1"]
     proc = subprocess.run(argv, cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300)
