@@ -4,6 +4,7 @@
 
     gma-ref check package.module:function --variant causal --dtype float32 [--device cuda] [--grad]
                   [--mode layer] [--cases N] [--seed S] [--long | --scaling] [--json] [--verbose] [--timeout S]
+                  [--keep-going] [--budget SECONDS] [--html FILE]
                   [--traceback] [--repro DIR | --no-repro] [--case-file FILE] [--explore SECONDS]
                   [--eps E] [--eps-sigma E] [--n-multiple M] [--n-max M] [--k-multiple M] [--k-max M]
                   [--d-multiple M] [--d-max M] [--tied-head-width]
@@ -37,7 +38,9 @@ partial report.
 The implementation runs in a worker process (``--in-process`` to debug it in this one): what
 it does there — exit, crash, hang, print, patch the oracle's modules — cannot change the
 verdict. A case whose worker dies is ``crashed`` (with the signal or status), one that overruns
-``--timeout`` is ``timeout``; a fresh worker runs the next case.
+``--timeout`` is ``timeout``; a fresh worker runs the next case. Two consecutive cases that end in
+``timeout`` (or in the same crash) stop the run, with the cases after listed as not run and exit
+status 1 (``--keep-going`` runs them all); ``--budget SECONDS`` bounds the whole run the same way.
 Every status prints a report (with --json, one JSON object on stdout, and nothing
 else there: what the implementation prints is captured into the report).
 
@@ -117,11 +120,19 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="complexity check: peak memory and time against N (1024 ... 65536, up to --n-max) and the "
                         "width K = d_v, each size in a child process; super-linear memory fails")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="also write the report as one self-contained HTML page (a heatmap of error / threshold per "
+                        "case and tensor, the failing cases, what was not checked, the re-run commands)")
     p.add_argument("--verbose", "-v", action="store_true", help="print every check, not only failures")
     p.add_argument("--no-contract", dest="contract", action="store_false",
                    help="skip the determinism and non-contiguous-input checks")
     p.add_argument("--timeout", type=_nonnegative_float, default=300.0, metavar="S",
                    help="seconds one case may take before it fails and the run stops (default 300; 0: no limit)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="run every case even after two consecutive cases ended in timeout or in the same crash "
+                        "(default: the run stops there and lists the rest as not run)")
+    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="seconds the whole run may take; the cases left when it is spent are listed as not run")
     p.add_argument("--traceback", action="store_true", help="print the whole traceback of a failing call")
     p.add_argument("--repro", metavar="DIR", default=None,
                    help=f"where minimal reproducers of failing cases are written (default: {DEFAULT_REPRO})")
@@ -314,6 +325,8 @@ def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: st
             timeout=getattr(args, "timeout", 0.0) or None, full_traceback=getattr(args, "traceback", False),
             repro=repro, case_file=getattr(args, "case_file", None), tiling=getattr(args, "tiling", True),
             explore=getattr(args, "explore", None),
+            in_process=True if getattr(args, "in_process", False) else None,
+            keep_going=getattr(args, "keep_going", False), budget=getattr(args, "budget", None),
             progress=None if getattr(args, "quiet", False) else _Progress(),
             scale="scaling" if getattr(args, "scaling", False) else "long" if getattr(args, "long", False)
             else "short")
@@ -327,8 +340,21 @@ def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: st
         return 1, _failure(args, 1, "the harness failed", exc)
     if note:
         report.notes.append(note)
+    _write_html(args, report)
     verbose = args.verbose or getattr(args, "scaling", False)  # a scaling report is its sweeps' tables
     return report.exit_code, report.to_json() if args.json else report.format(verbose=verbose)
+
+
+def _write_html(args: argparse.Namespace, report: Any) -> None:
+    """``--html FILE``: write the report's page (a file that cannot be written is said on stderr and in the notes)."""
+    path = getattr(args, "html", None)
+    if not path:
+        return
+    try:
+        report.write_html(path)
+    except OSError as exc:
+        report.notes.append(f"--html {path}: not written ({type(exc).__name__}: {exc})")
+        print(f"gma-ref check: --html {path}: not written ({exc})", file=sys.stderr)
 
 
 def run_check(args: argparse.Namespace) -> int:

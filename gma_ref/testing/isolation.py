@@ -81,9 +81,13 @@ class IsolatedCandidate:
     Parameters
     ----------
     target : str
-        What the worker imports (as ``gma-ref check`` does: the current directory is importable).
+        What the worker imports (as ``gma-ref check`` does: the current directory is importable);
+        with ``pickled``, only the name the reports use.
     import_timeout : float
         Seconds the import may take (:data:`IMPORT_TIMEOUT_S`).
+    pickled : bytes, optional
+        The implementation itself, pickled (:func:`pickle.dumps`): the worker unpickles it instead
+        of importing ``target`` (its class must be importable there).
 
     Raises
     ------
@@ -94,10 +98,13 @@ class IsolatedCandidate:
     Use as a context manager (or call :meth:`close`): the worker is killed on exit.
     """
 
-    def __init__(self, target: str, *, import_timeout: float = IMPORT_TIMEOUT_S) -> None:
-        if not isinstance(target, str) or ":" not in target:
+    def __init__(self, target: str, *, import_timeout: float = IMPORT_TIMEOUT_S, pickled: bytes | None = None
+                 ) -> None:
+        if not isinstance(target, str) or (pickled is None and ":" not in target):
             raise ValueError(f"target must look like package.module:function, got {target!r}")
-        self.target, self.import_timeout = target, import_timeout
+        if pickled is not None and not isinstance(pickled, bytes):
+            raise TypeError(f"pickled must be bytes (pickle.dumps of the implementation), got {type(pickled).__name__}")
+        self.target, self.import_timeout, self.pickled = target, import_timeout, pickled
         self.proc: subprocess.Popen[bytes] | None = None
         self.deadline: float | None = None
         self.inputs: dict[str, HostArray] = {}
@@ -133,8 +140,8 @@ class IsolatedCandidate:
             os.close(rep_w)
         self._req, self._rep = req_w, rep_r
         try:
-            reply, _ = self._ask({"op": "start", "target": self.target, "sys_path": list(sys.path)},
-                                 time.monotonic() + self.import_timeout)
+            reply, _ = self._ask({"op": "start", "target": self.target, "sys_path": list(sys.path),
+                                  "pickled": self.pickled}, time.monotonic() + self.import_timeout)
         except WorkerLost as exc:
             out = self.take_output()
             self.kill()

@@ -17,11 +17,14 @@ The layers, bottom to top (each module imports only from layers below it; the te
     worker                         process; the worker process itself (the candidate's side)
     reference                      the float64 reference of a short or layer case
     compare                        the metric and the tolerances
-    long, diagnosis                long cases and their O(N)-memory reference; likely causes of a failing report
+    long, diagnosis, html_report   long cases and their O(N)-memory reference; likely causes of a failing report;
+                                   the report as an HTML page
     report                         CheckResult, Skip, Report
     case_runner                    checking one case (an outcome, or "not checkable")
     repro, calibration, assertions shrinking and case files; calibration; assert_gma_close;
-    scaling, declared              the complexity check; declared properties confirmed (a fixed ε)
+    scaling, declared, placement,  the complexity check; declared properties confirmed (a fixed ε); where a
+    bounds                         candidate passed as an object runs (a worker process whenever it can); when
+                                   a run stops (a repeated hang or crash, its budget)
     explore                        the search beyond the case set (hypothesis, imported when a search runs)
     runner                         check, assert_conforms
     pytest_plugin                  the pytest plugin (one test item per case)

@@ -2,10 +2,11 @@
 
 Installed with gma-ref (the ``pytest11`` entry point), and **off** unless ``--gma-impl`` is given::
 
-    pytest --gma-impl mypkg.kernels:my_gma [--gma-dtype float32] [--gma-grad] [--gma-long]
+    pytest --gma-impl mypkg.kernels:my_gma [--gma-dtype float32] [--gma-long]
            [--gma-mode layer] [--gma-variant causal]... [--gma-cases N] [--gma-seed S]
-           [--gma-n-max N] [--gma-device cuda] [--gma-timeout S]
-           [--gma-xfail FILE] [--gma-repro DIR] [--gma-explore SECONDS]
+           [--gma-n-max N] [--gma-device cuda] [--gma-timeout S] [--gma-keep-going]
+           [--gma-budget SECONDS] [--gma-html FILE] [--gma-xfail FILE] [--gma-repro DIR]
+           [--gma-explore SECONDS]
 
 collects, beside the project's own tests, the items ``gma-ref::<case id>`` — one per case
 of the set ``gma-ref check`` runs with the same options (the ids are
@@ -17,14 +18,16 @@ lines of that case and, with ``--gma-repro DIR``, writes the shrunk reproducer t
 *strict* expected failures: a listed case that passes fails the run (XPASS strict).
 Without ``--gma-dtype`` the cases of every declared dtype are collected (their ids name the dtype).
 ``--gma-explore SECONDS`` adds the item ``gma-ref::explore``: the search beyond the case set
-(:mod:`gma_ref.testing.explore`), failing with the shrunk case it wrote.
+(:mod:`gma_ref.testing.explore`), failing with the shrunk case it wrote. Two consecutive
+items that end in ``timeout`` (or the same crash) skip the items after as not run
+(``--gma-keep-going`` runs them); ``--gma-html FILE`` writes the HTML page of every item run.
 
 From a kernel author's own test module, the same items come from a parametrisation::
 
     import pytest
     from gma_ref.testing.pytest_plugin import check_case, gma_cases
 
-    @pytest.mark.parametrize("case", gma_cases(my_gma, dtype="float32", grad=True))
+    @pytest.mark.parametrize("case", gma_cases(my_gma, dtype="float32"))
     def test_my_gma(case):
         check_case(my_gma, case)
 
@@ -54,11 +57,11 @@ from .cases import (
 )
 from .declaration import Declaration, declaration_of
 from .long import LONG_SIZES, long_cases
-from .report import Report
+from .report import Report, Skip
 from .runner import check
 
 __all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "check_explore",
-           "read_xfail_file"]
+           "read_xfail_file", "worker_for", "merged_report"]
 
 #: Name of the collector node: item ids are ``gma-ref::<case id>``.
 NODE_NAME = "gma-ref"
@@ -90,13 +93,17 @@ class GmaCase:
 
 
 class GmaCaseFailed(AssertionError):
-    """A case failed; the message is the oracle's report of that case."""
+    """A case failed; the message is the oracle's report of that case, ``.report`` the report itself."""
+
+    def __init__(self, message: str, report: Report | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = None, *, dtype: str | None = None,
                   device: str | None = None, grad: bool | None = None, mode: str | None = None,
                   variants: Sequence[str] | None = None, long: bool = False, n_cases: int = 0, seed: int = 0,
-                  n_max: int | None = None, tiling: bool = False) -> list[GmaCase]:
+                  n_max: int | None = None, tiling: bool = False, in_process: bool = False) -> list[GmaCase]:
     """The cases :func:`gma_ref.testing.check` would run for these options, as :class:`GmaCase` objects.
 
     Defaults as in ``check``: the declared (else every) variant, every declared dtype (the cases of
@@ -104,6 +111,7 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
     device, the declared mode, gradients if declared; ``long`` the long cases up to ``n_max``
     (else the declared ``n_max``, else 131072); ``n_cases`` seeded random cases added.
     Cases are mapped to the declared constraints (:func:`gma_ref.testing.cases.constrain_case`).
+    The plan is made with ``impl`` in its worker process (:func:`worker_for`) unless ``in_process``.
 
     Raises
     ------
@@ -117,8 +125,9 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
     if dtype is None and len(each) > 1:
         return _every_dtype(impl, declaration, each, dict(device=device, grad=grad, mode=mode, variants=variants,
                                                             long=long, n_cases=n_cases, seed=seed, n_max=n_max,
-                                                            tiling=tiling))
-    probe = check(impl, declaration, cases=[], variants=variants, dtype=dtype, device=device, grad=grad, mode=mode)
+                                                            tiling=tiling, in_process=in_process))
+    probe = check(impl if in_process else worker_for(impl), declaration, cases=[], variants=variants, dtype=dtype,
+                  device=device, grad=grad, mode=mode, in_process=True if in_process else None)
     refused = [f"{s.what}: {s.reason}" for s in probe.skipped if s.requested]
     if refused:
         raise ValueError("cannot check as requested:\n  " + "\n  ".join(refused))
@@ -154,8 +163,9 @@ def _every_dtype(impl: Callable[..., Any], declaration: Declaration | None, dtyp
     warning (as :func:`gma_ref.testing.check` skips it)."""
     out: list[GmaCase] = []
     for dtype in dtypes:
-        probe = check(impl, declaration, cases=[], variants=options["variants"], dtype=dtype,
-                      device=options["device"], grad=options["grad"], mode=options["mode"])
+        probe = check(impl if options["in_process"] else worker_for(impl), declaration, cases=[],
+                      variants=options["variants"], dtype=dtype, device=options["device"], grad=options["grad"],
+                      mode=options["mode"], in_process=True if options["in_process"] else None)
         lacking = [s.reason for s in probe.skipped
                    if s.what == f"dtype {dtype}" and s.reason.startswith(f"{probe.declaration.namespace} has no")]
         if lacking:
@@ -218,19 +228,43 @@ def gma_cases(impl: Callable[..., Any], declaration: Declaration | None = None, 
             for c in gma_case_list(impl, declaration, **options)]
 
 
+def worker_for(impl: Callable[..., Any]) -> Any:
+    """The shared worker process (:func:`~gma_ref.testing.placement.shared_candidate`) that runs ``impl`` when it can
+    be loaded there, else ``impl`` itself (then :func:`gma_ref.testing.check` says why it runs in this process)."""
+    from .isolation import IsolatedCandidate, LoadError
+    from .placement import place, shared_candidate
+
+    if isinstance(impl, IsolatedCandidate) or not callable(impl):
+        return impl
+    placed = place(impl)
+    if not placed.isolable:
+        return impl
+    try:
+        return shared_candidate(placed)
+    except LoadError:  # check() tries again and says why it runs in this process
+        return impl
+
+
 def check_case(impl: Callable[..., Any], case: GmaCase, *, repro: str | None = None, timeout: float | None = None,
-               name: str | None = None, full_traceback: bool = False) -> Report:
+               name: str | None = None, full_traceback: bool = False, in_process: bool = False) -> Report:
     """Check one :class:`GmaCase` through :func:`gma_ref.testing.check`; returns the report when it passes.
 
-    Raises :class:`GmaCaseFailed` (an ``AssertionError``) with the report lines of the case when
-    any check fails (with ``repro``, after writing the shrunk reproducer there), and calls
+    ``impl`` runs in a worker process kept for the following cases (:func:`worker_for`) whenever
+    it can be loaded there, else (or with ``in_process=True``) in this process, and the report
+    says why. Raises :class:`GmaCaseFailed` (an ``AssertionError``) with the report lines of the
+    case when any check fails (with ``repro``, after writing the shrunk reproducer there), and calls
     ``pytest.skip`` when the case is too ill-conditioned for its dtype to be checked.
     """
     __tracebackhide__ = True
     c = case.case
-    report = check(impl, case.declaration, cases=[c], variants=(c.variant,), dtype=c.dtype, device=case.device,
+    cand = impl if in_process else worker_for(impl)
+    if name is None and cand is not impl:
+        from .placement import place
+
+        name = place(impl).name
+    report = check(cand, case.declaration, cases=[c], variants=(c.variant,), dtype=c.dtype, device=case.device,
                    grad=case.grad, mode=case.mode, contract=case.contract, repro=repro, timeout=timeout, name=name,
-                   full_traceback=full_traceback)
+                   full_traceback=full_traceback, in_process=True if in_process else None)
     if not any(r.case_id == c.case_id for r in report.results) and not report.failures:
         reasons = [s.reason for s in report.skipped if s.what == f"case {c.case_id}"]
         if reasons:
@@ -239,7 +273,7 @@ def check_case(impl: Callable[..., Any], case: GmaCase, *, repro: str | None = N
         bad = report.failures
         head = (f"{len(bad)} failed check(s); first: " + " ".join(bad[0].format().split()[1:]) if bad
                 else "nothing could be checked")
-        raise GmaCaseFailed(head + "\n" + report.format())
+        raise GmaCaseFailed(head + "\n" + report.format(), report)
     return report
 
 
@@ -264,6 +298,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gma-cases", type=int, default=0, metavar="N", help="add N seeded random cases")
     g.addoption("--gma-seed", type=int, default=0, metavar="S", help="seed of the case generator")
     g.addoption("--gma-timeout", type=float, default=None, metavar="S", help="seconds one case may take")
+    g.addoption("--gma-keep-going", action="store_true", default=False,
+                help="run every case even after two consecutive cases ended in timeout or in the same crash "
+                     "(default: the items after are skipped as not run, with the reason)")
+    g.addoption("--gma-budget", type=float, default=None, metavar="SECONDS",
+                help="seconds all the case items together may take; the items left when it is spent are skipped")
+    g.addoption("--gma-html", metavar="FILE", default=None,
+                help="write the report of every case item run as one self-contained HTML page to FILE")
     g.addoption("--gma-no-tiling", action="store_true", default=False,
                 help="leave out the tiling cases (sizes straddling the usual tiles, many heads and batch entries)")
     g.addoption("--gma-in-process", action="store_true", default=False,
@@ -290,8 +331,26 @@ class _GmaSession:
     """Adds the case items to the session's items (before ``-k``/``-m``/``--lf`` select among them)."""
 
     def __init__(self, config: pytest.Config, target: str) -> None:
+        from .bounds import RunBounds
+
         self.config, self.target = config, target
         self.worker: Any = None
+        budget = config.getoption("gma_budget")
+        try:
+            self.bounds = RunBounds(bool(config.getoption("gma_keep_going")), budget, hint="--gma-keep-going")
+        except ValueError as exc:
+            raise pytest.UsageError(f"--gma-budget: {exc}") from None
+        self.reports: list[Report] = []
+        self.total = 0  # case items collected
+        self.not_run: list[str] = []  # ids of the case items skipped once the run stopped
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Write the HTML page of every case item run (``--gma-html FILE``)."""
+        path = self.config.getoption("gma_html")
+        if path and self.reports:
+            merged = merged_report(self.reports, self.target, self.bounds.stopped)
+            merged.skipped += [Skip(f"case {cid}", f"not run: {self.bounds.stopped}") for cid in self.not_run]
+            merged.write_html(path)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Kill the worker process at the end of the run."""
@@ -318,7 +377,7 @@ class _GmaSession:
             cases = gma_case_list(impl, dtype=opt("gma_dtype"), device=opt("gma_device"), grad=opt("gma_grad"),
                                   mode=opt("gma_mode"), variants=opt("gma_variant"), long=opt("gma_long"),
                                   n_cases=opt("gma_cases"), seed=opt("gma_seed"), n_max=opt("gma_n_max"),
-                                  tiling=not opt("gma_no_tiling"))
+                                  tiling=not opt("gma_no_tiling"), in_process=bool(opt("gma_in_process")))
         except (TypeError, ValueError) as exc:
             raise pytest.UsageError(f"--gma-impl {self.target}: {exc}") from exc
         return impl, cases
@@ -335,7 +394,8 @@ class _GmaSession:
         for c in cases:
             seen[c.case_id] = seen.get(c.case_id, 0) + 1
             name = c.case_id if seen[c.case_id] == 1 else f"{c.case_id}-{seen[c.case_id]}"  # ids stay unique
-            item = GmaCaseItem.from_parent(parent, name=name, impl=impl, gma_case=c, target=self.target)
+            item = GmaCaseItem.from_parent(parent, name=name, impl=impl, gma_case=c, target=self.target,
+                                           gma_session=self)
             if c.case_id in known:
                 item.add_marker(_xfail_mark(xfail_file))
             added.append(item)
@@ -344,6 +404,7 @@ class _GmaSession:
             added.append(GmaExploreItem.from_parent(parent, name="explore", impl=impl, seconds=seconds,
                                                     target=self.target))
         items.extend(added)
+        self.total = len(added)
         # report the collector's result as pytest reports a file's: the terminal's "collected N items", the
         # selected/deselected counts and --collect-only's summary count these items
         session.ihook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, added))
@@ -359,6 +420,32 @@ class _GmaSession:
         return f"gma-ref: conformance cases of {self.target} (items gma-ref::<case id>; {where})"
 
 
+def merged_report(reports: Sequence[Report], name: str, stopped: str = "") -> Report:
+    """One :class:`Report` of the per-item ``reports`` of a run (results, cases, skips, output and reproducers in
+    order), named ``name``; ``stopped``: why the run stopped early (``''``). Raises ``ValueError`` when empty."""
+    if not reports:
+        raise ValueError("merged_report needs at least one report, got none")
+    first = reports[0]
+    out = Report(implementation=name, declaration=first.declaration, dtype=first.dtype, device=first.device,
+                 grad=first.grad, mode=first.mode, isolated=all(r.isolated for r in reports),
+                 in_process_reason=first.in_process_reason, reference_backend=first.reference_backend,
+                 stopped=stopped)
+    seen_skips: set[tuple[str, str]] = set()
+    for r in reports:
+        out.results += r.results
+        out.case_ids += [c for c in r.case_ids if c not in out.case_ids]
+        out.skipped += [s for s in r.skipped if (s.what, s.reason) not in seen_skips]
+        seen_skips |= {(s.what, s.reason) for s in r.skipped}
+        out.candidate_output.update(r.candidate_output)
+        out.reproducers += r.reproducers
+        out.notes += [n for n in r.notes if n not in out.notes]
+        out.not_checked += [n for n in r.not_checked if n not in out.not_checked]
+        out.elapsed_s += r.elapsed_s
+        for k, v in r.envelope.items():
+            out.envelope[k] = max(out.envelope.get(k, v), v)
+    return out
+
+
 class _GmaCollector(pytest.Collector):
     """The parent node of the case items (never collected from a path)."""
 
@@ -369,18 +456,36 @@ class _GmaCollector(pytest.Collector):
 class GmaCaseItem(pytest.Item):
     """One conformance case of the implementation given by ``--gma-impl``."""
 
-    def __init__(self, *, impl: Callable[..., Any], gma_case: GmaCase, target: str, **kwargs: Any) -> None:
+    def __init__(self, *, impl: Callable[..., Any], gma_case: GmaCase, target: str, gma_session: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.impl, self.gma_case, self.target = impl, gma_case, target
+        self.impl, self.gma_case, self.target, self.gma_session = impl, gma_case, target, gma_session
         self.user_properties += [("gma_impl", target), ("gma_case", gma_case.case_id),
                                  ("gma_grad", str(gma_case.grad))]
 
     def runtest(self) -> None:
-        """Run the case; raises :class:`GmaCaseFailed` with its report lines when it fails."""
+        """Run the case; raises :class:`GmaCaseFailed` with its report lines when it fails, and skips it (not run,
+        with the reason) once two consecutive items ended in timeout or the same crash, or the budget is spent."""
         opt = self.config.getoption
-        timeout = opt("gma_timeout")
-        check_case(self.impl, self.gma_case, repro=opt("gma_repro"), timeout=timeout if timeout else None,
-                   name=self.target)
+        timeout = opt("gma_timeout") or None
+        bounds = self.gma_session.bounds if self.gma_session is not None else None
+        if bounds is not None:
+            stop = bounds.stopped or bounds.before_case(len(self.gma_session.reports), self.gma_session.total)
+            if stop:
+                self.gma_session.not_run.append(self.gma_case.case_id)
+                pytest.skip(f"not run: {stop}")
+            timeout = bounds.case_timeout(timeout)
+        report: Report | None = None
+        try:
+            report = check_case(self.impl, self.gma_case, repro=opt("gma_repro"), timeout=timeout, name=self.target,
+                                in_process=bool(opt("gma_in_process")))
+        except GmaCaseFailed as exc:
+            report = exc.report
+            raise
+        finally:
+            if bounds is not None and report is not None:
+                self.gma_session.reports.append(report)
+                bounds.after_case(self.gma_case.case_id, report.results)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         """The oracle's report of the case (no Python traceback) for a failed case."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,8 +17,8 @@ from typing import Any
 from .capture import MAX_TEXT, printable, truncated
 from .declaration import Declaration
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "CheckResult", "json_safe", "Skip", "Report", "Interrupted",
-           "Terminated", "rerun_command", "combine_reports"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "SCHEMA_VERSION", "CheckResult", "json_safe", "Skip", "Report",
+           "Interrupted", "Terminated", "rerun_command", "combine_reports"]
 
 
 #: :attr:`Report.exit_code` of a run stopped by ``KeyboardInterrupt`` (128 + SIGINT, as a shell reports it).
@@ -25,6 +26,9 @@ EXIT_INTERRUPTED = 130
 #: :attr:`Report.exit_code` of a run stopped by SIGTERM (128 + 15), after the partial report.
 EXIT_TERMINATED = 143
 
+
+#: The ``schema_version`` of :meth:`Report.to_json` (docs/oracle/report.schema.json describes it).
+SCHEMA_VERSION = 1
 
 #: ``package.module:attribute``: a target that ``gma-ref check`` can import.
 _TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -158,6 +162,14 @@ class Report:
     interrupt_status: int = EXIT_INTERRUPTED
     #: The candidate ran in a worker process (``False``: in this process, where it can affect the verdict).
     isolated: bool = False
+    #: Why the candidate ran in this process (a lambda, a closure, ``in_process=True``, …); ``''`` when not said.
+    in_process_reason: str = ""
+    #: Optional features the implementation does not have (e.g. returned state), in words: not checked, and
+    #: neither a failure nor a skip. Listed in the JSON and HTML reports, and in the text with ``verbose``.
+    not_checked: list[str] = field(default_factory=list)
+    #: Why the run stopped before its last case (a repeated timeout or crash, the budget spent); ``''`` when it did
+    #: not. The cases not run are in :attr:`skipped`; a stopped run does not pass.
+    stopped: str = ""
     #: The largest sizes of the cases planned: ``n``, ``k``, ``d_r``, ``d_v``, ``heads``, ``batch``, ``chunks``
     #: (:func:`~gma_ref.testing.cases.case_envelope`); empty when not computed. For a kernel that keeps its own
     #: chunk size (``accepts_chunk_size=False``) ``own_chunks_C`` and ``own_chunks_C_bh`` (C = 16, 32, 64: the
@@ -192,12 +204,13 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        """True when at least one check ran and none failed."""
-        return bool(self.results) and not self.failures
+        """True when at least one check ran, none failed, and the run was not :attr:`stopped` early."""
+        return bool(self.results) and not self.failures and not self.stopped
 
     @property
     def exit_code(self) -> int:
-        """0: all passed; 1: a mismatch (or nothing checked); 2: passed, but something requested was skipped;
+        """0: all passed; 1: a mismatch (or nothing checked, or the run :attr:`stopped` early); 2: passed, but
+        something requested was skipped;
         :data:`EXIT_INTERRUPTED` (130): stopped by ``KeyboardInterrupt``."""
         if self.interrupted:
             return self.interrupt_status
@@ -234,7 +247,8 @@ class Report:
         lines = [f"gma-ref check {self.implementation}  " + ("mode=layer " if self.mode == "layer" else "")
                  + f"dtype={self.dtype} device={self.device} grad={self.grad} reference={self.reference_backend}"
                  + ("  isolated: the candidate ran in a worker process" if self.isolated
-                    else "  in-process: the candidate can affect this verdict")]
+                    else "  in-process" + (f" ({self.in_process_reason})" if self.in_process_reason else "")
+                    + ": the candidate can affect this verdict")]
         lines += ["advice: " + a.replace("\n", "\n  ") for a in self.top_advice()]
         lines += ["likely cause: " + c for c in self.likely_causes()]
         by_case: dict[str, list[CheckResult]] = {}
@@ -248,11 +262,14 @@ class Report:
                     lines.append(r.format())
         for s in self.skipped:
             lines.append(f"skip {s.what}: {s.reason}" + ("  [requested]" if s.requested else ""))
+        lines += [f"not checked (optional, not declared): {n}" for n in self.not_checked if verbose]
         for path in self.reproducers:
             lines.append(f"reproducer {path}\n  re-run: {rerun_command(self.implementation, path)}")
         for cid, text in self.candidate_output.items():
             lines.append(f"output of the implementation during {cid}:\n  | " + text.rstrip().replace("\n", "\n  | "))
         lines += [f"note {n}" for n in self.notes]
+        if self.stopped:
+            lines.append(f"stopped: {self.stopped}")
         if not self.results:
             why = "; ".join(f"{s.what}: {s.reason}" for s in self.skipped if s.requested)
             why = why or "; ".join(f"{s.what}: {s.reason}" for s in self.skipped[:3]) or "no case was run"
@@ -302,7 +319,8 @@ class Report:
     def to_json(self) -> str:
         """Machine-readable report: strict JSON (non-finite numbers as the strings ``'nan'``, ``'inf'``)."""
         return json.dumps(json_safe({
-            "implementation": self.implementation, "declaration": self.declaration.as_dict(), "mode": self.mode,
+            "schema_version": SCHEMA_VERSION, "implementation": self.implementation,
+            "declaration": self.declaration.as_dict(), "mode": self.mode,
             "dtype": self.dtype,
             "device": self.device, "grad": self.grad, "passed": self.passed, "exit_code": self.exit_code,
             "elapsed_s": self.elapsed_s, "reference_backend": self.reference_backend,
@@ -310,11 +328,45 @@ class Report:
             "results": [r.as_dict() for r in self.results],
             "skipped": [asdict(s) for s in self.skipped], "reproducers": list(self.reproducers),
             "notes": list(self.notes), "candidate_output": dict(self.candidate_output),
-            "interrupted": self.interrupted, "isolated": self.isolated, "envelope": dict(self.envelope),
-            "detection": self.detection, "envelope_limits": list(self.envelope_limits), "advice": self.top_advice(),
+            "interrupted": self.interrupted, "isolated": self.isolated,
+            "in_process_reason": self.in_process_reason, "stopped": self.stopped,
+            "not_checked": list(self.not_checked), "envelope": dict(self.envelope), "detection": self.detection,
+            "envelope_limits": list(self.envelope_limits), "advice": self.top_advice(),
             "likely_causes": self.likely_causes(), "dtypes": self.dtypes, "explored": dict(self.explored),
             "parts": [json.loads(p.to_json()) for p in self.parts],
         }), indent=1, allow_nan=False)
+
+    def rerun_commands(self) -> list[str]:
+        """The command that re-runs this check, then each reproducer's (:func:`rerun_command`).
+
+        For a name the command line can import (``package.module:attribute``) these are ``gma-ref check``
+        commands; otherwise the Python calls on the same object.
+        """
+        flags = (["--mode layer"] if self.mode == "layer" else []) + [f"--dtype {self.dtype}",
+                                                                      f"--device {self.device}"]
+        flags.append("--grad" if self.grad else "--no-grad")
+        if _TARGET.fullmatch(self.implementation):
+            first = f"gma-ref check {self.implementation} " + " ".join(flags)
+        else:
+            first = (f"check(impl, dtype={self.dtype!r}, device={self.device!r}, grad={self.grad})  # impl: "
+                     f"{self.implementation}")
+        return [first] + [rerun_command(self.implementation, p) for p in self.reproducers]
+
+    def to_html(self) -> str:
+        """The report as one self-contained HTML page (:func:`~gma_ref.testing.html_report.report_html`): the
+        verdict, a heatmap of error / threshold per case and tensor, the failing cases with their worst elements,
+        what was not checked, the envelope and the commands that re-run the check."""
+        from .html_report import report_html
+
+        return report_html(self, self.rerun_commands())
+
+    def write_html(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_html` to ``path`` (UTF-8); raises ``OSError`` when it cannot be written and
+        ``TypeError`` when ``path`` is not a path."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a file path, got {type(path).__name__}")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(self.to_html())
 
     def add_output(self, case_id: str, text: str) -> None:
         """Keep what the implementation printed during ``case_id`` (truncated), if anything."""
@@ -389,7 +441,8 @@ def combine_reports(parts: list[Report]) -> Report:
         interrupted=interrupted is not None,
         interrupt_status=interrupted.interrupt_status if interrupted is not None else EXIT_INTERRUPTED,
         isolated=first.isolated, envelope=env, envelope_limits=joined("envelope_limits"), advice=advice,
-        parts=list(parts))
+        parts=list(parts), in_process_reason=first.in_process_reason, not_checked=joined("not_checked"),
+        stopped=next((p.stopped for p in parts if p.stopped), ""))
 
 
 class Terminated(KeyboardInterrupt):

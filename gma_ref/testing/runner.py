@@ -30,6 +30,7 @@ from .adapters import (
     declaration_of,
     reference_namespace,
 )
+from .bounds import RunBounds
 from .calls import CallTimeout, with_timeout
 from .capture import captured_output, safe_text
 from .case_runner import CaseOutcome, NonFiniteInputError, call_failure, evaluate_case, resolve_vjp, run_case
@@ -50,13 +51,14 @@ from .cases import (
 from .compare import Tolerance
 from .declaration import suggest_declaration
 from .declared import TF32_CHECK_ID
-from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, WorkerLost
+from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, LoadError, WorkerLost
 from .long import LONG_SIZES, long_cases
+from .placement import Placement, candidate_name, place
 from .power import detection_text
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
 
 __all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "run_case", "EXIT_INTERRUPTED",
-           "check_writable_dir"]
+           "check_writable_dir", "say_in_process"]
 
 
 def check(
@@ -86,6 +88,8 @@ def check(
     import_timeout: float | None = None,
     tiling: bool = True,
     explore: float | None = None,
+    keep_going: bool = False,
+    budget: float | None = None,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
 
@@ -95,8 +99,11 @@ def check(
         ``'package.module:function'`` (the current directory is importable; a class is
         instantiated): the implementation runs in a worker process
         (:class:`~gma_ref.testing.isolation.IsolatedCandidate`) and cannot affect the verdict.
-        A callable runs in this process, and the report says so ("in-process: the candidate can
-        affect this verdict"). Either way it is
+        A callable runs there too whenever the worker can load it
+        (:func:`~gma_ref.testing.placement.place`: a module-level function or class by its name, an
+        instance pickled); a lambda, a closure, an object of ``__main__`` or one that does not pickle
+        runs in this process, and stderr and the report's first line say so and why
+        ("in-process (…): the candidate can affect this verdict"). Either way it is
         ``impl(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma[, chunk_size])``
         on arrays of its own kind, returning the output ``(B, H, N_q, d_v)`` (or
         ``(out, CausalState(memory, mass))`` or ``(out, memory, mass)`` when it declares ``returns_state``).
@@ -162,8 +169,10 @@ def check(
         On by default, as in ``gma-ref check`` and the pytest plugin (``--no-tiling``,
         ``--gma-no-tiling``); ``False`` checks the edge cases alone. Ignored when ``cases`` is given.
     in_process : bool, optional
-        With a ``'module:function'`` target, ``True`` imports and runs it in this process
-        (for debugging). A scaling check always does (it runs each size in a child process).
+        ``True`` runs the implementation in this process (for debugging; a target is imported
+        here); ``False`` insists on a worker (``ValueError`` when it cannot load the callable);
+        ``None`` (default): a worker whenever it can. A scaling check, and a callable with a
+        separate ``vjp=``, always run here (a scaling check runs each size in a child process).
     import_timeout : float, optional
         Seconds the worker may take to import the target (default
         :data:`~gma_ref.testing.isolation.IMPORT_TIMEOUT_S`).
@@ -174,6 +183,14 @@ def check(
         case file and a pytest test into ``repro`` (default ``gma-ref-repro``); its checks join the report,
         which then fails, and :attr:`Report.explored` says what was searched. Needs hypothesis
         (``ImportError`` naming it otherwise); not with ``scale='scaling'`` or ``case_file``.
+    keep_going : bool
+        Run every case even after two consecutive cases ended in ``timeout`` or in the same crash
+        (default: the run stops there, and the cases after are listed as not run, with the reason;
+        :class:`~gma_ref.testing.bounds.RunBounds`).
+    budget : float, optional
+        Seconds the whole run may take: a case gets at most what is left, and once it is spent the
+        remaining cases are listed as not run. A run that stopped early has :attr:`Report.stopped`
+        set and does not pass.
 
     Raises
     ------
@@ -181,10 +198,11 @@ def check(
         ``impl`` is neither a target string nor callable, or ``declaration`` is not a :class:`Declaration`.
     ImportError
         The target cannot be imported (:class:`~gma_ref.testing.isolation.LoadError` when isolated:
-        it raised, the worker died, or the import overran ``import_timeout``).
+        it raised, the worker died, or the import overran ``import_timeout``). A callable the worker
+        fails to load is not an error: it runs in this process, saying why.
     ValueError
         An unknown variant, dtype, device or mode name, or ``n_cases`` < 0, or
-        ``timeout`` <= 0, or a ``repro`` directory that cannot be written, or a case file
+        ``timeout`` <= 0, or ``budget`` <= 0, or a ``repro`` directory that cannot be written, or a case file
         that cannot be read or whose inputs are not finite at the dtype — all before any case runs.
     Interrupted
         A ``KeyboardInterrupt`` during the run (a subclass of it): its ``.report`` holds
@@ -195,14 +213,21 @@ def check(
     in the report, never an exception of ``check``. What the implementation prints
     during a case is captured and listed in :attr:`Report.candidate_output`.
     """
+    options = {k: v for k, v in locals().items() if k not in ("impl", "declaration")}
     if isinstance(impl, str):
-        options = {k: v for k, v in locals().items() if k not in ("impl", "declaration")}
         return _check_target(impl, declaration, options)
-    if in_process is False and not isinstance(impl, IsolatedCandidate):
-        raise ValueError("in_process=False needs a 'package.module:function' target (a callable runs in this "
-                         f"process), got {type(impl).__name__}")
+    why_here = None
+    if callable(impl) and not isinstance(impl, IsolatedCandidate):
+        placed = _placement(impl, vjp, in_process, scale)
+        why_here = placed.why_not
+        if placed.isolable:
+            got = _check_placed(placed, declaration, options)
+            if isinstance(got, Report):
+                return got
+            why_here = got
     t0 = time.perf_counter()
     _validate_request(impl, declaration, variants, dtype, device, mode, n_cases, timeout)
+    bounds = RunBounds(keep_going, budget)
     if scale not in ("short", "long", "scaling"):
         raise ValueError(f"scale must be 'short', 'long' or 'scaling', got {scale!r}")
     _validate_explore(explore, scale, case_file)
@@ -224,6 +249,8 @@ def check(
         cases = [file_case.case]
     report, decl, active, xp, the_vjp = _plan(impl, declaration, vjp, variants, dtype, device, grad, mode, name)
     report.isolated = isinstance(impl, IsolatedCandidate)
+    if why_here is not None:
+        say_in_process(report, why_here)
     if scale == "scaling":
         return _scaling(impl, decl, report, variants, the_vjp, the_vjp is not None, n_max or decl.n_max, timeout, t0)
     case_list = _case_list(report, decl, active, cases, n_cases, seed, scale, n_max, file_case is not None,
@@ -238,7 +265,7 @@ def check(
     try:
         if not contract or file_case is not None or _confirm_declared(report, impl, decl, active, case_list, opts,
                                                                       timeout):
-            _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0)
+            _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0, bounds)
     except KeyboardInterrupt as exc:
         report.interrupted = True
         report.interrupt_status = getattr(exc, "status", EXIT_INTERRUPTED)
@@ -263,7 +290,7 @@ def _check_target(target: str, declaration: Declaration | None, options: dict[st
     if in_process or options["scale"] == "scaling":
         from .worker import load_implementation
 
-        return check(load_implementation(target), declaration, in_process=True, **options)
+        return check(load_implementation(target), declaration, in_process=in_process or None, **options)
     if options["vjp"] is not None:
         raise ValueError("vjp= cannot be combined with an isolated target: attach it to the implementation as "
                          "gma_vjp (or pass in_process=True)")
@@ -271,6 +298,42 @@ def _check_target(target: str, declaration: Declaration | None, options: dict[st
         raise ValueError(f"import_timeout must be None or a number of seconds > 0, got {import_timeout!r}")
     with IsolatedCandidate(target, import_timeout=import_timeout or IMPORT_TIMEOUT_S) as cand:
         return check(cand, declaration, **options)
+
+
+def _placement(impl: Callable[..., Any], vjp: Any, in_process: bool | None, scale: str) -> Placement:
+    """Where :func:`check` runs a callable: :func:`~gma_ref.testing.placement.place`, unless asked for this process,
+    a scaling check, or a separate ``vjp=`` keep it here (``ValueError`` for ``in_process=False`` when it cannot)."""
+    why = ("asked for with in_process=True" if in_process else
+           "a scaling check runs every size in a child process of its own" if scale == "scaling" else
+           "vjp= is passed separately (attach it as impl.gma_vjp to check both in a worker)" if vjp is not None
+           else None)
+    placed = place(impl) if why is None else Placement(None, None, candidate_name(impl), why)  # nothing pickled
+    if in_process is False and placed.why_not is not None:
+        raise ValueError(f"in_process=False: {placed.name} cannot run in a worker process: {placed.why_not}")
+    return placed
+
+
+def _check_placed(placed: Placement, declaration: Declaration | None, options: dict[str, Any]) -> Report | str:
+    """:func:`check` of a callable in a worker process: the report, or why the worker could not load it."""
+    options = dict(options, in_process=None, name=options["name"] or placed.name)
+    import_timeout = options.pop("import_timeout")
+    if import_timeout is not None and not (isinstance(import_timeout, (int, float)) and import_timeout > 0):
+        raise ValueError(f"import_timeout must be None or a number of seconds > 0, got {import_timeout!r}")
+    try:
+        cand = placed.candidate(import_timeout or IMPORT_TIMEOUT_S)
+    except LoadError as exc:
+        return f"the worker process could not load it: {str(exc).removeprefix(f'cannot load {placed.name}: ')}"
+    with cand:
+        return check(cand, declaration, **options)
+
+
+def say_in_process(report: Report, why: str) -> None:
+    """Record in ``report`` (its first line) and say on stderr that the candidate runs in this process, and why."""
+    import sys
+
+    report.in_process_reason = why
+    print(f"gma-ref: {report.implementation} runs in this process, where it can affect the verdict: {why}",
+          file=sys.stderr, flush=True)
 
 
 def check_writable_dir(path: str, what: str) -> None:
@@ -452,7 +515,7 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
     dtype, layer = report.dtype, report.mode == "layer"
     explicit = cases is not None
     if not decl.returns_state and not layer:
-        report.skipped.append(Skip("state", "returned state (memory, mass) not declared"))
+        report.not_checked.append("returned state (memory, mass)")
     if cases is None and scale == "long" and layer:
         report.skipped.append(Skip("long cases", "long-sequence cases exist for attention mode only (a layer's "
                                    "long sequences are its attention's: check that with mode='attention')",
@@ -536,17 +599,23 @@ def _explain_file_case(report: Report, file_case: Any, path: str, case_list: lis
 def _run_cases(report: Report, impl: Callable[..., Any], decl: Declaration, case_list: list[Case],
                opts: dict[str, Any], contract: bool, timeout: float | None,
                progress: Callable[[int, int, str, float], None] | None, shrinker: _Shrinker | None,
-               t0: float) -> None:
-    """Run every case into ``report`` (stops after a timeout); the first case of each variant adds the contract."""
+               t0: float, bounds: RunBounds | None = None) -> None:
+    """Run every case into ``report`` (stops after an in-process timeout, or as ``bounds`` say); the first case of
+    each variant adds the contract."""
     seen_variant: set[str] = set()
+    bounds = bounds or RunBounds()
     for i, case in enumerate(case_list):
+        stop = bounds.before_case(i, len(case_list))
+        if stop is not None:
+            return _not_run(report, case_list[i:], stop)
         first = case.variant not in seen_variant
         seen_variant.add(case.variant)
         t_case = time.perf_counter()
-        res = _run_one(report, impl, case, decl, dict(opts, contract=contract and first), timeout)
+        limit = bounds.case_timeout(timeout)
+        res = _run_one(report, impl, case, decl, dict(opts, contract=contract and first), limit)
         if res is None:
-            report.results.append(CheckResult(case.case_id, "call", "case", "timeout", None, timeout, False,
-                                              detail=f"no result after {timeout:g} s (the call was abandoned)"))
+            report.results.append(CheckResult(case.case_id, "call", "case", "timeout", None, limit, False,
+                                              detail=f"no result after {limit:g} s (the call was abandoned)"))
             report.case_ids.append(case.case_id)
             for rest in case_list[i + 1:]:
                 report.skipped.append(Skip(f"case {rest.case_id}", f"not run: {case.case_id} timed out"))
@@ -563,6 +632,16 @@ def _run_cases(report: Report, impl: Callable[..., Any], decl: Declaration, case
         report.case_ids.append(case.case_id)
         if shrinker is not None and any(not r.passed for r in res):
             shrinker.add(case, res, time.perf_counter() - t_case)
+        stop = bounds.after_case(case.case_id, res)
+        if stop is not None:
+            return _not_run(report, case_list[i + 1:], stop)
+    return None
+
+
+def _not_run(report: Report, rest: Sequence[Case], reason: str) -> None:
+    """List the cases of ``rest`` as not run, and the run as stopped, for ``reason``."""
+    report.skipped += [Skip(f"case {c.case_id}", f"not run: {reason}") for c in rest]
+    report.stopped = f"{reason}; {len(rest)} case(s) not run"
 
 
 def _confirm_declared(report: Report, impl: Callable[..., Any], decl: Declaration, active: tuple[str, ...],
@@ -793,7 +872,8 @@ def assert_conforms(impl: Callable[..., Any], declaration: Declaration | None = 
 #: The keyword options of :func:`check` that a run of one dtype of a multi-dtype check receives.
 _CHECK_OPTIONS: tuple[str, ...] = (
     "vjp", "variants", "device", "grad", "cases", "n_cases", "seed", "contract", "tolerance", "name", "mode", "scale",
-    "n_max", "timeout", "progress", "full_traceback", "repro", "in_process", "import_timeout", "tiling", "explore")
+    "n_max", "timeout", "progress", "full_traceback", "repro", "in_process", "import_timeout", "tiling", "explore",
+    "keep_going", "budget")
 
 
 def _declared_dtypes(impl: Any, declaration: Declaration | None) -> tuple[str, ...]:
@@ -807,13 +887,15 @@ def _check_each_dtype(impl: Any, declaration: Declaration | None, dtypes: tuple[
     """:func:`check` once per dtype, combined (:func:`~gma_ref.testing.report.combine_reports`).
 
     A dtype the framework lacks here is a skip of its part that was not requested (the declaration asked for
-    it, not the caller). A search beyond the set gets an equal share of its seconds in every dtype. An
+    it, not the caller). A search beyond the set, and a budget, give an equal share of their seconds to every
+    dtype. An
     interrupt in one dtype raises :class:`Interrupted` with the parts run so far.
     """
     from .report import combine_reports
 
-    if options.get("explore"):
-        options = dict(options, explore=options["explore"] / len(dtypes))
+    for share in ("explore", "budget"):  # seconds for the whole run: an equal share to each dtype
+        if options.get(share):
+            options = dict(options, **{share: options[share] / len(dtypes)})
     parts: list[Report] = []
     for dtype in dtypes:
         try:

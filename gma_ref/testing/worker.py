@@ -8,8 +8,9 @@ candidate does to this process — exit, crash, patch NumPy, print — cannot ch
 
 The requests (pickled dicts from the oracle, :mod:`~gma_ref.testing.wire`):
 
-``start``      ``target`` (``package.module:function``), ``sys_path``: import it; reply ``ready``
-               (its declaration as plain data, its name) or ``load_error``.
+``start``      ``target`` (``package.module:function``), ``sys_path``, optionally ``pickled`` (the
+               implementation itself, pickled by the oracle: unpickled instead of importing ``target``):
+               import it; reply ``ready`` (its declaration as plain data, its name) or ``load_error``.
 ``configure``  ``declaration`` (the oracle's, after any overrides), ``grad``: resolve the VJP
                (``impl.gma_vjp``, else PyTorch autograd or ``jax.vjp`` by namespace).
 ``prepare``    ``arrays`` (float64 inputs by name, in call order, ``d_out`` last), ``dtype``, ``device``,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import pickle
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -105,7 +107,9 @@ class Worker:
 
     def start(self, req: dict[str, Any]) -> None:
         sys.path[:] = list(req["sys_path"])
-        impl, exc = attempt(lambda: load_implementation(req["target"]))
+        pickled = req.get("pickled")
+        impl, exc = attempt(lambda: pickle.loads(pickled) if pickled is not None
+                            else load_implementation(req["target"]))
         if exc is not None:
             self.reply({"op": "load_error", "detail": f"{type(exc).__name__}: {_safe(exc)}"})
             return

@@ -272,3 +272,30 @@ class Float16(NumpyKernel):
 
     def __init__(self) -> None:
         super().__init__("float16")
+
+
+class FakePass(_Base):
+    """Prints a forged passing verdict, then ends its process with status 0 (``os._exit``: no cleanup, no report)."""
+
+    def misbehave(self, *args: Any, **kw: Any) -> Any:
+        print("PASS: 73/73 cases passed, 0 failed checks", flush=True)
+        os._exit(0)
+
+
+class Segfaults(_Base):
+    """Reads address 0: its process dies of SIGSEGV."""
+
+    def misbehave(self, *args: Any, **kw: Any) -> Any:
+        import ctypes
+
+        return ctypes.string_at(0)
+
+
+class HoldsTheGil(_Base):
+    """Never returns, and never releases the GIL (one long C call), so no thread of its process runs."""
+
+    def misbehave(self, *args: Any, **kw: Any) -> Any:
+        import re
+
+        re.match(r"(a+)+$", "a" * 64 + "b")  # catastrophic backtracking inside the regex engine: hours
+        return self.correct(*args, **kw)

@@ -106,7 +106,7 @@ def test_keyboard_interrupt_stops_the_run_with_a_partial_report():
     """Ctrl-C (KeyboardInterrupt) still stops the run: check() raises it with the partial report; the CLI prints
     that report (JSON too) and exits 130."""
     with pytest.raises(KeyboardInterrupt) as info:
-        _bidirectional(adv.Interrupts())
+        _bidirectional(adv.Interrupts(), in_process=True)
     partial = info.value.report
     assert partial.interrupted and partial.exit_code == 130 and len(partial.case_ids) == 3
     assert "INTERRUPTED" in partial.format()

@@ -89,14 +89,21 @@ def test_a_correct_kernel_passes_in_its_worker_and_the_report_says_so(kernels) -
     assert json.loads(report.to_json())["isolated"] is True
 
 
-def test_a_callable_runs_in_process_and_the_header_says_it_can_affect_the_verdict(kernels) -> None:
-    """A callable is checked in this process; the report's first line warns that it can affect the verdict."""
+def test_a_function_object_runs_in_a_worker_and_a_lambda_in_process_saying_why(kernels, capfd) -> None:
+    """A module-level function passed as an object is checked in a worker, named by its module:function; a lambda
+    cannot be loaded there, so it runs in this process, and the report's first line and stderr say so and why."""
     _module(kernels, "k_inproc", "")
     import k_inproc
 
     report = check(k_inproc.good, cases=_cases(1))
+    assert report.passed and report.isolated and report.implementation == "k_inproc:good"
+    report = check(lambda *a, **kw: k_inproc.good(*a, **kw), k_inproc.DECL, cases=_cases(1))
     assert report.passed and not report.isolated
-    assert "in-process: the candidate can affect this verdict" in report.format().splitlines()[0]
+    first = report.format().splitlines()[0]
+    assert "in-process (it is a lambda or is defined inside a function" in first
+    assert first.endswith("the candidate can affect this verdict")
+    assert "runs in this process, where it can affect the verdict: it is a lambda" in capfd.readouterr().err
+    assert json.loads(report.to_json())["in_process_reason"].startswith("it is a lambda")
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))

@@ -625,7 +625,11 @@ def test_what_a_dying_worker_printed_is_kept_without_flushing(kernels, monkeypat
 
 
 def _workers() -> set[int]:
-    """The live (not zombie) worker processes this process started."""
+    """The live (not zombie) worker processes this process started (the workers that earlier tests left to be shared,
+    gma_ref.testing.placement.shared_candidate, are closed first)."""
+    from gma_ref.testing.placement import close_shared
+
+    close_shared()
     found = set()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():

@@ -56,12 +56,13 @@ def test_grad_false_skips_the_declared_gradients_with_a_note() -> None:
 
 
 def test_requested_but_undeclared_gradients_are_a_requested_skip() -> None:
-    """grad=True against grad=False: a requested skip (exit code 2); not requested, an unrequested one."""
+    """grad=True against grad=False: a requested skip (exit code 2); not requested, nothing is skipped."""
     plain = _wrapped(lambda *a, **kw: _K64(*a, **kw))
     report = check(plain, cases=_CASES[:1], grad=True)
     skip = _skips(report)["gradients"]
     assert skip.requested and skip.reason.startswith("not declared (grad=False)") and report.exit_code == 2
-    assert not check(plain, cases=_CASES[:1]).skipped[0].requested
+    report = check(plain, cases=_CASES[:1])
+    assert "gradients" not in _skips(report) and report.exit_code == 0
 
 
 def test_undeclared_variants_dtypes_and_modes_are_skipped_naming_what_is_declared() -> None:
@@ -96,9 +97,16 @@ def test_a_kernel_without_a_declaration_is_checked_under_the_assumed_default() -
     assert check(bare, cases=_CASES[:1], name="mine").implementation == "mine"
 
 
-def test_an_undeclared_state_is_listed_as_skipped() -> None:
+def test_an_undeclared_state_is_listed_as_not_checked_not_as_a_skip_line() -> None:
+    """A kernel without returned state: the state is in the report's not-checked list (JSON, and the text only when
+    verbose), not among the skips, and the plain text says nothing of it."""
+    import json
+
     report = check(_K64, cases=_CASES[:1])
-    assert _skips(report)["state"].reason == "returned state (memory, mass) not declared"
+    assert "state" not in _skips(report) and report.not_checked == ["returned state (memory, mass)"]
+    assert json.loads(report.to_json())["not_checked"] == ["returned state (memory, mass)"]
+    assert "state" not in report.format() and "not checked (optional, not declared): returned state" in report.format(
+        verbose=True)
 
 
 def test_a_timeout_fails_the_case_and_skips_the_rest() -> None:
@@ -190,12 +198,14 @@ def test_no_cases_given_means_the_default_set_and_n_cases_generated_ones() -> No
 
 def test_a_count_or_timeout_of_the_wrong_kind_is_refused_and_the_limits_are_inclusive() -> None:
     """n_cases must be an int (not a bool or float) >= 0; timeout a positive number; scale one of its three names;
-    in_process=False needs a target. 0 cases and any positive timeout are accepted."""
+    in_process=False needs a candidate a worker can load (not a lambda). 0 cases and any positive timeout are
+    accepted."""
     for kw, what in (({"n_cases": True}, "n_cases"), ({"n_cases": 1.0}, "n_cases"), ({"timeout": "1"}, "timeout"),
-                     ({"timeout": -1.0}, "timeout"), ({"scale": "huge"}, "scale"),
-                     ({"in_process": False}, "in_process=False")):
+                     ({"timeout": -1.0}, "timeout"), ({"scale": "huge"}, "scale")):
         with pytest.raises(ValueError, match=what):
             check(_K64, **kw)
+    with pytest.raises(ValueError, match="in_process=False: .* a lambda"):
+        check(lambda *a, **kw: _K64(*a, **kw), in_process=False)
     for ok in ({"n_cases": 0}, {"timeout": 30}, {"timeout": 30.0, "device": "cpu", "mode": "attention"}):
         assert check(_K64, cases=_CASES[:1], grad=False, contract=False, **ok).passed
 

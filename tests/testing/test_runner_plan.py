@@ -4,17 +4,23 @@ and its bookkeeping (the scaling lines, the shrinker's budget and notes)."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
 
+import gma_ref.testing
 import gma_ref.testing.probes as probes
 import gma_ref.testing.repro as repro
 import gma_ref.testing.scaling as scaling
-from gma_ref.testing import Case, Declaration, check, default_cases, default_layer_cases, generate_cases
+from gma_ref.testing import Case, Declaration, default_cases, default_layer_cases, generate_cases
 from gma_ref.testing.cases import case_envelope, with_gate
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.report import Interrupted
+
+#: The plan is tested in this process, where the probes are monkeypatched and the test doubles' own hooks run
+#: (where a candidate runs is tested in test_placement.py and test_entry_points.py).
+check = functools.partial(gma_ref.testing.check, in_process=True)
 
 _K64 = NumpyKernel("float64")
 _K32 = NumpyKernel("float32")

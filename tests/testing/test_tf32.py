@@ -126,7 +126,7 @@ def test_tf32_kernel_needs_the_tf32_tolerance():
 
 def test_declared_tf32_passes_where_the_framework_is_tf32(tf32_framework):
     """Declared tf32=True on a framework probed TF32: passes, no note needed, the envelope says it."""
-    report = check(NumpyKernel("float32", tf32=True), dtype="float32", grad=True, tiling=False)
+    report = check(NumpyKernel("float32", tf32=True), dtype="float32", grad=True, tiling=False, in_process=True)
     assert report.passed, report.format()
     assert _worst(report) < 0.5, _worst(report)
     assert any("tf32 = True (declared" in s for s in report.envelope_limits), report.envelope_limits
@@ -135,7 +135,8 @@ def test_declared_tf32_passes_where_the_framework_is_tf32(tf32_framework):
 def test_probed_tf32_sets_the_tolerance_with_a_note(tf32_framework):
     """Undeclared TF32 products found by the probe: the oracle applies the TF32 tolerance and says so, in the text
     and in the JSON; the envelope names it 'probed, not declared'."""
-    report = check(_undeclared(NumpyKernel("float32", tf32=True)), dtype="float32", grad=True, tiling=False)
+    report = check(_undeclared(NumpyKernel("float32", tf32=True)), dtype="float32", grad=True, tiling=False,
+                   in_process=True)
     assert report.passed, report.format()
     note = "rounds float32 matrix products to TF32 (probed)"
     assert any(note in n for n in report.notes), report.notes
