@@ -16,7 +16,7 @@ away, but the scores stay finite and the max-subtracted softmax keeps every
 row of Γ on the simplex. The squared distances are formed as Eq. 50 writes
 them, (x_im − μ_km)²/σ²_km term by term, a block of tokens at a time, so that
 memory stays bounded (about 2¹⁶ terms per block, cache-sized, plus the (..., N, K) result).
-This module is the specification of record. :mod:`gma_ref.scores_fast` computes
+This module is the specification of record. :mod:`gma_ref.fast.matmul_scores` computes
 the same scores by matrix products on centred coordinates, with a rounding guard
 that hands every row it cannot vouch for back to this form; the pipeline
 (:mod:`gma_ref.attention`) uses it, and the tests hold it to this one.
@@ -192,7 +192,7 @@ def scores(
     b_k = log π_k − ½ d_r log 2π − ½ Σ_m log σ²_km. Memory: the result plus one block of about
     2¹⁶ terms. Each score is then within γ_{d_r+4} (½ M_ik + ∣b_k∣) of the exact value (u the unit
     roundoff, γ_n = n u/(1 − n u)); nothing cancels but b_k − ½ M_ik itself. The faster
-    :func:`gma_ref.scores_fast.guarded_scores` (matrix products, used by the pipeline) is held to
+    :func:`gma_ref.fast.matmul_scores.guarded_scores` (matrix products, used by the pipeline) is held to
     within R = 8 times this bound; both are tested against 40-digit mpmath in every hard regime
     (far from every mean, variances at the floor, data shifted by 1e4 and 1e8, d_r = 1024, one-hot
     Γ, tight clusters, float32; tests/posterior/test_accuracy.py).
@@ -272,7 +272,7 @@ def responsibilities(
 def softmax_scores(s: Array) -> tuple[Array, Array]:
     """(Γ, log Γ) of the scores ``s`` ``(..., N, K)`` (Eq. 3b = Eq. 51), max-subtracted; no checks.
 
-    The step :func:`responsibilities` and the fast path (:mod:`gma_ref.scores_fast`) share.
+    The step :func:`responsibilities` and the fast path (:mod:`gma_ref.fast.matmul_scores`) share.
     """
     xp = namespace(s=s)
     # [eq:3+3b+51]
@@ -366,7 +366,7 @@ def scores_backward(
 
     Computed as written, a block of tokens at a time (as :func:`scores`): r ``(..., n, K, d_r)``
     per block, its ∂L/∂x rows, and its shares of Σ_i δ r and Σ_i δ r² added up. Memory: the
-    gradients plus one block. (:func:`gma_ref.scores_fast.scores_backward_guarded` computes the
+    gradients plus one block. (:func:`gma_ref.fast.matmul_scores.scores_backward_guarded` computes the
     same by matrix products on centred coordinates; the pipeline uses it.)
 
     Raises

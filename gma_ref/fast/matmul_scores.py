@@ -58,7 +58,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._array import (
+from .._array import (
     Array,
     broadcast_shapes,
     check_cotangent,
@@ -68,8 +68,8 @@ from ._array import (
     namespace,
     sum_to_shape,
 )
-from ._blocks import in_place_ok, run_blocks, token_blocks
-from .posterior import ScoresGrad, scores_cotangent, softmax_scores
+from ..posterior import ScoresGrad, scores_cotangent, softmax_scores
+from .blocks import in_place_ok, run_blocks, token_blocks
 
 __all__ = [
     "guarded_scores",
@@ -255,7 +255,7 @@ def guarded_scores(x: Array, means: Array, variances: Array, log_priors: Array |
     in the promoted dtype, equal to the direct form's to R times its rounding bound; ``rows`` boolean
     ``(..., N)``, true where the guard sent the row to the direct form Σ_m (x_im − μ_km)²/σ²_km.
     Raises nothing of its own; non-finite inputs give non-finite scores. For NumPy arrays the tokens
-    are taken in blocks (:mod:`gma_ref._blocks`); every row's score is the same in any blocking.
+    are taken in blocks (:mod:`gma_ref.fast.blocks`); every row's score is the same in any blocking.
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
     return _blockwise_scores(xp, x, means, variances, log_priors, lambda s_t, top: s_t)[:2]
@@ -312,7 +312,7 @@ def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variance
 def _softmax_own(xp: Any, s_t: Array, top: Array) -> Array:
     """Γᵀ = softmax(s) over the components (Eq. 3b), component-major: ``s_t`` is sᵀ ``(..., K, n)`` and ``top``
     max_k s_ik ``(..., n)``; max-subtracted, overwriting ``s_t`` (which the caller owns) where
-    :func:`~gma_ref._blocks.in_place_ok` allows it (NumPy), out of place otherwise:
+    :func:`~gma_ref.fast.blocks.in_place_ok` allows it (NumPy), out of place otherwise:
     γ_ik = exp(s_ik − max_l s_il) / Σ_j exp(s_ij − max_l s_il), one rounding for the exponential and one
     for the division."""
     if n_elements(s_t) == 0:
@@ -468,7 +468,7 @@ def _scores_cotangent(xp: Any, gamma_t: Array, d_gamma_t: Array) -> Array:
     γ rounded to 1 cancels nothing; at tied maxima the largest of their g, where the reader's form takes their
     mean: the same δ, and a tie has γ ≤ ½, where nothing cancels); every sum over the components runs down
     contiguous rows of tokens, and the last two steps update the array formed here in place where
-    :func:`~gma_ref._blocks.in_place_ok`."""
+    :func:`~gma_ref.fast.blocks.in_place_ok`."""
     if n_elements(gamma_t) == 0:
         return xp.matrix_transpose(scores_cotangent(xp.matrix_transpose(gamma_t), xp.matrix_transpose(d_gamma_t)))
     largest = xp.max(gamma_t, axis=-2, keepdims=True)
@@ -526,7 +526,7 @@ def responsibilities_backward_blocks(
     shape and dtype ``d_gamma_dtype`` (an array this function does not modify). It is called once for each block
     of a cover of ``range(N)``, in any order and on any of the block threads, and its block is used at once
     (Eq. 18, then the score VJP's products), so a caller that forms ∂L/∂Γ block by block
-    (:class:`gma_ref._latent_fast.LatentBackward`) never writes an N × K array of it.
+    (:class:`gma_ref.fast.latent.LatentBackward`) never writes an N × K array of it.
     """
     xp = namespace(x=x, means=means, variances=variances, gamma=gamma)
 

@@ -1,6 +1,6 @@
 """Token blocks for the fast path's passes over (N, K) arrays, and the threads that run them.
 
-The fast path (:mod:`gma_ref.scores_fast`) computes Γ and the score VJPs one block of tokens at a
+The fast path (:mod:`gma_ref.fast.matmul_scores`) computes Γ and the score VJPs one block of tokens at a
 time: a block's scores, softmax and Γ (or its cotangent, its gradient rows and its share of the
 parameter sums) are formed while the block is in cache, and no N × K scores array is formed beside
 Γ. What blocks add up is added in block order.
@@ -220,7 +220,7 @@ def one_blas_thread(xp: Any) -> Iterator[None]:
 @contextmanager
 def small_products(xp: Any) -> Iterator[None]:
     """BLAS held to one thread for NumPy arrays (threadpoolctl installed), for code that makes many small
-    matrix products (the batched chunks of :mod:`gma_ref._causal_batched`), each of which would otherwise wake
+    matrix products (the batched chunks of :mod:`gma_ref.fast.causal_batched`), each of which would otherwise wake
     BLAS's threads; the allocator primed (:func:`prime_allocator`). Nothing for other namespaces."""
     if array_api_compat.is_numpy_namespace(xp):
         prime_allocator()

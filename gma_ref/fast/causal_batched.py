@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._array import Array, device_of, namespace, value_scale
-from ._blocks import Relay, in_place_ok, run_relay, small_products
-from .causal import (
+from .._array import Array, device_of, namespace, value_scale
+from ..causal import (
     CausalGrad,
     causal_grad,
     check_causal,
@@ -35,6 +34,7 @@ from .causal import (
     lower_mask,
     row_terms,
 )
+from .blocks import Relay, in_place_ok, run_relay, small_products
 
 __all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS"]
 
@@ -69,7 +69,7 @@ def _prefix(xp: Any, carry: Array, terms: Array, axis: int, reverse: bool = Fals
     """(the exclusive prefix sums of ``terms`` along the chunk ``axis`` started at ``carry``, the total):
     carry, carry + t₀, (carry + t₀) + t₁, ... added in that order, as the loop over chunks adds; with
     ``reverse``, from the last chunk back (the suffix sums). ``terms`` is an array the caller formed and gives up:
-    where :func:`~gma_ref._blocks.in_place_ok` (NumPy) and the dtypes agree, each chunk's term is replaced by the
+    where :func:`~gma_ref.fast.blocks.in_place_ok` (NumPy) and the dtypes agree, each chunk's term is replaced by the
     sum before it, so that no array is allocated (a fresh one is page-faulted in at first touch, which cost
     more than the additions); otherwise a new array is written. (A loop of small additions: NumPy's
     ``cumulative_sum`` along a leading axis was measured 20× slower, and a list joined by ``stack`` at the end
@@ -90,7 +90,7 @@ def _prefix(xp: Any, carry: Array, terms: Array, axis: int, reverse: bool = Fals
 def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int, *,
                     gamma_checked: bool = False) -> Array:
     """:func:`gma_ref.causal.gma_causal_chunked` (empty state, ``check_finite=False``), chunks batched, BLAS on
-    one thread (:func:`~gma_ref._blocks.small_products`: C × K products, too small to share). ``gamma_checked``:
+    one thread (:func:`~gma_ref.fast.blocks.small_products`: C × K products, too small to share). ``gamma_checked``:
     the caller knows Γ^Q, Γ^K non-negative (softmaxes it computed, or its own check), so that they are not
     passed over for negative entries again."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
@@ -178,7 +178,7 @@ def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, 
     ∂L/∂Γ^K are written component-major and returned as transposed views ``(..., N, K)`` of ``(..., K, N)`` arrays,
     for the score VJPs' reductions over K (the values are the reader's, bit for bit). ``gamma_checked`` as for
     :func:`chunked_forward`; ``v_unscaled``: the caller found V's scale to be 1
-    (:func:`gma_ref._prechecks.saved_arrays_pass`)."""
+    (:func:`gma_ref.fast.prechecks.saved_arrays_pass`)."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     if not _batched(xp, gamma_q, gamma_k, v, chunk_size, v_unscaled):
         return gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size,
@@ -200,7 +200,7 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
              xp.zeros(batch + (k,), dtype=gamma_k.dtype, device=device_of(v)))  # Z = Σ γ^K has no V in it
     dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
     # ∂L/∂Γ^Q and ∂L/∂Γ^K component-major, (..., K, N), returned as transposed views: the score VJPs that take them
-    # next reduce over K down contiguous rows of tokens (gma_ref.scores_fast)
+    # next reduce over K down contiguous rows of tokens (gma_ref.fast.matmul_scores)
     d_gamma_q_t, d_gamma_k_t = (xp.empty(batch + (k, n), dtype=dtype, device=device_of(v)) for _ in range(2))
     # ∂L/∂V = Aᵀ P + Γ^K S^V has no V in it: the dtype of Γ and ∂L/∂O, as the loop's
     d_values = xp.empty(batch + (n, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
