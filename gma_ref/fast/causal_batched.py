@@ -70,10 +70,10 @@ def _prefix(xp: Any, carry: Array, terms: Array, axis: int, reverse: bool = Fals
     carry, carry + t₀, (carry + t₀) + t₁, ... added in that order, as the loop over chunks adds; with
     ``reverse``, from the last chunk back (the suffix sums). ``terms`` is an array the caller formed and gives up:
     where :func:`~gma_ref.fast.blocks.in_place_ok` (NumPy) and the dtypes agree, each chunk's term is replaced by the
-    sum before it, so that no array is allocated (a fresh one is page-faulted in at first touch, which cost
-    more than the additions); otherwise a new array is written. (A loop of small additions: NumPy's
-    ``cumulative_sum`` along a leading axis was measured 20× slower, and a list joined by ``stack`` at the end
-    1.2–1.6× slower.)"""
+    sum before it, so that no array is allocated (a fresh one is page-faulted in at first touch, which costs
+    more than the additions); otherwise a new array is written. A loop of small additions, in the loop's order:
+    ``cumulative_sum`` along a leading axis adds in an order of its own and strides across memory, and a list
+    joined by ``stack`` at the end copies every term once more."""
     g = terms.shape[axis]
     dtype = xp.result_type(carry, terms)
     out = terms if in_place_ok(xp) and terms.dtype == dtype else xp.empty(tuple(terms.shape), dtype=dtype,

@@ -118,8 +118,8 @@ def _features(xp: Any, x: Array, centre: Array) -> Array:
     """[x'², x', 1] ``(..., N, 2d_r + 1)`` with x' = x − c."""
     d_r = x.shape[-1]
     if in_place_ok(xp):  # NumPy: the three parts written into one array, without joining temporaries
-        xc = x - centre  # x' and then x'² in an array of their own: NumPy's in-place updates of strided columns
-        batch = tuple(xc.shape[:-2])  # (the joined array's) were measured 2.1–2.3× slower than these copies
+        xc = x - centre  # x' and then x'² in an array of their own, copied in: contiguous passes, where in-place
+        batch = tuple(xc.shape[:-2])  # updates of the joined array's strided columns would not be
         out = xp.empty(batch + (x.shape[-2], 2 * d_r + 1), dtype=xc.dtype, device=device_of(x))
         out[..., d_r:2 * d_r] = xc
         xc *= xc
@@ -488,9 +488,9 @@ def _dominant_g(xp: Any, top: Array, d_gamma_t: Array) -> Array:
     """max_k {g_ik : γ_ik the row's largest} ``(..., 1, n)`` (−∞ for a row without a maximum), component-major.
 
     For float32 and narrower, where g is finite and every row has one largest γ, that is Σ_k g_ik [γ_ik largest]:
-    one product and one sum, exact (every other term is a zero), instead of ``where`` (measured 1.7× faster in
-    float32, 1.4× slower in float64, where NumPy's ``where`` moves 8-byte elements faster). Otherwise (float64; a
-    non-finite g, which the product would turn into NaN with a warning; a tie; a NaN row) the maximum itself."""
+    one product and one sum, exact (every other term is a zero), instead of ``where``, which moves 4-byte elements
+    slower than it multiplies them (and 8-byte elements faster). Otherwise (float64; a non-finite g, which the
+    product would turn into NaN with a warning; a tie; a NaN row) the maximum itself."""
     if xp.finfo(d_gamma_t.dtype).bits <= 32 and bool(xp.all(xp.isfinite(d_gamma_t))):
         top_f = xp.astype(top, d_gamma_t.dtype)
         if bool(xp.all(xp.sum(top_f, axis=-2) == 1.0)):
