@@ -44,9 +44,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .fast import gma_attention, gma_attention_backward
-from .fast.blocks import block_time, worker_count
-from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
+from ..fast import gma_attention, gma_attention_backward
+from ..fast.blocks import block_time, worker_count
+from ..mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
 
 __all__ = ["run_end_to_end", "blas_rate", "thread_count"]
 

@@ -29,9 +29,9 @@ from typing import Any, NamedTuple, TextIO
 
 import numpy as np
 
-from .bench_end_to_end import blas_rate, thread_count
-from .fast.blocks import token_blocks
-from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
+from ..fast.blocks import token_blocks
+from ..mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
+from .end_to_end import blas_rate, thread_count
 
 __all__ = ["Pass", "block_passes", "replay_block", "memory_bandwidth", "run_passes"]
 

@@ -20,7 +20,7 @@ then keys), handing out each block of (∂L/∂Γ)ᵀ: the pipeline (:func:`gma_
 gives those blocks straight to the score VJP of the same tokens, so that neither cotangent is written to an
 N × K array; :func:`latent_backward` drives the passes itself and writes both. The products
 are the reader's, transposed: the values agree with :func:`~gma_ref.bidirectional.latent_vjp` to rounding
-(``tests/attention/test_latent_fast.py``). Only the case the pipeline meets in training takes this path: ε > 0,
+(``tests/fast/test_latent.py``). Only the case the pipeline meets in training takes this path: ε > 0,
 the forward's output at hand, the four arrays with one batch shape, no value scaling; any other case is
 :func:`~gma_ref.bidirectional.latent_vjp` itself.
 """
