@@ -22,7 +22,7 @@ from ._array import (
     namespace,
 )
 from ._array import check_finite as _check_finite
-from .causal import check_prefix_budget
+from ._causal_checks import check_prefix_budget
 from .induced import check_weights_budget
 from .mixture import log_priors_from_logits, variances_from_omega
 from .posterior import responsibilities

@@ -21,19 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._array import Array, device_of, namespace, value_scale
-from ..causal import (
-    CausalGrad,
-    causal_grad,
-    check_causal,
-    check_d_out,
-    divide,
-    divide_scalars,
-    gma_causal_chunked,
-    gma_causal_chunked_backward,
-    lower_mask,
-    row_terms,
-)
+from .._array import Array, device_of, namespace, sum_to_shape, value_scale
+from .._causal_checks import check_causal, check_d_out
+from .._read import divide_rows, lower_mask, row_terms, safe_denominator
+from ..causal import CausalGrad, gma_causal_chunked, gma_causal_chunked_backward
 from .blocks import Relay, in_place_ok, run_relay, small_products
 
 __all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS"]
@@ -122,7 +113,7 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
             a = xp.where(lower, a, 0.0)
             num = xp.matmul(a, vv) + xp.matmul(q, mem_b)
             u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b, axis=-2), axis=-1)
-            part = divide(xp, num, u, eps)
+            part = divide_rows(xp, num, u, eps)
             out[..., start + lo * c:start + hi * c, :] = _as_rows(xp, part)
 
         state = run_relay(one, _parts(xp, gq.shape[-3]), state)[1]
@@ -244,20 +235,9 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
         # the parts taken last-first: each waits for the suffix sums after its last chunk from the part after it
         suffix = run_relay(two, parts[::-1], suffix)[1]
         kept[idx] = None  # the group's arrays are no longer needed
-    return causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
-                        gamma_k, v, None)
-
-
-def _terms_of_rows(xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array,
-                   eps: float) -> tuple[Array, Array, Array]:
-    """:func:`gma_ref.causal.row_terms`, (P, δ, c); for ε > 0, where every row sees mass (``seen`` all true,
-    ``safe`` = u + ε), without its masks, which then keep every value: the same values."""
-    if eps <= 0:
-        return row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
-    p = d_out / xp.expand_dims(safe, axis=-1)
-    residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
-    delta = xp.sum(p * residual, axis=-1) / safe
-    return p, delta, delta - xp.sum(p * v, axis=-1)
+    return CausalGrad(sum_to_shape(xp, xp.matrix_transpose(d_gamma_q_t), tuple(gamma_q.shape)),
+                      sum_to_shape(xp, xp.matrix_transpose(d_gamma_k_t), tuple(gamma_k.shape)),
+                      sum_to_shape(xp, d_values, tuple(v.shape)), None)
 
 
 def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Array, mass_b: Array,
@@ -274,8 +254,8 @@ def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Arr
     u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * mass_col, axis=-1)
     u = u_before + xp.sum(gq * gk, axis=-1)
     num_before = xp.matmul(a_before, vc) + xp.matmul(gq, mem_b)
-    safe, seen = divide_scalars(xp, u, eps)
-    p, delta, c = _terms_of_rows(xp, vc, d_out, u_before, num_before, safe, seen, eps)
+    safe, seen = safe_denominator(xp, u, eps)
+    p, delta, c = row_terms(xp, vc, d_out, u_before, num_before, safe, seen, eps)
     # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
     w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
     w = xp.where(strict, w, 0.0)

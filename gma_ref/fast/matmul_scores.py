@@ -68,7 +68,7 @@ from .._array import (
     namespace,
     sum_to_shape,
 )
-from ..posterior import ScoresGrad, scores_cotangent, softmax_scores
+from ..posterior import ScoresGrad, score_constant, scores_cotangent, softmax_scores
 from .blocks import in_place_ok, run_blocks, token_blocks
 
 __all__ = [
@@ -131,12 +131,6 @@ def _features(xp: Any, x: Array, centre: Array) -> Array:
     return xp.concat([xc * xc, xc, ones], axis=-1)
 
 
-def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
-    """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K)."""
-    out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
-    return out if log_priors is None else log_priors + out
-
-
 class ScoreWeights(NamedTuple):
     """The token-independent operands of steps 3–6, formed once per call and shared by every token block."""
 
@@ -155,7 +149,7 @@ class ScoreWeights(NamedTuple):
 def score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances: Array,
                   log_priors: Array | None) -> ScoreWeights:
     """Steps 3 and 5 on the mixture side: the weights of the score product and the guard's offset."""
-    base = _constant(xp, variances, log_priors)
+    base = score_constant(xp, variances, log_priors)
     base = xp.broadcast_to(base, broadcast_shapes(base.shape, c.shape))
     c = xp.broadcast_to(c, tuple(base.shape))
     kd = tuple(precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
@@ -300,7 +294,7 @@ def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_pri
 def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variances: Array,
                 log_priors: Array | None) -> Array:
     """``s`` with the flagged ``rows`` recomputed by the direct form, Eq. 50, in cache-sized blocks."""
-    base = _constant(xp, variances, log_priors)
+    base = score_constant(xp, variances, log_priors)
     base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
     exact = []
     for _, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
