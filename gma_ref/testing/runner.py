@@ -32,7 +32,7 @@ from .adapters import (
 )
 from .calls import CallTimeout, with_timeout
 from .capture import captured_output, safe_text
-from .case_runner import CaseOutcome, NonFiniteInputError, call_failure, evaluate_case, resolve_vjp, run_case
+from .case_runner import CaseOutcome, NonFiniteInputError, call_failure, evaluate_case, resolve_vjp
 from .cases import (
     VARIANTS,
     Case,
@@ -54,7 +54,7 @@ from .isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, WorkerLost
 from .long import LONG_SIZES, long_cases
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
 
-__all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "run_case", "EXIT_INTERRUPTED",
+__all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "EXIT_INTERRUPTED",
            "check_writable_dir"]
 
 
