@@ -109,47 +109,18 @@ def gma_attention(
     check_finite: bool = True,
     return_saved: bool = False,
 ) -> Array | tuple[Array, AttentionSaved]:
-    """GMA output from routing vectors and raw mixture parameters (Eqs. 3, 7/8b, 14, 15).
+    """GMA output from routing vectors and raw mixture parameters (Eqs. 3, 7/8b, 14, 15), computed fast.
 
-    Parameters
-    ----------
-    q : array ``(..., N_q, d_r)``
-        Query routing vectors Q_X.
-    k : array ``(..., N_k, d_r)``; v : array ``(..., N_k, d_v)``
-        Key routing vectors and values (from X for self-attention, from a
-        context Y for cross-attention, App. E.4; N_q ≠ N_k needs ``causal=False``).
-    means, omega : arrays ``(..., K, d_r)``; prior_logits : array ``(..., K)``
-        μ, ω and α; per-head ``(H, K, d_r)`` broadcast against ``(..., H, N, d_r)``.
-    causal : bool
-        Causal GMA (§3.5) instead of bidirectional.
-    form : str, optional
-        ``'latent'`` or ``'materialized'`` (bidirectional); ``'prefix'``,
-        ``'streaming'``, ``'chunked'`` or ``'materialized'`` (causal). Default:
-        ``'latent'`` / ``'chunked'``. All forms agree to rounding.
-    eps, eps_sigma : float
-        Read stabiliser ε ≥ 0 and variance floor ε_σ > 0.
-    chunk_size : int
-        C for the chunked form.
-    check_finite : bool
-        Raise on NaN/Inf inputs.
-    return_saved : bool
-        Also return what the forward computed on the way (Γ^Q, Γ^K, the output and
-        the scores' guard verdicts) as :class:`AttentionSaved`, for
-        :func:`gma_attention_backward` to reuse instead of recomputing.
-
-    Returns
-    -------
-    out : array ``(..., N_q, d_v)``, promoted floating dtype, or ``(out, saved)``
-    with ``return_saved`` (``saved.out`` is ``out``).
+    :func:`gma_ref.attention.gma_attention` with the same arguments, defaults and errors: q ``(..., N_q, d_r)``,
+    k ``(..., N_k, d_r)``, v ``(..., N_k, d_v)``, means and omega ``(..., K, d_r)``, prior_logits ``(..., K)``;
+    returns O ``(..., N_q, d_v)`` in the promoted floating dtype (and, with ``return_saved``, its
+    :class:`~gma_ref.attention.AttentionSaved`, whose ``direct_rows_*`` are the rows the rounding guard of
+    :mod:`gma_ref.fast.matmul_scores` computed term by term). Equal to the reader's output to rounding.
 
     Raises
     ------
     TypeError, ValueError
-        As the functions it composes; ``TypeError`` unless ``causal`` and
-        ``return_saved`` are bools; ``ValueError`` for an unknown ``form``, and
-        where the scores overflow (routing vectors so far from the means, in units
-        of σ, that (x − μ)²/σ² is not finite, or with σ² > 1 so far that (x − μ)² is
-        not): the responsibilities would be NaN.
+        As :func:`gma_ref.attention.gma_attention`, with the same messages.
     """
     form = check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -256,42 +227,18 @@ def gma_attention_backward(
     check_finite: bool = True,
     saved: AttentionSaved | None = None,
 ) -> AttentionGrad:
-    """All gradients of :func:`gma_attention` for the cotangent ``d_out`` = ∂L/∂O.
+    """All gradients of :func:`gma_attention` for the cotangent ``d_out`` = ∂L/∂O ``(..., N_q, d_v)``, computed fast.
 
-    Steps (each a hand-written VJP): core form → (∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V);
-    Eq. 18 and the score VJPs on the query side and on the key side; the two
-    sides' ∂L/∂μ, ∂L/∂σ², ∂L/∂log π are *added*; then Eq. 58 (ω) and Eqs. 61–64 (α).
-    Returns :class:`AttentionGrad`. Same arguments as :func:`gma_attention`,
-    validated as it validates them.
-
-    ``saved``: the :class:`AttentionSaved` that ``gma_attention(...,
-    return_saved=True)`` returned for *these* inputs and options (q, k, v, μ, ω, α,
-    ``causal``, ``form``, ``eps``, ``eps_sigma``, ``chunk_size``), unmodified. The backward
-    then skips recomputing Γ^Q and Γ^K (the scores, their guard and softmax: about one
-    forward) and, for the latent form, the output; the gradients equal those without
-    ``saved`` to rounding. The inputs are validated as without it; the saved arrays are
-    checked cheaply, in O(N (K + d_v)) time: type, dtypes and shapes against the inputs;
-    Γ^Q and Γ^K recomputed on a few rows (the first, the last and six between, per batch
-    entry) and compared in probability space, to the scores' rounding (c·u·∣s∣, at most half of
-    the probability, so Γ of other rows never passes); and, for the latent form,
-    ``out`` against the identity Σ_i (u_i + ε) O_i = (1ᵀ Γ^Q) Ṽ. These checks catch
-    arrays from other parameters, other options or another batch of tokens, but not
-    every stale one: one whose Γ differs only on rows that were not sampled (e.g.
-    from inputs that differ in a few tokens) passes, and then **the gradients are those
-    of the other inputs, silently wrong**. Pass ``saved`` only straight from the forward
-    of the same call.
+    :func:`gma_ref.attention.gma_attention_backward` with the same arguments, defaults, checks of ``saved`` and
+    errors; returns :class:`~gma_ref.attention.AttentionGrad`, each field the shape and promoted dtype of its input,
+    equal to the reader's to rounding. With ``saved`` from :func:`gma_attention` and the latent form, ∂L/∂Γ is
+    handed to the score VJPs a token block at a time (:class:`gma_ref.fast.latent.LatentBackward`), and the saved
+    arrays' value checks run in one pass on the block threads (:mod:`gma_ref.fast.prechecks`).
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`gma_attention`; for ``d_out``: not real floating (``TypeError``),
-        not of the output's shape ``(..., N_q, d_v)``, NaN/Inf with ``check_finite``;
-        for ``saved``: not an :class:`AttentionSaved` or a field not an array
-        of the inputs' namespace and dtype (``TypeError``), a field of the wrong shape,
-        NaN/Inf in Γ (or, for the latent form, in ``out``) with ``check_finite``, or
-        arrays that do not fit these inputs (``ValueError``, naming the field). With
-        ``check_finite=False`` non-finite values pass through, and a non-finite ``out``
-        is recomputed instead of checked.
+        As :func:`gma_ref.attention.gma_attention_backward`, with the same messages.
     """
     form = check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
