@@ -109,10 +109,13 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
     return batch + (x.shape[-2], k)
 
 
-def score_constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
+def score_constant(variances: Array, log_priors: Array | None = None) -> Array:
     """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k| (Eqs. 2, 16), shape ``(..., K)``: the score without its distance
     term. ``variances`` ``(..., K, d_r)`` (> 0; not checked here), ``log_priors`` ``(..., K)`` or ``None`` (then
-    the log-density's constant alone); the promoted floating dtype of the two. Raises nothing of its own."""
+    the log-density's constant alone); the promoted floating dtype of the two. Raises ``TypeError`` only for
+    arrays of two namespaces."""
+    xp = namespace(variances=variances) if log_priors is None else namespace(variances=variances,
+                                                                             log_priors=log_priors)
     # [eq:2+16]
     out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
     return out if log_priors is None else log_priors + out
@@ -168,7 +171,7 @@ def _rows_and_sums(xp: Any, f: Callable[..., tuple[Array, Array, Array]], arrays
 def _direct_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None) -> Array:
     """Eq. 50 as written, s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km, a block of tokens at a time."""
     # [eq:50]
-    b = xp.expand_dims(score_constant(xp, variances, log_priors), axis=-2)  # (..., 1, K)
+    b = xp.expand_dims(score_constant(variances, log_priors), axis=-2)  # (..., 1, K)
     mu, var = xp.expand_dims(means, axis=-3), xp.expand_dims(variances, axis=-3)  # (..., 1, K, d_r)
 
     def scores_of(x_block: Array) -> Array:

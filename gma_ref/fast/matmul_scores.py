@@ -149,7 +149,7 @@ class ScoreWeights(NamedTuple):
 def score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances: Array,
                   log_priors: Array | None) -> ScoreWeights:
     """Steps 3 and 5 on the mixture side: the weights of the score product and the guard's offset."""
-    base = score_constant(xp, variances, log_priors)
+    base = score_constant(variances, log_priors)
     base = xp.broadcast_to(base, broadcast_shapes(base.shape, c.shape))
     c = xp.broadcast_to(c, tuple(base.shape))
     kd = tuple(precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
@@ -294,7 +294,7 @@ def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_pri
 def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variances: Array,
                 log_priors: Array | None) -> Array:
     """``s`` with the flagged ``rows`` recomputed by the direct form, Eq. 50, in cache-sized blocks."""
-    base = score_constant(xp, variances, log_priors)
+    base = score_constant(variances, log_priors)
     base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
     exact = []
     for _, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
