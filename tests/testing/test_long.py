@@ -152,7 +152,7 @@ def test_check_rejects_an_unknown_scale() -> None:
 def test_cli_long_flag_selects_long_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     """`gma-ref check --long --n-max N` calls check(scale='long') with the declared n_max N."""
     import gma_ref.testing
-    from gma_ref import check_cli
+    from gma_ref.cli import check as check_cli
 
     seen = {}
 
