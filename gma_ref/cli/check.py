@@ -37,7 +37,7 @@ verdict. A case whose worker dies is ``crashed`` (with the signal or status), on
 Every status prints a report (with --json, one JSON object on stdout, and nothing
 else there: what the implementation prints is captured into the report).
 
-Standalone: ``python -m gma_ref.check_cli package.module:function ...``.
+Standalone: ``python -m gma_ref.cli.check package.module:function ...``.
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ class _Progress:
 
 
 def main(argv: list[str] | None = None, *, exit_process: bool | None = None) -> int:
-    """Standalone entry point: ``python -m gma_ref.check_cli TARGET [options]``; returns the exit status.
+    """Standalone entry point: ``python -m gma_ref.cli.check TARGET [options]``; returns the exit status.
 
     ``exit_process`` (default: when ``argv`` is ``None``, i.e. run as a program) ends
     the process with ``os._exit`` right after the report is written, so a call of the
