@@ -13,6 +13,7 @@ Modules, in the order of the paper:
 * :mod:`gma_ref.induced` — Eqs. 9–11, 23, App. C: the induced affinity and weights, slots, read weights.
 * :mod:`gma_ref.causal` — Eqs. 6b, 8b, 9b, 10b: prefix, streaming and chunked causal GMA.
 * :mod:`gma_ref.attention` — the full pipeline from routing vectors, with all gradients.
+* :mod:`gma_ref.fast` — the same pipeline with the same arguments, reorganised for speed (token blocks, threads).
 * :mod:`gma_ref.layer` — Eq. 4 and footnote 18: the multi-head layer.
 
 The package exports what a reader of the paper needs (``gma_ref.__all__``, pinned by

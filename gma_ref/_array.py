@@ -21,6 +21,7 @@ import array_api_compat
 
 __all__ = [
     "Array",
+    "require_cuda_device",
     "n_elements",
     "item_bytes",
     "namespace",
@@ -334,3 +335,12 @@ def scale_from_extremes(xp: Any, dtype: Any, lo: float, hi: float, n_terms: int)
     if not math.isfinite(top) or top * (n_terms + 1) < float(xp.finfo(dtype).max) / 4:
         return 1.0
     return math.ldexp(1.0, math.frexp(top)[1] - 512)  # |v / s| < 2**512: sums of any length stay finite
+
+
+def require_cuda_device() -> None:
+    """Raise unless CuPy imports and sees a CUDA device: ``RuntimeError('no CUDA device')`` where it sees none,
+    CuPy's own exception where it does not import or its runtime fails. CuPy is imported here only."""
+    import cupy  # noqa: PLC0415  (only when CuPy is asked for)
+
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no CUDA device")

@@ -1,74 +1,53 @@
 """GMA from routing vectors to output: mixture → responsibilities → write/read (§3.3–§3.6).
 
-:func:`gma_attention` composes the pieces of one head (or of all heads at once,
-with per-head mixtures broadcasting as ``(H, K, d_r)``)::
+:func:`gma_attention` composes the reader's functions for one head (or for all heads at
+once, with per-head mixtures broadcasting as ``(H, K, d_r)``)::
 
     σ² = softplus(ω) + ε_σ,  log π = log_softmax(α)              Eqs. 14, 15
     Γ^Q = Γ(Q_X),  Γ^K = Γ(K_X)                                  Eq. 3
     O = read(Γ^Q, write(Γ^K, V_X))                               Eq. 7 (or 8b, causal)
 
-and :func:`gma_attention_backward` returns every gradient, hand-written: the
-core VJP of the chosen form, then Eq. 18 and the score VJPs for *both* the
-query and the key side. μ, ω and α are shared by Γ^Q and Γ^K, so their
-gradients are sums over query tokens *and* key tokens (Eqs. 19, 54, 60, 64
-written over one side only would be wrong).
+and :func:`gma_attention_backward` is its mirror: the core VJP of the chosen form, then
+Eq. 18 and the score VJPs for *both* the query and the key side, then Eqs. 58 and 64. μ, ω
+and α are shared by Γ^Q and Γ^K, so their gradients are sums over query tokens *and* key
+tokens (Eqs. 19, 54, 60, 64 written over one side only would be wrong).
 
-The backward recomputes Γ^Q and Γ^K from the inputs unless it is given the
-forward's :class:`AttentionSaved` (``gma_attention(..., return_saved=True)``,
-then ``gma_attention_backward(..., saved=)``), as an autograd framework keeps
-what its forward saved; what is passed back is checked cheaply against the inputs.
+The backward recomputes Γ^Q and Γ^K from the inputs unless it is given the forward's
+:class:`AttentionSaved` (``gma_attention(..., return_saved=True)``, then
+``gma_attention_backward(..., saved=)``), as an autograd framework keeps what its forward
+saved; what is passed back is checked cheaply against the inputs.
 
-For NumPy arrays both functions work in token blocks on as many threads as BLAS
-has (:mod:`gma_ref._blocks`): during a call BLAS is held to one thread
-(threadpoolctl), and while blocks run on several threads the interpreter's switch
-interval is at most 0.1 ms (``sys.setswitchinterval``). Both are settings of the
-process; both are given back when the call (or the last of concurrent calls) is done.
-The first such call of a process also allocates and frees one block of 16 MiB
-(:func:`gma_ref._blocks.prime_allocator`), which raises glibc's thresholds as any
-array of that size would: the blocks' temporaries then come from memory the process
-keeps, not from fresh pages that fault on every call.
+:mod:`gma_ref.fast` computes the same with the same arguments, faster (token blocks on
+threads, scores by matrix products, a fused latent backward, a batched causal core); its
+tests hold it to these functions.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._array import (
-    DEFAULT_MAX_BYTES,
-    Array,
-    broadcast_shapes,
-    check_cotangent,
-    check_floating,
-    check_last_dim,
-    check_positive_int,
-    check_rank,
-    device_of,
-    n_elements,
-    namespace,
-    sum_to_shape,
-    value_scale,
-)
+from ._array import Array, check_cotangent, check_positive_int, device_of, n_elements, namespace, sum_to_shape
 from ._array import check_finite as _check_finite
-from ._blocks import one_blas_thread
-from ._causal_batched import chunked_backward, chunked_forward
-from ._latent_fast import LatentBackward, latent_forward, routed_latent_forward
-from ._prechecks import saved_arrays_pass
-from .bidirectional import (
-    check_routing_inputs,
-    gma_bidirectional_backward,
-    output_shape,
+from ._pipeline import (
+    FORMS,
+    cannot_overflow,
+    check_form,
+    check_saved,
+    check_saved_type,
+    scores_overflow,
+    validated_mixture,
 )
+from .bidirectional import gma_bidirectional, latent_vjp, output_shape
 from .causal import (
-    check_prefix_budget,
+    gma_causal_chunked,
+    gma_causal_chunked_backward,
     gma_causal_prefix,
     gma_causal_prefix_backward,
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
-from .induced import check_weights_budget, gma_materialized, gma_materialized_backward
+from .induced import gma_materialized, gma_materialized_backward
 from .mixture import (
     DEFAULT_EPS,
     DEFAULT_EPS_SIGMA,
@@ -77,69 +56,9 @@ from .mixture import (
     variances_from_omega,
     variances_from_omega_backward,
 )
-from .posterior import responsibilities
-from .scores_fast import (
-    responsibilities_and_guard,
-    responsibilities_backward_blocks,
-    responsibilities_backward_guarded,
-)
+from .posterior import responsibilities, responsibilities_backward
 
 __all__ = ["FORMS", "gma_attention", "AttentionSaved", "AttentionGrad", "gma_attention_backward"]
-
-#: Forms of each variant: ``bidirectional`` (also cross, N_q ≠ N_k) and ``causal``.
-FORMS: dict[bool, tuple[str, ...]] = {
-    False: ("latent", "materialized"),
-    True: ("prefix", "streaming", "chunked", "materialized"),
-}
-
-
-def _check_form(causal: bool, form: str | None) -> str:
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    if form is None:
-        return "chunked" if causal else "latent"
-    if form not in FORMS[causal]:
-        kind = "causal" if causal else "bidirectional/cross"
-        raise ValueError(f"form must be one of {FORMS[causal]} for {kind} GMA, got {form!r}")
-    return form
-
-
-def _core_forward(causal: bool, form: str, chunk_size: int) -> Callable[..., Array]:
-    if form == "materialized":
-        return lambda gq, gk, v, eps: gma_materialized(gq, gk, v, eps, causal=causal, check_finite=False)
-    if not causal:  # gma_bidirectional, in token blocks
-        return lambda gq, gk, v, eps: latent_forward(gq, gk, v, eps, checked=True)  # after _sides' checks
-    if form == "prefix":
-        return lambda gq, gk, v, eps: gma_causal_prefix(gq, gk, v, eps, check_finite=False)
-    if form == "streaming":
-        return lambda gq, gk, v, eps: gma_causal_streaming(gq, gk, v, eps, check_finite=False)
-    # gma_causal_chunked, chunks batched; after _sides' checks, of softmaxes
-    return lambda gq, gk, v, eps: chunked_forward(gq, gk, v, eps, chunk_size, gamma_checked=True)
-
-
-def _core_backward(causal: bool, form: str, chunk_size: int, gamma_checked: bool,
-                   v_unscaled: bool) -> Callable[..., tuple[Array, Array, Array]]:
-    """The core VJP of the form; its inputs were validated by the caller (no second finiteness pass; with
-    ``gamma_checked``, Γ known non-negative, and with ``v_unscaled``, V's scale known to be 1: the batched chunked
-    form then does not pass over them again). (The latent form with the forward's output at hand runs block by
-    block with the score VJPs instead: :func:`_backward`.)"""
-    if form == "materialized":
-        return lambda gq, gk, v, g, eps: gma_materialized_backward(gq, gk, v, g, eps=eps, causal=causal,
-                                                                   check_finite=False)
-    if not causal:
-        return lambda gq, gk, v, g, eps: gma_bidirectional_backward(gq, gk, v, g, eps=eps, check_finite=False)
-    if form == "prefix":
-        return lambda gq, gk, v, g, eps: gma_causal_prefix_backward(gq, gk, v, g, eps=eps, check_finite=False)
-    if form == "streaming":
-        return lambda gq, gk, v, g, eps: gma_causal_streaming_backward(gq, gk, v, g, eps=eps, check_finite=False)
-    return lambda gq, gk, v, g, eps: chunked_backward(gq, gk, v, g, eps=eps, chunk_size=chunk_size,
-                                                      gamma_checked=gamma_checked, v_unscaled=v_unscaled)
-
-
-def _mixture(omega: Array, prior_logits: Array, eps_sigma: float, check_finite: bool) -> tuple[Array, Array]:
-    variances = variances_from_omega(omega, eps_sigma, check_finite=check_finite)
-    log_priors = log_priors_from_logits(prior_logits, check_finite=check_finite)
-    return variances, log_priors
 
 
 def gma_attention(
@@ -183,7 +102,7 @@ def gma_attention(
         Raise on NaN/Inf inputs.
     return_saved : bool
         Also return what the forward computed on the way (Γ^Q, Γ^K, the output and
-        the scores' guard verdicts) as :class:`AttentionSaved`, for
+        the rows whose scores were formed term by term) as :class:`AttentionSaved`, for
         :func:`gma_attention_backward` to reuse instead of recomputing.
 
     Returns
@@ -200,165 +119,70 @@ def gma_attention(
         of σ, that (x − μ)²/σ² is not finite, or with σ² > 1 so far that (x − μ)² is
         not): the responsibilities would be NaN.
     """
-    form = _check_form(causal, form)
+    form, chunk_size = _checked_options(causal, form, chunk_size, return_saved)
+    xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
+    _check_inputs(xp, q, k, v, means, omega, prior_logits, causal, form, eps_sigma, check_finite, False)
+    # [eq:pipeline]
+    variances = variances_from_omega(omega, eps_sigma, check_finite=False)  # Eq. 14
+    log_priors = log_priors_from_logits(prior_logits, check_finite=False)  # Eq. 15
+    gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)  # Eq. 3
+    gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
+    out = _forward_core(gamma_q, gamma_k, v, eps, causal, form, chunk_size)  # Eq. 7, or Eq. 8b
+    # [/eq:pipeline]
+    if not return_saved:
+        return out
+    return out, AttentionSaved(gamma_q, gamma_k, out, _all_rows(xp, gamma_q), _all_rows(xp, gamma_k))
+
+
+def _checked_options(causal: bool, form: str | None, chunk_size: int, return_saved: bool) -> tuple[str, int]:
+    """(form, C): the form of the core (the variant's default for ``None``) and the chunk size, checked."""
+    form = check_form(causal, form)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     if not isinstance(return_saved, bool):
         raise TypeError(f"return_saved must be True or False, got {return_saved!r}")
-    xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
-    with one_blas_thread(xp):  # every product in token blocks on the threads BLAS had (NumPy)
-        variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
-                                                   check_finite, form)
-        if form == "latent" and _routed_latent_applies(xp, q, k, v, means, variances, log_priors, eps, check_finite):
-            (gamma_q, rows_q), (gamma_k, rows_k), out = routed_latent_forward(q, k, v, means, variances, log_priors,
-                                                                              float(eps))
-        else:
-            (gamma_q, rows_q), (gamma_k, rows_k) = _sides(xp, q, k, v, means, variances, log_priors, eps,
-                                                          check_finite)
-            out = _core_forward(causal, form, chunk_size)(gamma_q, gamma_k, v, eps)
-    if not return_saved:
-        return out
-    return out, AttentionSaved(gamma_q, gamma_k, out, rows_q, rows_k)
+    return form, chunk_size
 
 
-def _validated_mixture(
-    xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
-    eps_sigma: float, check_finite: bool, form: str = "latent", backward: bool = False, rows_finite: bool = False,
-) -> tuple[Array, Array]:
-    """Validate the inputs as the forward does, refuse a core over its memory budget; return (σ², log π).
-    ``rows_finite``: q, k and v were found finite (:func:`gma_ref._prechecks.saved_arrays_pass`)."""
-    _check_routing_vectors(xp, q, k, v, means, check_finite, rows_finite)
-    variances, log_priors = _mixture(omega, prior_logits, eps_sigma, check_finite)
-    _check_mixture_shapes(q, k, v, means, omega, prior_logits)
-    if causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal GMA needs N_q == N_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    _check_core_budget(xp, q, k, v, means, omega, prior_logits, causal, form, backward)
-    return variances, log_priors
+def _check_inputs(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array,
+                  causal: bool, form: str, eps_sigma: float, check_finite: bool, backward: bool) -> None:
+    """Validate the inputs once, before anything is computed from them.
 
-
-def _check_mixture_shapes(q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array) -> None:
-    """ω must have the shape (..., K, d_r) of the means, α the shape (..., K); all batch axes must broadcast."""
-    kd = tuple(means.shape[-2:])
-    if omega.ndim < 2 or tuple(omega.shape[-2:]) != kd:
-        raise ValueError(f"omega must have shape (..., K, d_r) = (..., {kd[0]}, {kd[1]}) like means, "
-                         f"got shape {tuple(omega.shape)}")
-    if prior_logits.ndim < 1 or prior_logits.shape[-1] != kd[0]:
-        raise ValueError(f"prior_logits must have shape (..., K) = (..., {kd[0]}) with the K of means "
-                         f"{tuple(means.shape)}, got shape {tuple(prior_logits.shape)}")
-    batches = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2], "means": means.shape[:-2],
-               "omega": omega.shape[:-2], "prior_logits": prior_logits.shape[:-1]}
-    try:
-        broadcast_shapes(*(tuple(b) for b in batches.values()))
-    except ValueError:
-        given = ", ".join(f"{name} {tuple(b)}" for name, b in batches.items())
-        raise ValueError(f"the leading batch axes do not broadcast together: {given}") from None
-
-
-def _check_core_budget(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array,
-                       causal: bool, form: str, backward: bool) -> None:
-    """Refuse the prefix and materialized cores over the default memory budget before Γ is computed."""
-    if form not in ("prefix", "materialized"):
-        return
-    mix = broadcast_shapes(tuple(means.shape[:-2]), tuple(omega.shape[:-2]), tuple(prior_logits.shape[:-1]))
-    kk = means.shape[-2]
-    shape_q = broadcast_shapes(mix, tuple(q.shape[:-2])) + (q.shape[-2], kk)
-    shape_k = broadcast_shapes(mix, tuple(k.shape[:-2])) + (k.shape[-2], kk)
-    dtype = xp.result_type(q, k, v, means, omega, prior_logits)
-    if form == "prefix":
-        name = "gma_causal_prefix_backward" if backward else "gma_causal_prefix"
-        check_prefix_budget(xp, shape_q, shape_k, tuple(v.shape), dtype, DEFAULT_MAX_BYTES, name)
-    else:
-        name = "gma_materialized_backward" if backward else "gma_materialized"
-        check_weights_budget(xp, name, shape_q, shape_k, tuple(v.shape), dtype, DEFAULT_MAX_BYTES, causal)
-
-
-def _routing(
-    xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, causal: bool,
-    eps: float, eps_sigma: float, check_finite: bool, form: str, backward: bool,
-) -> tuple[tuple[Array, Array], tuple[Array, Array], Array, Array]:
-    """Validate the inputs as the forward does; return ((Γ^Q, guard rows), (Γ^K, guard rows), σ², log π)."""
-    variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
-                                               check_finite, form, backward)
-    side_q, side_k = _sides(xp, q, k, v, means, variances, log_priors, eps, check_finite)
-    return side_q, side_k, variances, log_priors
-
-
-def _sides(xp: Any, q: Array, k: Array, v: Array, means: Array, variances: Array, log_priors: Array, eps: float,
-           check_finite: bool) -> tuple[tuple[Array, Array], tuple[Array, Array]]:
-    """((Γ^Q, guard rows), (Γ^K, guard rows)) of validated inputs, checked with V and ε for the cores."""
-    side_q = _gamma(xp, "q", q, means, variances, log_priors, check_finite)
-    side_k = _gamma(xp, "k", k, means, variances, log_priors, check_finite)
-    check_routing_inputs(xp, side_q[0], side_k[0], v, eps, False, check_values=False)  # softmaxes: Γ ≥ 0 (or NaN)
-    return side_q, side_k
-
-
-def _routed_latent_applies(xp: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
-                           log_priors: Array, eps: Any, check_finite: bool) -> bool:
-    """Whether :func:`~gma_ref._latent_fast.routed_latent_forward` takes validated inputs: ε > 0, keys and queries,
-    one row of V per key, Γ^Q, Γ^K and V of one batch shape, V unscaled, and (with ``check_finite``) scores that
-    cannot overflow. Otherwise Γ and the core are formed one after the other, and raise what they raise."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
-        return False
-    if q.shape[-2] == 0 or k.shape[-2] == 0 or v.shape[-2] != k.shape[-2]:
-        return False
-    batch = tuple(v.shape[:-2])
-    if (_expected_gamma(xp, q, means, variances, log_priors)[0][:-2] != batch
-            or _expected_gamma(xp, k, means, variances, log_priors)[0][:-2] != batch):
-        return False
-    if check_finite and not (_cannot_overflow(xp, q, means, variances) and _cannot_overflow(xp, k, means, variances)):
-        return False
-    return value_scale(xp, v, v.shape[-2]) == 1.0
-
-
-def _gamma(xp: Any, name: str, x: Array, means: Array, variances: Array, log_priors: Array,
-           check_finite: bool) -> tuple[Array, Array]:
-    """(Γ, the guard's rows) for routing vectors ``x``; with ``check_finite``, a ValueError where the scores overflow.
-
-    A cheap bound decides first: if d_r (max|x| + max|μ|)² / min(min σ², 1) is below
-    an eighth of the largest float, no score can overflow. (The scores square x − c and
-    μ − c, c the centre of the means, before they divide by σ²: with σ² > 1 the
-    square itself is the larger.) Otherwise Γ is computed with the library's overflow
-    warnings silenced and checked: a non-finite Γ raises a ValueError that says why.
+    The arguments as :func:`gma_attention` documents them; the memory budget of the prefix and
+    materialized cores; and, with ``check_finite``, scores that overflow. A cheap bound rules the
+    overflow out for almost every input; only where it does not are the responsibilities formed
+    here, with the overflow's warnings silenced, and checked for a non-finite Γ.
     """
-    if not check_finite or n_elements(x) == 0 or _cannot_overflow(xp, x, means, variances):
-        return responsibilities_and_guard(x, means, variances, log_priors)
-    x_max = float(xp.max(xp.abs(x)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        gamma, rows = responsibilities_and_guard(x, means, variances, log_priors)
-    if not bool(xp.all(xp.isfinite(gamma))):
-        raise ValueError(
-            f"the scores of {name} overflow: (x − μ)²/σ², or (x − μ)² itself, exceeds the range of {x.dtype} "
-            f"(max |{name}| = {x_max:.3g}, min σ² = {float(xp.min(variances)):.3g}), so the "
-            "responsibilities would be NaN; rescale the routing vectors (or raise eps_sigma if σ² < 1)"
-        )
-    return gamma, rows
+    variances, log_priors = validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
+                                              check_finite, form, backward)
+    if not check_finite:
+        return
+    for name, x in (("q", q), ("k", k)):
+        if n_elements(x) == 0 or cannot_overflow(xp, x, means, variances):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            gamma = responsibilities(x, means, variances, log_priors, check_finite=False)
+        if not bool(xp.all(xp.isfinite(gamma))):
+            raise scores_overflow(xp, name, x, variances)
 
 
-def _cannot_overflow(xp: Any, x: Array, means: Array, variances: Array) -> bool:
-    """:func:`_gamma`'s cheap bound: d_r (max|x| + max|μ|)² / min(min σ², 1) below an eighth of the largest float."""
-    if n_elements(x) == 0:
-        return True
-    reach = float(xp.max(xp.abs(x))) + float(xp.max(xp.abs(means)))
-    # float products overflow to inf, not raise
-    bound = x.shape[-1] * (reach * reach) / min(float(xp.min(variances)), 1.0)
-    return bound < float(xp.finfo(x.dtype).max) / 8
+def _forward_core(gamma_q: Array, gamma_k: Array, v: Array, eps: float, causal: bool, form: str,
+                  chunk_size: int) -> Array:
+    """O of the form: read(Γ^Q, write(Γ^K, V)) (Eq. 7), the causal forms of Eq. 8b, or A V (Eq. 10)."""
+    if form == "materialized":
+        return gma_materialized(gamma_q, gamma_k, v, eps, causal=causal, check_finite=False)
+    if not causal:
+        return gma_bidirectional(gamma_q, gamma_k, v, eps, check_finite=False)
+    if form == "prefix":
+        return gma_causal_prefix(gamma_q, gamma_k, v, eps, check_finite=False)
+    if form == "streaming":
+        return gma_causal_streaming(gamma_q, gamma_k, v, eps, check_finite=False)
+    return gma_causal_chunked(gamma_q, gamma_k, v, eps, chunk_size, check_finite=False)
 
 
-def _check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool,
-                           rows_finite: bool) -> None:
-    """Check q, k, v under their own names (the responsibilities would call both ``x``)."""
-    check_floating(xp, "means", means)
-    check_rank("means", means, 2, "(..., K, d_r)")
-    d_r = means.shape[-1]
-    for name, a, layout in (("q", q, "(..., N_q, d_r)"), ("k", k, "(..., N_k, d_r)"), ("v", v, "(..., N_k, d_v)")):
-        check_floating(xp, name, a)
-        check_rank(name, a, 2, layout)
-        if name != "v":
-            check_last_dim(name, a, d_r, layout, f"d_r of means {tuple(means.shape)}")
-        if check_finite and not rows_finite:
-            _check_finite(xp, name, a)
-    if check_finite:
-        _check_finite(xp, "means", means)
+def _all_rows(xp: Any, gamma: Array) -> Array:
+    """Every row of Γ, as :class:`AttentionSaved` marks the rows whose scores were formed term by term (Eq. 50)."""
+    return xp.ones(tuple(gamma.shape[:-1]), dtype=xp.bool, device=device_of(gamma))
 
 
 class AttentionSaved(NamedTuple):
@@ -377,8 +201,9 @@ class AttentionSaved(NamedTuple):
     gamma_k: Array
     #: O ``(..., N_q, d_v)``, the output returned beside these arrays.
     out: Array
-    #: Boolean ``(..., N_q)``: the rows of the query scores that the rounding guard of
-    #: :func:`gma_ref.scores_fast.guarded_scores` computed element-wise; the score VJP treats them the same way.
+    #: Boolean ``(..., N_q)``: the rows of the query scores formed term by term as Eq. 50 writes them (all of
+    #: them here; in :mod:`gma_ref.fast`, the rows its rounding guard handed back to that form); the score VJP of
+    #: :mod:`gma_ref.fast` treats them the same way.
     direct_rows_q: Array
     #: Boolean ``(..., N_k)``: the same for the key scores.
     direct_rows_k: Array
@@ -423,7 +248,7 @@ def gma_attention_backward(
     ``saved``: the :class:`AttentionSaved` that ``gma_attention(...,
     return_saved=True)`` returned for *these* inputs and options (q, k, v, μ, ω, α,
     ``causal``, ``form``, ``eps``, ``eps_sigma``, ``chunk_size``), unmodified. The backward
-    then skips recomputing Γ^Q and Γ^K (the scores, their guard and softmax: about one
+    then skips recomputing Γ^Q and Γ^K (the scores and their softmax: about one
     forward) and, for the latent form, the output; the gradients equal those without
     ``saved`` to rounding. The inputs are validated as without it; the saved arrays are
     checked cheaply, in O(N (K + d_v)) time: type, dtypes and shapes against the inputs;
@@ -449,140 +274,62 @@ def gma_attention_backward(
         ``check_finite=False`` non-finite values pass through, and a non-finite ``out``
         is recomputed instead of checked.
     """
-    form = _check_form(causal, form)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
+    form, chunk_size = _checked_options(causal, form, chunk_size, False)
     xp: Any = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits, d_out=d_out)
-    with one_blas_thread(xp):  # every product in token blocks on the threads BLAS had (NumPy)
-        return _backward(xp, q, k, v, means, omega, prior_logits, d_out, causal, form, eps, eps_sigma, chunk_size,
-                         check_finite, saved)
-
-
-def _backward(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array, d_out: Array,
-              causal: bool, form: str, eps: float, eps_sigma: float, chunk_size: int, check_finite: bool,
-              saved: AttentionSaved | None) -> AttentionGrad:
-    """The body of :func:`gma_attention_backward`, its options checked."""
+    _check_inputs(xp, q, k, v, means, omega, prior_logits, causal, form, eps_sigma, check_finite, True)
+    variances = variances_from_omega(omega, eps_sigma, check_finite=False)
+    log_priors = log_priors_from_logits(prior_logits, check_finite=False)
     if saved is None:
-        (gamma_q, rows_q), (gamma_k, rows_k), variances, log_priors = _routing(
-            xp, q, k, v, means, omega, prior_logits, causal, eps, eps_sigma, check_finite, form, True
-        )
-        saved_out, clean = None, False
+        gamma_q = responsibilities(q, means, variances, log_priors, check_finite=False)
+        gamma_k = responsibilities(k, means, variances, log_priors, check_finite=False)
+        out = None
     else:
-        # the value checks of the seven N-row arrays, all at once on the block threads; where one fails, the checks
-        # below run as they are and raise their errors
-        clean = isinstance(saved, AttentionSaved) and saved_arrays_pass(xp, q, k, v, d_out, saved.gamma_q,
-                                                                         saved.gamma_k, saved.out)
-        variances, log_priors = _validated_mixture(xp, q, k, v, means, omega, prior_logits, causal, eps_sigma,
-                                                   check_finite, form, True, rows_finite=clean)
-        _check_saved(xp, saved, q, k, v, means, variances, log_priors, check_finite and not clean)
-        gamma_q, gamma_k, saved_out, rows_q, rows_k = saved  # Γ ≥ 0, v and ε: checked by every core
-        if form == "latent" and not clean and not bool(xp.all(xp.isfinite(saved_out))):  # the only form reading it
-            if check_finite:
-                _check_finite(xp, "saved.out", saved_out)
-            saved_out = None  # non-finite values let through: its identity cannot be checked, recompute it
+        gamma_q, gamma_k, out = _checked_saved(xp, saved, q, k, v, means, variances, log_priors, form, check_finite)
     check_cotangent(xp, "d_out", d_out, output_shape(gamma_q, gamma_k, v), "the output of gma_attention",
-                    check_finite and not clean)
-    if form == "latent" and saved_out is not None:  # ∂L/∂Γ block by block, each used by the score VJP at once
-        lat = LatentBackward(gamma_q, gamma_k, v, d_out, eps, saved_out, "saved.out", "saved=None to recompute it",
-                             checked=clean)
-        side_q = responsibilities_backward_blocks(q, means, variances, gamma_q, lat.queries, lat.dtype,
-                                                  log_priors, rows_q)
-        lat.end_queries()
-        side_k = responsibilities_backward_blocks(k, means, variances, gamma_k, lat.keys, lat.dtype,
-                                                  log_priors, rows_k)
-        d_v = lat.d_values
-    else:
-        core = _core_backward(causal, form, chunk_size, gamma_checked=saved is None or clean, v_unscaled=clean)
-        d_gamma_q, d_gamma_k, d_v = core(gamma_q, gamma_k, v, d_out, eps)[:3]
-        side_q = responsibilities_backward_guarded(q, means, variances, gamma_q, d_gamma_q,
-                                                   log_priors, rows_q)
-        side_k = responsibilities_backward_guarded(k, means, variances, gamma_k, d_gamma_k,
-                                                   log_priors, rows_k)
-    d_variances = side_q.d_variances + side_k.d_variances
+                    check_finite)
+    # [eq:pipeline-backward]
+    d_gamma_q, d_gamma_k, d_v = _backward_core(gamma_q, gamma_k, v, d_out, eps, out, causal, form, chunk_size)
+    side_q = responsibilities_backward(q, means, variances, log_priors, d_gamma_q, saved=gamma_q,
+                                       check_finite=False)  # Eqs. 18, 19, 54, 57
+    side_k = responsibilities_backward(k, means, variances, log_priors, d_gamma_k, saved=gamma_k,
+                                       check_finite=False)
+    d_variances = side_q.d_variances + side_k.d_variances  # μ, ω, α: shared by both sides
     d_log_priors = side_q.d_log_priors + side_k.d_log_priors
-    return AttentionGrad(
-        d_q=side_q.d_x,
-        d_k=side_k.d_x,
-        d_v=sum_to_shape(xp, d_v, tuple(v.shape)),
-        d_means=side_q.d_means + side_k.d_means,
-        d_omega=variances_from_omega_backward(omega, d_variances, check_finite=False).d_omega,
-        d_prior_logits=log_priors_from_logits_backward(prior_logits, d_log_priors, check_finite=False).d_prior_logits,
-    )
+    d_omega = variances_from_omega_backward(omega, d_variances, check_finite=False).d_omega  # Eq. 58
+    d_prior_logits = log_priors_from_logits_backward(prior_logits, d_log_priors,
+                                                     check_finite=False).d_prior_logits  # Eq. 64
+    # [/eq:pipeline-backward]
+    return AttentionGrad(side_q.d_x, side_k.d_x, sum_to_shape(xp, d_v, tuple(v.shape)),
+                         side_q.d_means + side_k.d_means, d_omega, d_prior_logits)
 
 
-#: Rows of Γ recomputed per batch entry to check saved arrays (the first, the last, evenly between).
-_SAMPLED_ROWS = 8
-
-
-def _check_saved(xp: Any, res: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
-                     log_priors: Array, check_finite: bool) -> None:
-    """Check ``saved`` against the validated inputs (see :func:`gma_attention_backward`)."""
-    if not isinstance(res, AttentionSaved):
-        raise TypeError(
-            "saved must be the AttentionSaved that gma_attention(..., return_saved=True) "
-            f"returned, got {type(res).__module__}.{type(res).__qualname__}"
-        )
-    namespace(q=q, **{f"saved.{name}": a for name, a in res._asdict().items()})
-    side_q = _expected_gamma(xp, q, means, variances, log_priors)
-    side_k = _expected_gamma(xp, k, means, variances, log_priors)
-    out_dtype = xp.result_type(side_q[1], side_k[1], v.dtype)
-    batch = broadcast_shapes(side_q[0][:-2], side_k[0][:-2], tuple(v.shape[:-2]))
-    expected = {
-        "gamma_q": side_q, "gamma_k": side_k, "out": (batch + (q.shape[-2], v.shape[-1]), out_dtype),
-        "direct_rows_q": (side_q[0][:-1], xp.bool), "direct_rows_k": (side_k[0][:-1], xp.bool),
-    }
-    for name, (shape, dtype) in expected.items():
-        a = getattr(res, name)
-        if a.dtype != dtype:
-            raise TypeError(f"saved.{name} must have dtype {dtype} (the forward's, for these inputs), "
-                            f"got {a.dtype}")
-        if tuple(a.shape) != shape:
-            raise ValueError(f"saved.{name} must have shape {shape} (the forward's, for these inputs), "
-                             f"got {tuple(a.shape)}")
-    for name, x in (("gamma_q", q), ("gamma_k", k)):
-        gamma = getattr(res, name)
+def _checked_saved(xp: Any, saved: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
+                   log_priors: Array, form: str, check_finite: bool) -> tuple[Array, Array, Array | None]:
+    """(Γ^Q, Γ^K, O) of ``saved``, checked against the validated inputs; O is ``None`` where it is not used (every
+    form but the latent one) or, let through non-finite with ``check_finite=False``, cannot be checked."""
+    check_saved_type(saved, AttentionSaved)
+    check_saved(xp, saved, q, k, v, means, variances, log_priors, check_finite)
+    out = saved.out if form == "latent" else None
+    if out is not None and not bool(xp.all(xp.isfinite(out))):
         if check_finite:
-            _check_finite(xp, f"saved.{name}", gamma)
-        _check_sampled_rows(xp, name, gamma, x, means, variances, log_priors)
+            _check_finite(xp, "saved.out", out)
+        out = None
+    return saved.gamma_q, saved.gamma_k, out
 
 
-def _expected_gamma(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array
-                    ) -> tuple[tuple[int, ...], Any]:
-    """Shape and dtype of Γ = responsibilities(x, μ, σ², log π)."""
-    batch = broadcast_shapes(tuple(x.shape[:-2]), tuple(means.shape[:-2]), tuple(variances.shape[:-2]),
-                             tuple(log_priors.shape[:-1]))
-    dtype = xp.result_type(x.dtype, means.dtype, variances.dtype, log_priors.dtype)
-    return batch + (x.shape[-2], means.shape[-2]), dtype
-
-
-def _check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array, variances: Array,
-                        log_priors: Array) -> None:
-    """Recompute a few rows of Γ; raise unless they match the saved ones in probability space.
-
-    A score s_ik computed in a dtype of unit roundoff u is off by at most about
-    c·u·|s_ik| with c = 4 (d_r + 4) (Higham's γ_n bound of its d_r-term sum, with room
-    for the guard's forms), and so is the log-normaliser by c·u·|max_k s_ik|; Γ_ik moves by
-    that times Γ_ik. The saved and the recomputed Γ_ik must therefore agree to
-    ``min(c u (1 + |s_ik| + |max_k s_ik|), 1/2) · max(|saved|, |fresh|) + c u``. The
-    relative part is capped at 1/2, so no tolerance lets a probability pass for another
-    one more than twice as large (or 0 for 1): Γ of other rows — Γ^Q for Γ^K, stale
-    tokens — is refused however large the scores, while a fresh recomputation, which
-    differs only by the scores' rounding, stays inside.
-    """
-    n = x.shape[-2]
-    if n_elements(gamma) == 0:  # N = 0, or an empty batch
-        return
-    picks = sorted({round(i * (n - 1) / (_SAMPLED_ROWS - 1)) for i in range(_SAMPLED_ROWS)})
-    idx = xp.asarray(picks, device=device_of(x))
-    fresh, s = responsibilities(xp.take(x, idx, axis=-2), means, variances, log_priors, return_scores=True,
-                                check_finite=False)
-    saved = xp.concat([gamma[..., i:i + 1, :] for i in picks], axis=-2)  # rows by slices: Γ in any layout
-    cu = 4.0 * (x.shape[-1] + 4) * float(xp.finfo(gamma.dtype).eps) / 2.0
-    top = xp.max(s, axis=-1, keepdims=True)
-    tol = xp.minimum(cu * (1.0 + xp.abs(s) + xp.abs(top)), 0.5) * xp.maximum(xp.abs(saved), fresh) + cu
-    if bool(xp.any(xp.abs(saved - fresh) > tol)):  # NaN/Inf are check_finite's to report
-        raise ValueError(
-            f"saved.{name} is not Γ of these inputs: rows recomputed from {name[-1]}, the means, omega "
-            "and prior_logits differ from it. Pass what gma_attention(..., return_saved=True) "
-            "returned for these inputs and options, unmodified, or saved=None to recompute it"
-        )
-
+def _backward_core(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array | None,
+                   causal: bool, form: str, chunk_size: int) -> tuple[Array, Array, Array]:
+    """(∂L/∂Γ^Q, ∂L/∂Γ^K, ∂L/∂V): the VJP of :func:`_forward_core`'s form; the latent one given the saved
+    output ``out`` checks it against Σ_i (u_i + ε) O_i = (1ᵀ Γ^Q) Ṽ and reuses it."""
+    if form == "materialized":
+        grad = gma_materialized_backward(gamma_q, gamma_k, v, d_out, eps=eps, causal=causal, check_finite=False)
+    elif not causal:
+        grad = latent_vjp(gamma_q, gamma_k, v, d_out, eps, out, False, "saved.out", "saved=None to recompute it")
+    elif form == "prefix":
+        grad = gma_causal_prefix_backward(gamma_q, gamma_k, v, d_out, eps=eps, check_finite=False)
+    elif form == "streaming":
+        grad = gma_causal_streaming_backward(gamma_q, gamma_k, v, d_out, eps=eps, check_finite=False)
+    else:
+        grad = gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size,
+                                           check_finite=False)
+    return grad[0], grad[1], grad[2]

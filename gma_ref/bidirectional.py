@@ -37,6 +37,7 @@ from ._array import (
     value_scale,
 )
 from ._array import check_finite as _check_finite
+from ._read import divide_rows, safe_denominator
 from .mixture import DEFAULT_EPS
 
 __all__ = [
@@ -136,11 +137,13 @@ def write_memory_backward(gamma_k: Array, v: Array, d_memory: Array, d_mass: Arr
     gk_shape = tuple(gamma_k.shape)
     # The two terms are reduced separately: Z has Γ^K's batch axes only, so ∂L/∂Z enters each
     # γ^K_jk once, however many batch entries V broadcasts Ṽ over.
-    d_from_memory = sum_to_shape(xp, xp.matmul(v, xp.matrix_transpose(d_memory)), gk_shape)
-    d_from_mass = xp.expand_dims(d_mass, axis=-2)
+    # [eq:write-backward]
+    d_from_memory = sum_to_shape(xp, xp.matmul(v, xp.matrix_transpose(d_memory)), gk_shape)  # V (∂L/∂Ṽ)ᵀ
+    d_from_mass = xp.expand_dims(d_mass, axis=-2)  # 1 (∂L/∂Z)ᵀ
     d_from_mass = sum_to_shape(xp, xp.broadcast_to(d_from_mass, broadcast_shapes(tuple(d_from_mass.shape), gk_shape)),
                                gk_shape)
-    d_v = xp.matmul(gamma_k, d_memory)
+    d_v = xp.matmul(gamma_k, d_memory)  # ∂L/∂V = Γ^K ∂L/∂Ṽ
+    # [/eq:write-backward]
     return WriteGrad(d_from_memory + d_from_mass, sum_to_shape(xp, d_v, tuple(v.shape)))
 
 
@@ -156,13 +159,6 @@ def query_mass(gamma_q: Array, mass: Array) -> Array:
     # [eq:u]
     return xp.matmul(gamma_q, xp.expand_dims(mass, axis=-1))[..., 0]
     # [/eq:u]
-
-
-def _safe_denominator(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
-    """(u + ε with zeros replaced by 1, mask of rows that see any mass)."""
-    denom = u + eps
-    seen = denom > 0
-    return xp.where(seen, denom, xp.ones_like(denom)), seen
 
 
 def _check_read_inputs_finite(xp: Any, gamma_q: Array, memory: Array, mass: Array) -> None:
@@ -192,12 +188,8 @@ def read_memory(
     if check_finite:
         _check_read_inputs_finite(xp, gamma_q, memory, mass)
     # [eq:7+8]
-    u = query_mass(gamma_q, mass)
-    if eps > 0:  # u_i + ε > 0 for every row: one scaling, no masking
-        return xp.matmul(gamma_q, memory) * xp.expand_dims(1.0 / (u + eps), axis=-1)
-    denom, seen = _safe_denominator(xp, u, eps)
-    out = xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1)
-    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out))
+    u = query_mass(gamma_q, mass)  # u_i = Σ_k γ^Q_ik Z_k
+    return divide_rows(xp, xp.matmul(gamma_q, memory), u, eps)  # O_i = Σ_k γ^Q_ik Ṽ_k / (u_i + ε)
     # [/eq:7+8]
 
 
@@ -261,22 +253,15 @@ def _read_backward(
     xp: Any, gamma_q: Array, memory: Array, mass: Array, d_out: Array, eps: float, out: Array | None
 ) -> ReadGrad:
     u = query_mass(gamma_q, mass)
-    if eps > 0:  # every row sees mass: no masking needed
-        inv = xp.expand_dims(1.0 / (u + eps), axis=-1)
-        p = d_out * inv  # G_i / D_i
-        if out is None:
-            out = xp.matmul(gamma_q, memory) * inv
-    else:
-        denom, seen = _safe_denominator(xp, u, eps)
-        seen_col = xp.expand_dims(seen, axis=-1)
-        zero = xp.zeros_like(d_out)
-        p = xp.where(seen_col, d_out / xp.expand_dims(denom, axis=-1), zero)
-        if out is None:
-            out = xp.where(seen_col, xp.matmul(gamma_q, memory) / xp.expand_dims(denom, axis=-1), zero)
+    if out is None:
+        out = divide_rows(xp, xp.matmul(gamma_q, memory), u, eps)
+    # [eq:read-backward]
+    p = divide_rows(xp, d_out, u, eps)  # P_i = G_i / D_i, D_i = u_i + ε
     c = -xp.vecdot(p, out, axis=-1)  # −⟨G_i, O_i⟩ / D_i, shape (..., N_q)
     d_gamma_q = xp.matmul(p, xp.matrix_transpose(memory)) + xp.expand_dims(c, axis=-1) * xp.expand_dims(mass, axis=-2)
-    d_memory = xp.matmul(xp.matrix_transpose(gamma_q), p)
+    d_memory = xp.matmul(xp.matrix_transpose(gamma_q), p)  # (Γ^Q)ᵀ P
     d_mass = xp.matmul(xp.matrix_transpose(gamma_q), xp.expand_dims(c, axis=-1))[..., 0]  # (Γ^Q)ᵀ c
+    # [/eq:read-backward]
     return ReadGrad(
         sum_to_shape(xp, d_gamma_q, tuple(gamma_q.shape)),
         sum_to_shape(xp, d_memory, tuple(memory.shape)),
@@ -362,12 +347,13 @@ def gma_bidirectional(
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
+    scale = value_scale(xp, v, v.shape[-2])  # |V| near the float maximum, where Ṽ would overflow: a power of two
+    v = v if scale == 1.0 else v / scale  # (exact) that V is divided by first, and O multiplied by after
     # [eq:latent]
-    scale = value_scale(xp, v, v.shape[-2])  # |V| near the float maximum: Ṽ would overflow
-    memory, mass = write_memory(gamma_k, v if scale == 1.0 else v / scale)
-    out = read_memory(gamma_q, memory, mass, eps, check_finite=False)
-    return out if scale == 1.0 else out * scale
+    memory, mass = write_memory(gamma_k, v)  # Ṽ, Z (Eqs. 5, 6)
+    out = read_memory(gamma_q, memory, mass, eps, check_finite=False)  # O (Eq. 7)
     # [/eq:latent]
+    return out if scale == 1.0 else out * scale
 
 
 class GMAGrad(NamedTuple):
@@ -464,7 +450,7 @@ def _bidirectional_backward(
 
 def _read_centred(xp: Any, gamma_q: Array, memory_c: Array, mass: Array, centre: Array, eps: float) -> Array:
     """O − R = (Γ^Q Ṽ_c − ε R) / (u + ε) from the centred memory Ṽ_c = Ṽ − Z R; rows with u + ε = 0 → 0."""
-    denom, seen = _safe_denominator(xp, query_mass(gamma_q, mass), eps)
+    denom, seen = safe_denominator(xp, query_mass(gamma_q, mass), eps)
     num = xp.matmul(gamma_q, memory_c)
     if eps > 0:
         num = num - eps * centre

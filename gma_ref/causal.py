@@ -29,16 +29,13 @@ recovered by subtraction.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 from ._array import (
     DEFAULT_MAX_BYTES,
     Array,
     broadcast_shapes,
-    check_cotangent,
     check_floating,
-    check_memory_budget,
     check_nonnegative_array,
     check_nonnegative_scalar,
     check_positive_int,
@@ -49,10 +46,13 @@ from ._array import (
     value_scale,
 )
 from ._array import check_finite as _check_finite
-from .bidirectional import check_routing_inputs, output_shape
+from ._causal_checks import PREFIX_PEAK_FACTORS, check_causal, check_d_out, check_prefix_budget
+from ._read import divide_rows, lower_mask, row_terms, safe_denominator
+from .bidirectional import output_shape
 from .mixture import DEFAULT_EPS
 
 __all__ = [
+    "PREFIX_PEAK_FACTORS",
     "gma_causal_prefix",
     "gma_causal_prefix_backward",
     "CausalState",
@@ -64,39 +64,6 @@ __all__ = [
     "gma_causal_chunked",
     "gma_causal_chunked_backward",
 ]
-
-
-def check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool, *,
-                 check_values: bool = True) -> float:
-    """The causal forms' input checks: those of every core, and N_q = N_k (``ValueError``); returns ε as a float.
-    ``check_values``: as for :func:`~gma_ref.bidirectional.check_routing_inputs`."""
-    eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite, check_values=check_values)
-    if gamma_q.shape[-2] != gamma_k.shape[-2]:
-        raise ValueError(
-            f"causal GMA needs as many queries as keys, got gamma_q {tuple(gamma_q.shape)} "
-            f"and gamma_k {tuple(gamma_k.shape)}"
-        )
-    return eps
-
-
-def check_d_out(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, forward: str,
-                check_finite: bool, state: CausalState | None = None) -> None:
-    """∂L/∂O of the output's shape (with a ``state``, its batch axes broadcast in), as ``forward`` names it."""
-    shape = output_shape(gamma_q, gamma_k, v)
-    if state is not None:  # the state's batch axes broadcast with the inputs'
-        shape = broadcast_shapes(shape[:-2], tuple(state.mass.shape[:-1])) + shape[-2:]
-    check_cotangent(xp, "d_out", d_out, shape, f"the output of {forward}", check_finite)
-
-
-def divide(xp: Any, num: Array, u: Array, eps: float) -> Array:
-    """num / (u + ε) row by row; a row with u + ε = 0 (only possible with ε = 0) is 0."""
-    denom = u + eps
-    if eps > 0:  # every row sees mass: one scaling, no masking
-        return num * xp.expand_dims(1.0 / denom, axis=-1)
-    seen = denom > 0
-    safe = xp.where(seen, denom, xp.ones_like(denom))
-    out = num / xp.expand_dims(safe, axis=-1)
-    return xp.where(xp.expand_dims(seen, axis=-1), out, xp.zeros_like(out))
 
 
 def _flip_cumsum(xp: Any, a: Array, axis: int) -> Array:
@@ -167,7 +134,7 @@ def gma_causal_prefix(
     mass_prefix = xp.cumulative_sum(gamma_k, axis=-2) + xp.expand_dims(state.mass, axis=-2)  # Z^(i)
     num = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_prefix, axis=-2)
     u = xp.sum(gamma_q * mass_prefix, axis=-1)
-    out = divide(xp, num, u, eps)
+    out = divide_rows(xp, num, u, eps)
     # [/eq:6b+8b]
     if not return_state:
         return out
@@ -180,32 +147,6 @@ def gma_causal_prefix(
 def _scaled(state: CausalState | None, factor: float) -> CausalState | None:
     """The state with Ṽ multiplied by ``factor`` (a power of two: exact); Z is unchanged."""
     return None if state is None else CausalState(state.memory * factor, state.mass)
-
-
-#: Peak memory of the prefix form as (a, c): a × the bytes of the (..., N, K, d_v) prefix memory plus
-#: c × the bytes of the inputs and output, measured with tracemalloc over NumPy
-#: (tests/across_modules/test_memory_peaks.py).
-PREFIX_PEAK_FACTORS: dict[str, tuple[float, float]] = {
-    "gma_causal_prefix": (3.5, 1.0),
-    "gma_causal_prefix_backward": (7.5, 3.0),
-}
-
-
-def check_prefix_budget(xp: Any, shape_q: tuple[int, ...], shape_k: tuple[int, ...], shape_v: tuple[int, ...],
-                        dtype: Any, max_bytes: int | None, forward: str) -> None:
-    """Refuse (``ValueError``) a prefix-form call (``forward``, a key of :data:`PREFIX_PEAK_FACTORS`) on
-    Γ^Q ``shape_q``, Γ^K ``shape_k`` and V ``shape_v`` whose measured peak exceeds ``max_bytes``.
-
-    Takes shapes, not arrays, so that a caller (:func:`gma_ref.attention.gma_attention`) can refuse
-    before computing Γ.
-    """
-    if max_bytes is None:
-        return
-    batch = broadcast_shapes(tuple(shape_q[:-2]), tuple(shape_k[:-2]), tuple(shape_v[:-2]))
-    n, k, d_v = shape_k[-2], shape_k[-1], shape_v[-1]
-    io = math.prod(batch) * n * 2 * (k + d_v)
-    check_memory_budget(xp, forward, "the prefix memory (..., N, K, d_v)", batch + (n, k, d_v), dtype,
-                        max_bytes, "gma_causal_chunked", PREFIX_PEAK_FACTORS[forward], io)
 
 
 def _check_prefix_budget(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, max_bytes: int | None,
@@ -288,30 +229,32 @@ def gma_causal_prefix_backward(
     if start is not None:  # the prefixes start from the state
         memory_before = memory_before + xp.expand_dims(start.memory, axis=-3)
         mass_before = mass_before + xp.expand_dims(start.mass, axis=-2)
+    # [eq:6b+8b-backward]
     u_before = xp.sum(gamma_q * mass_before, axis=-1)
-    u = u_before + xp.sum(gamma_q * gamma_k, axis=-1)
+    u = u_before + xp.sum(gamma_q * gamma_k, axis=-1)  # D_i = u_i + ε with u_i = Σ_k γ^Q_ik Z^(i)_k
     num_before = xp.sum(xp.expand_dims(gamma_q, axis=-1) * memory_before, axis=-2)
-    safe, seen = divide_scalars(xp, u, eps)
-    p, delta, c = row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
+    safe, seen = safe_denominator(xp, u, eps)
+    p, delta, c = row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)  # P_i, δ_i, c_i
     d_gamma_q = (
         xp.sum(memory_before * xp.expand_dims(p, axis=-2), axis=-1)
         + xp.expand_dims(c, axis=-1) * mass_before
         + xp.expand_dims(delta, axis=-1) * gamma_k
     )
     own_v = xp.expand_dims(gamma_q, axis=-1) * xp.expand_dims(p, axis=-2)  # γ^Q_i ⊗ P_i
-    s_v = _shift_up(xp, _flip_cumsum(xp, own_v, axis=-3), axis=-3)
-    s_z = _shift_up(xp, _flip_cumsum(xp, xp.expand_dims(c, axis=-1) * gamma_q, axis=-2), axis=-2)
+    s_v = _shift_up(xp, _flip_cumsum(xp, own_v, axis=-3), axis=-3)  # Σ_{i>j} γ^Q_i ⊗ P_i
+    s_z = _shift_up(xp, _flip_cumsum(xp, xp.expand_dims(c, axis=-1) * gamma_q, axis=-2), axis=-2)  # Σ_{i>j} c_i γ^Q_i
     d_v = xp.sum(xp.expand_dims(gamma_k, axis=-1) * (s_v + own_v), axis=-2)
     d_gamma_k = (
         xp.sum(s_v * xp.expand_dims(v, axis=-2), axis=-1) + s_z + xp.expand_dims(delta, axis=-1) * gamma_q
     )
+    # [/eq:6b+8b-backward]
     d_state = None
     if start is not None:  # read by every query: the full sums
         d_state = (xp.sum(own_v, axis=-3), xp.sum(xp.expand_dims(c, axis=-1) * gamma_q, axis=-2))
-    return causal_grad(xp, d_gamma_q, d_gamma_k, d_v, d_state, gamma_q, gamma_k, v, start)
+    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_v, d_state, gamma_q, gamma_k, v, start)
 
 
-def causal_grad(xp: Any, d_gamma_q: Array, d_gamma_k: Array, d_v: Array, d_state: tuple[Array, Array] | None,
+def _causal_grad(xp: Any, d_gamma_q: Array, d_gamma_k: Array, d_v: Array, d_state: tuple[Array, Array] | None,
                 gamma_q: Array, gamma_k: Array, v: Array, state: CausalState | None) -> CausalGrad:
     """The cotangents reduced to the shapes of their inputs (broadcast batch axes summed)."""
     d_start = None
@@ -332,24 +275,6 @@ def _rescaled(grad: CausalGrad, scale: float) -> CausalGrad:
     if d_state is not None:
         d_state = CausalState(d_state.memory, d_state.mass * scale)
     return CausalGrad(grad.d_gamma_q * scale, grad.d_gamma_k * scale, grad.d_v, d_state)
-
-
-def row_terms(
-    xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array, eps: float
-) -> tuple[Array, Array, Array]:
-    """(P_i = G_i / D_i, δ_i = ⟨P_i, V_i − O_i⟩, c_i = δ_i − ⟨P_i, V_i⟩), rows with D_i = 0 zeroed.
-
-    V_i − O_i = ((u^(i−1)_i + ε) V_i − Γ^Q_i Ṽ^(i−1)) / D_i comes from the prefix
-    before token i, so token i's own contribution never cancels against itself.
-    """
-    seen_col = xp.expand_dims(seen, axis=-1)
-    safe_col = xp.expand_dims(safe, axis=-1)
-    p = xp.where(seen_col, d_out / safe_col, xp.zeros_like(d_out))
-    residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
-    delta = xp.sum(p * residual, axis=-1) / safe
-    delta = xp.where(seen, delta, xp.zeros_like(delta))
-    c = delta - xp.sum(p * v, axis=-1)
-    return p, delta, c
 
 
 def _shift_down(xp: Any, a: Array, axis: int) -> Array:
@@ -491,7 +416,7 @@ def _step(xp: Any, state: CausalState, gamma_q_t: Array, gamma_k_t: Array, v_t: 
     mass = state.mass + gamma_k_t
     num = xp.sum(xp.expand_dims(gamma_q_t, axis=-1) * memory, axis=-2)
     u = xp.sum(gamma_q_t * mass, axis=-1)
-    out = divide(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)
+    out = divide_rows(xp, xp.expand_dims(num, axis=-2), xp.expand_dims(u, axis=-1), eps)
     return out[..., 0, :], CausalState(memory, mass)
     # [/eq:step]
 
@@ -699,7 +624,7 @@ def gma_causal_chunked(
         a = _masked_affinity(xp, gq, gk)
         num = xp.matmul(a, vc) + xp.matmul(gq, memory)
         u = xp.sum(a, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
-        outs.append(divide(xp, num, u, eps))
+        outs.append(divide_rows(xp, num, u, eps))
         memory = memory + xp.matmul(xp.matrix_transpose(gk), vc)
         mass = mass + xp.sum(gk, axis=-2)
     # [/eq:chunked]
@@ -770,6 +695,7 @@ def _chunked_backward(
     bounds = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
     lower = lower_mask(xp, min(n, chunk_size), device_of(v))  # built once, sliced for a short last chunk
     strict_lower = lower_mask(xp, min(n, chunk_size), device_of(v), strict=True)
+    # [eq:chunked-backward]
     a_chunks, w_chunks, p_chunks, c_chunks, dq_chunks = [], [], [], [], []
     for start, stop in bounds:  # pass 1: forward state, ∂L/∂Γ^Q
         gq, gk, vc = gamma_q[..., start:stop, :], gamma_k[..., start:stop, :], v[..., start:stop, :]
@@ -781,7 +707,7 @@ def _chunked_backward(
         u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * xp.expand_dims(mass, axis=-2), axis=-1)
         u = u_before + xp.sum(gq * gk, axis=-1)
         num_before = xp.matmul(a_before, vc) + xp.matmul(gq, memory)
-        safe, seen = divide_scalars(xp, u, eps)
+        safe, seen = safe_denominator(xp, u, eps)
         p, delta, c = row_terms(xp, vc, d_out[..., start:stop, :], u_before, num_before, safe, seen, eps)
         # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
         w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
@@ -818,6 +744,7 @@ def _chunked_backward(
         s_z = s_z + xp.sum(gq * xp.expand_dims(c, axis=-1), axis=-2)
     dk_chunks.reverse()
     dv_chunks.reverse()
+    # [/eq:chunked-backward]
 
     def cat(chunks: list[Array], like: Array, width: int, dtype: Any) -> Array:
         if chunks:
@@ -829,18 +756,6 @@ def _chunked_backward(
     d_gamma_k = cat(dk_chunks, gamma_k, gamma_k.shape[-1], xp.result_type(gamma_q, gamma_k, v, d_out))
     d_v = cat(dv_chunks, v, v.shape[-1], xp.result_type(gamma_q, gamma_k, d_out))
     # the state is read by every query: its cotangents are the suffix sums before the first chunk
-    return causal_grad(xp, d_gamma_q, d_gamma_k, d_v, (s_v, s_z), gamma_q, gamma_k, v, initial)
+    return _causal_grad(xp, d_gamma_q, d_gamma_k, d_v, (s_v, s_z), gamma_q, gamma_k, v, initial)
 
 
-def lower_mask(xp: Any, size: int, device: Any, strict: bool = False) -> Array:
-    """Boolean C × C mask L with L_ij = (j ≤ i), or (j < i) with ``strict``."""
-    i = xp.reshape(xp.arange(size, device=device), (size, 1))
-    j = xp.reshape(xp.arange(size, device=device), (1, size))
-    return j < i if strict else j <= i
-
-
-def divide_scalars(xp: Any, u: Array, eps: float) -> tuple[Array, Array]:
-    """(safe denominator u + ε, mask of rows that see mass), without dividing anything."""
-    denom = u + eps
-    seen = denom > 0
-    return xp.where(seen, denom, xp.ones_like(denom)), seen

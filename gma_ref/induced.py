@@ -29,6 +29,7 @@ from ._array import (
     sum_to_shape,
     value_scale,
 )
+from ._read import quotient
 from .bidirectional import GMAGrad, check_routing_inputs, output_shape
 from .mixture import DEFAULT_EPS
 
@@ -126,9 +127,7 @@ def attention_weights(gamma_q: Array, gamma_k: Array, eps: float = DEFAULT_EPS, 
         i = xp.reshape(xp.arange(n_q), (n_q, 1))
         j = xp.reshape(xp.arange(n_k), (1, n_k))
         a_tilde = xp.where(j <= i, a_tilde, xp.zeros_like(a_tilde))  # 1{j ≤ i}
-    denom = xp.sum(a_tilde, axis=-1, keepdims=True) + eps
-    safe = xp.where(denom > 0, denom, xp.ones_like(denom))
-    return xp.where(denom > 0, a_tilde / safe, xp.zeros_like(a_tilde))
+    return quotient(xp, a_tilde, xp.sum(a_tilde, axis=-1, keepdims=True) + eps)  # Ã_ij / (Σ_j Ã_ij + ε)
     # [/eq:9+9b]
 
 
@@ -177,10 +176,11 @@ def gma_materialized(
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = _check_materialized(xp, gamma_q, gamma_k, v, eps, causal, check_finite, max_bytes, "gma_materialized")
-    scale = value_scale(xp, v, v.shape[-2])
+    scale = value_scale(xp, v, v.shape[-2])  # |V| near the float maximum: V divided by a power of two (exact) first
+    v = v if scale == 1.0 else v / scale
     # [eq:10+10b]
     weights = attention_weights(gamma_q, gamma_k, eps, causal=causal, max_bytes=None)
-    out = xp.matmul(weights, v if scale == 1.0 else v / scale)
+    out = xp.matmul(weights, v)
     # [/eq:10+10b]
     return out if scale == 1.0 else out * scale
 
@@ -194,10 +194,7 @@ def memory_slots(memory: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array:
     xp = namespace(memory=memory, mass=mass)
     eps = check_nonnegative_scalar("eps", eps)
     # [eq:slots]
-    denom = xp.expand_dims(mass + eps, axis=-1)
-    safe = xp.where(denom > 0, denom, xp.ones_like(denom))
-    slots = memory / safe
-    return xp.where(denom > 0, slots, xp.zeros_like(slots))
+    return quotient(xp, memory, xp.expand_dims(mass + eps, axis=-1))  # Ṽ_k / (Z_k + ε)
     # [/eq:slots]
 
 
@@ -216,9 +213,7 @@ def read_weights(gamma_q: Array, mass: Array, eps: float = DEFAULT_EPS) -> Array
     eps = check_nonnegative_scalar("eps", eps)
     # [eq:alpha]
     numer = gamma_q * xp.expand_dims(mass + eps, axis=-2)
-    denom = xp.sum(gamma_q * xp.expand_dims(mass, axis=-2), axis=-1, keepdims=True) + eps
-    safe = xp.where(denom > 0, denom, xp.ones_like(denom))
-    return xp.where(denom > 0, numer / safe, xp.zeros_like(numer))
+    return quotient(xp, numer, xp.sum(gamma_q * xp.expand_dims(mass, axis=-2), axis=-1, keepdims=True) + eps)
     # [/eq:alpha]
 
 

@@ -16,7 +16,7 @@ away, but the scores stay finite and the max-subtracted softmax keeps every
 row of Γ on the simplex. The squared distances are formed as Eq. 50 writes
 them, (x_im − μ_km)²/σ²_km term by term, a block of tokens at a time, so that
 memory stays bounded (about 2¹⁶ terms per block, cache-sized, plus the (..., N, K) result).
-This module is the specification of record. :mod:`gma_ref.scores_fast` computes
+This module is the specification of record. :mod:`gma_ref.fast.matmul_scores` computes
 the same scores by matrix products on centred coordinates, with a rounding guard
 that hands every row it cannot vouch for back to this form; the pipeline
 (:mod:`gma_ref.attention`) uses it, and the tests hold it to this one.
@@ -29,9 +29,11 @@ routing vectors ``(B, H, N, d_r)``.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from ._array import (
     Array,
@@ -48,6 +50,7 @@ from ._array import (
 from ._array import check_finite as _check_finite
 
 __all__ = [
+    "score_constant",
     "log_gaussian_density",
     "scores",
     "responsibilities",
@@ -62,6 +65,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 #: Upper bound on the number of (token, component, coordinate) terms formed at once (a token block):
 #: 2¹⁶ float64 terms are 512 KiB, so a block's few temporaries stay in cache (about twice as fast as 2²¹).
 _BLOCK_ELEMENTS = 1 << 16
+T = TypeVar("T")
 
 
 def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
@@ -105,8 +109,13 @@ def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Arr
     return batch + (x.shape[-2], k)
 
 
-def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
-    """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K): the score without its distance term."""
+def score_constant(variances: Array, log_priors: Array | None = None) -> Array:
+    """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k| (Eqs. 2, 16), shape ``(..., K)``: the score without its distance
+    term. ``variances`` ``(..., K, d_r)`` (> 0; not checked here), ``log_priors`` ``(..., K)`` or ``None`` (then
+    the log-density's constant alone); the promoted floating dtype of the two. Raises ``TypeError`` only for
+    arrays of two namespaces."""
+    xp = namespace(variances=variances) if log_priors is None else namespace(variances=variances,
+                                                                             log_priors=log_priors)
     # [eq:2+16]
     out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
     return out if log_priors is None else log_priors + out
@@ -120,24 +129,59 @@ def _token_blocks(batch: tuple[int, ...], n: int, k: int, d_r: int) -> list[tupl
     return [(start, min(start + step, n)) for start in range(0, n, step)]
 
 
+def _overflow_silenced(f: Callable[..., T]) -> Callable[..., T]:
+    """``f`` run with NumPy's RuntimeWarnings silenced: where the scores or their gradients overflow, the callers
+    report it as a ValueError that says why (:func:`_checked_for_overflow`, :func:`_check_gradients_finite`)."""
+    @functools.wraps(f)
+    def silenced(*args: Any, **kwargs: Any) -> T:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return f(*args, **kwargs)
+    return silenced
+
+
+def _by_token_blocks(xp: Any, f: Callable[..., Array], arrays: tuple[Array, ...], batch: tuple[int, ...], k: int,
+                     d_r: int, empty: Array) -> Array:
+    """``f`` of each token block of ``arrays`` (their axis −2 sliced alike), joined along that axis; ``empty`` for
+    N = 0. Memory: the result plus one block of about 2¹⁶ terms."""
+    blocks = [f(*(a[..., start:stop, :] for a in arrays)) for start, stop in _token_blocks(batch, arrays[0].shape[-2],
+                                                                                              k, d_r)]
+    if not blocks:
+        return empty
+    return blocks[0] if len(blocks) == 1 else xp.concat(blocks, axis=-2)
+
+
+def _rows_and_sums(xp: Any, f: Callable[..., tuple[Array, Array, Array]], arrays: tuple[Array, ...],
+                   batch: tuple[int, ...], k: int, d_r: int, dtype: Any) -> tuple[Array, Array, Array]:
+    """For ``f`` returning (rows ``(..., n, d_r)``, two ``(..., K, d_r)`` shares) of each token block of ``arrays``:
+    the rows joined along axis −2, and each share summed over the blocks in block order."""
+    dev = device_of(arrays[0])
+    sums = [xp.zeros(batch + (k, d_r), dtype=dtype, device=dev) for _ in range(2)]
+
+    def rows_of(*blocks: Array) -> Array:
+        rows, first, second = f(*blocks)
+        sums[0], sums[1] = sums[0] + first, sums[1] + second
+        return rows
+
+    rows = _by_token_blocks(xp, rows_of, arrays, batch, k, d_r, xp.zeros(batch + (0, d_r), dtype=dtype, device=dev))
+    return rows, sums[0], sums[1]
+
+
+@_overflow_silenced
 def _direct_scores(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None) -> Array:
     """Eq. 50 as written, s_ik = b_k − ½ Σ_m (x_im − μ_km)²/σ²_km, a block of tokens at a time."""
-    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
     # [eq:50]
-    b = xp.expand_dims(_constant(xp, variances, log_priors), axis=-2)  # (..., 1, K)
+    b = xp.expand_dims(score_constant(variances, log_priors), axis=-2)  # (..., 1, K)
     mu, var = xp.expand_dims(means, axis=-3), xp.expand_dims(variances, axis=-3)  # (..., 1, K, d_r)
-    batch = broadcast_shapes(x.shape[:-2], mu.shape[:-3], b.shape[:-2])
-    blocks = []
-    with warnings.catch_warnings():  # an overflow is reported by _checked_for_overflow, not as a warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for start, stop in _token_blocks(batch, n, k, d_r):
-            diff = xp.expand_dims(x[..., start:stop, :], axis=-2) - mu  # (..., n, K, d_r): x_im − μ_km
-            blocks.append(b - 0.5 * xp.sum(diff * diff / var, axis=-1))
+
+    def scores_of(x_block: Array) -> Array:
+        diff = xp.expand_dims(x_block, axis=-2) - mu  # (..., n, K, d_r): x_im − μ_km
+        return b - 0.5 * xp.sum(diff * diff / var, axis=-1)
     # [/eq:50]
-    if not blocks:  # N = 0
-        dtype = xp.result_type(x.dtype, b.dtype)
-        return xp.zeros(batch + (0, k), dtype=dtype, device=device_of(x))
-    return blocks[0] if len(blocks) == 1 else xp.concat(blocks, axis=-2)
+    batch = broadcast_shapes(x.shape[:-2], mu.shape[:-3], b.shape[:-2])
+    k = means.shape[-2]
+    empty = xp.zeros(batch + (0, k), dtype=xp.result_type(x.dtype, b.dtype), device=device_of(x))
+    return _by_token_blocks(xp, scores_of, (x,), batch, k, means.shape[-1], empty)
 
 
 def log_gaussian_density(
@@ -192,7 +236,7 @@ def scores(
     b_k = log π_k − ½ d_r log 2π − ½ Σ_m log σ²_km. Memory: the result plus one block of about
     2¹⁶ terms. Each score is then within γ_{d_r+4} (½ M_ik + ∣b_k∣) of the exact value (u the unit
     roundoff, γ_n = n u/(1 − n u)); nothing cancels but b_k − ½ M_ik itself. The faster
-    :func:`gma_ref.scores_fast.guarded_scores` (matrix products, used by the pipeline) is held to
+    :func:`gma_ref.fast.matmul_scores.guarded_scores` (matrix products, used by the pipeline) is held to
     within R = 8 times this bound; both are tested against 40-digit mpmath in every hard regime
     (far from every mean, variances at the floor, data shifted by 1e4 and 1e8, d_r = 1024, one-hot
     Γ, tight clusters, float32; tests/posterior/test_accuracy.py).
@@ -272,7 +316,7 @@ def responsibilities(
 def softmax_scores(s: Array) -> tuple[Array, Array]:
     """(Γ, log Γ) of the scores ``s`` ``(..., N, K)`` (Eq. 3b = Eq. 51), max-subtracted; no checks.
 
-    The step :func:`responsibilities` and the fast path (:mod:`gma_ref.scores_fast`) share.
+    The step :func:`responsibilities` and the fast path (:mod:`gma_ref.fast.matmul_scores`) share.
     """
     xp = namespace(s=s)
     # [eq:3+3b+51]
@@ -366,7 +410,7 @@ def scores_backward(
 
     Computed as written, a block of tokens at a time (as :func:`scores`): r ``(..., n, K, d_r)``
     per block, its ∂L/∂x rows, and its shares of Σ_i δ r and Σ_i δ r² added up. Memory: the
-    gradients plus one block. (:func:`gma_ref.scores_fast.scores_backward_guarded` computes the
+    gradients plus one block. (:func:`gma_ref.fast.matmul_scores.scores_backward_guarded` computes the
     same by matrix products on centred coordinates; the pipeline uses it.)
 
     Raises
@@ -384,45 +428,44 @@ def scores_backward(
     xp = namespace(x=x, means=means, variances=variances, d_out=d_out)
     shape = _validate(xp, x, means, variances, log_priors, check_finite)
     check_cotangent(xp, "d_out", d_out, shape, "the scores", check_finite)
-    return _scores_backward(xp, x, means, variances, d_out, _log_priors_shape(means, log_priors), check_finite)
+    return _checked_scores_backward(xp, x, means, variances, d_out, _log_priors_shape(means, log_priors),
+                                    check_finite)
 
 
+def _checked_scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
+                             lp_shape: tuple[int, ...], check_finite: bool) -> ScoresGrad:
+    """:func:`scores_backward` on validated inputs (:func:`_scores_backward`), its gradients checked for overflow."""
+    grads = _scores_backward(xp, x, means, variances, d_scores, lp_shape)
+    if check_finite:
+        _check_gradients_finite(xp, grads)
+    return grads
+
+
+@_overflow_silenced
 def _scores_backward(xp: Any, x: Array, means: Array, variances: Array, d_scores: Array,
-                     lp_shape: tuple[int, ...], check_finite: bool) -> ScoresGrad:
-    """:func:`scores_backward` on validated inputs: Eqs. 19, 54, 57 term by term, by token blocks."""
-    n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
+                     lp_shape: tuple[int, ...]) -> ScoresGrad:
+    """Eqs. 19, 54, 57 term by term, a block of tokens at a time; each gradient reduced to its input's shape."""
+    k, d_r = means.shape[-2], means.shape[-1]
     mu, var = xp.expand_dims(means, axis=-3), xp.expand_dims(variances, axis=-3)  # (..., 1, K, d_r)
     batch = broadcast_shapes(x.shape[:-2], mu.shape[:-3], d_scores.shape[:-2])
     dtype = xp.result_type(x.dtype, means.dtype, variances.dtype, d_scores.dtype)
-    dev = device_of(x)
-    sum_r = xp.zeros(batch + (k, d_r), dtype=dtype, device=dev)  # Σ_i δ_ik r_ikm
-    sum_r2 = xp.zeros(batch + (k, d_r), dtype=dtype, device=dev)  # Σ_i δ_ik r²_ikm
-    d_x_blocks = []
-    with warnings.catch_warnings():  # an overflow is reported by _check_gradients_finite, not as a warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        # [eq:19+20+53+54+57]
-        for start, stop in _token_blocks(batch, n, k, d_r):
-            r = (xp.expand_dims(x[..., start:stop, :], axis=-2) - mu) / var  # (..., n, K, d_r)
-            dr = xp.expand_dims(d_scores[..., start:stop, :], axis=-1) * r  # δ_ik r_ikm
-            d_x_blocks.append(-xp.sum(dr, axis=-2))  # ∂L/∂x_im = −Σ_k δ_ik r_ikm
-            sum_r = sum_r + xp.sum(dr, axis=-3)
-            sum_r2 = sum_r2 + xp.sum(dr * r, axis=-3)
-        delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
-        d_variances = 0.5 * (sum_r2 - xp.expand_dims(delta_sum, axis=-1) / variances)  # Eq. 57
-        # [/eq:19+20+53+54+57]
-    if not d_x_blocks:  # N = 0
-        d_x = xp.zeros(batch + (0, d_r), dtype=dtype, device=dev)
-    else:
-        d_x = d_x_blocks[0] if len(d_x_blocks) == 1 else xp.concat(d_x_blocks, axis=-2)
-    grads = ScoresGrad(
+    # [eq:19+20+53+54+57]
+    def block_terms(x_block: Array, d_block: Array) -> tuple[Array, Array, Array]:
+        r = (xp.expand_dims(x_block, axis=-2) - mu) / var  # (..., n, K, d_r): r_ikm = (x_im − μ_km)/σ²_km
+        dr = xp.expand_dims(d_block, axis=-1) * r  # δ_ik r_ikm
+        # ∂L/∂x_im = −Σ_k δ_ik r_ikm; the block's shares of Σ_i δ_ik r_ikm (∂L/∂μ) and of Σ_i δ_ik r²_ikm
+        return -xp.sum(dr, axis=-2), xp.sum(dr, axis=-3), xp.sum(dr * r, axis=-3)
+
+    d_x, sum_r, sum_r2 = _rows_and_sums(xp, block_terms, (x, d_scores), batch, k, d_r, dtype)
+    delta_sum = xp.sum(d_scores, axis=-2)  # Σ_i δ_ik, shape (..., K)
+    d_variances = 0.5 * (sum_r2 - xp.expand_dims(delta_sum, axis=-1) / variances)  # Eq. 57
+    # [/eq:19+20+53+54+57]
+    return ScoresGrad(
         d_x=sum_to_shape(xp, d_x, tuple(x.shape)),
         d_means=sum_to_shape(xp, sum_r, tuple(means.shape)),
         d_variances=sum_to_shape(xp, d_variances, tuple(variances.shape)),
         d_log_priors=sum_to_shape(xp, delta_sum, lp_shape),
     )
-    if check_finite:
-        _check_gradients_finite(xp, grads)
-    return grads
 
 
 def _check_gradients_finite(xp: Any, grads: ScoresGrad) -> None:
@@ -474,7 +517,8 @@ def responsibilities_backward(
         gamma = saved
     check_cotangent(xp, "d_out", d_out, shape, "the responsibilities", check_finite)
     d_scores = scores_cotangent(gamma, d_out)
-    return _scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors), check_finite)
+    return _checked_scores_backward(xp, x, means, variances, d_scores, _log_priors_shape(means, log_priors),
+                                    check_finite)
 
 
 def _check_simplex(xp: Any, gamma: Array) -> None:

@@ -35,7 +35,7 @@ Importing this package does not import torch, jax or cupy.
 
 from .adapters import jax_vjp, torch_autograd
 from .assertions import assert_gma_close
-from .case_runner import CaseOutcome, NotCheckable, evaluate_case, run_case
+from .case_runner import CaseOutcome, NotCheckable, evaluate_case
 from .cases import Case, default_cases, default_layer_cases, generate_cases, generate_layer_cases
 from .declaration import Declaration
 from .report import CheckResult, Interrupted, Report, Skip
@@ -62,6 +62,5 @@ __all__ = [
     "generate_layer_cases",
     "jax_vjp",
     "load_case_file",
-    "run_case",
     "torch_autograd",
 ]

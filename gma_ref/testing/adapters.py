@@ -13,11 +13,10 @@ Nothing here imports torch, jax or cupy at module import time.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from .._array import Array
+from .._array import Array, require_cuda_device
 from .buffers import HostArray, to_float64
 from .declaration import Declaration, declaration_of
 from .names import INPUT_NAMES, MODES, NAMESPACES, layer_input_names
@@ -132,10 +131,8 @@ def reference_namespace(device: str) -> Any:
     if device == "cuda":
         try:
             import array_api_compat.cupy as xp
-            import cupy
 
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                raise RuntimeError("no CUDA device")
+            require_cuda_device()
         except Exception as exc:
             raise RuntimeError(f"the CUDA reference needs CuPy and a GPU: {type(exc).__name__}: {exc}") from exc
         return xp
@@ -283,9 +280,3 @@ def jax_vjp(impl: Callable[..., Any], mode: str | None = None) -> Callable[..., 
 
     vjp.__name__ = f"jax_vjp({getattr(impl, '__name__', 'impl')})"
     return vjp
-
-
-def load_namespace_module(namespace: str) -> Any:
-    """Import the framework of ``namespace`` (``ImportError`` with the reason if absent)."""
-    name = {"numpy": "numpy", "torch": "torch", "jax": "jax", "cupy": "cupy"}[namespace]
-    return importlib.import_module(name)

@@ -2,9 +2,7 @@
 
 :func:`evaluate_case` returns a :class:`CaseOutcome`: the results, the reference, and — as a
 value of its own — why a case is *not checkable* at the dtype under test (its unit scale ν exceeds
-:data:`~gma_ref.testing.compare.NU_MAX`). :func:`run_case` is the older form of the same, returning
-``(results, reference)`` with a one-element ``'conditioning'`` result list for a case that is not
-checkable.
+:data:`~gma_ref.testing.compare.NU_MAX`).
 
 The checks, in order: the forward (contract — shape, dtype, device, finiteness, inputs unmutated —
 then accuracy of the output and the declared state), optionally the contract checks that need more
@@ -39,7 +37,7 @@ from .names import GRAD_NAMES, INPUT_NAMES, layer_input_names
 from .reference import layer_reference, reference
 from .report import CheckResult
 
-__all__ = ["CaseOutcome", "NotCheckable", "Unconfirmed", "NonFiniteInputError", "evaluate_case", "run_case",
+__all__ = ["CaseOutcome", "NotCheckable", "Unconfirmed", "NonFiniteInputError", "evaluate_case",
            "call_failure", "resolve_vjp", "prepare_run"]
 
 
@@ -305,21 +303,6 @@ def evaluate_case(
         if vjp is not None:
             _gradient_checks(run, vjp)
     return CaseOutcome(case.case_id, run.results, run.ref)
-
-
-def run_case(impl: Callable[..., Any], case: Case, declaration: Declaration, **options: Any
-             ) -> tuple[list[CheckResult], Any]:
-    """:func:`evaluate_case` as ``(results, reference)``, the form of earlier releases.
-
-    A case that is not checkable gives the one-element list ``[CheckResult(check='conditioning',
-    metric='nu', value=ν, threshold=NU_MAX, passed=True)]``. Options as :func:`evaluate_case`.
-    """
-    outcome = evaluate_case(impl, case, declaration, **options)
-    nc = outcome.not_checkable
-    if nc is not None:
-        return [CheckResult(case.case_id, "conditioning", "case", "nu", nc.nu, nc.nu_max, True,
-                            detail=f"ill-conditioned at {nc.dtype}: not checkable, skipped")], outcome.reference
-    return outcome.results, outcome.reference
 
 
 def _forward_checks(run: _Run, impl: Callable[..., Any]) -> tuple[Any, bool]:

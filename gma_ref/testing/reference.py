@@ -1,8 +1,9 @@
 """The float64 reference of a conformance case: outputs, state, all gradients, and error scales.
 
-:func:`reference` runs :func:`gma_ref.gma_attention` and
-:func:`gma_ref.gma_attention_backward` in float64 on any array-API namespace
-(NumPy on the host, CuPy on a GPU) and adds what the comparison needs:
+:func:`reference` runs the reader's pipeline, :func:`gma_ref.attention.gma_attention` and
+:func:`gma_ref.attention.gma_attention_backward` (the paper's functions composed, never the fast
+path of :mod:`gma_ref.fast`), in float64 on any array-API namespace (NumPy on the host, CuPy on
+a GPU) and adds what the comparison needs:
 
 * ``kappa`` — the score condition factor κ = max over routing vectors x_i of
   Σ_k γ_ik S_ik, where S_ik = |log π_k| + (d_r/2) log 2π + ½ Σ_m |log σ²_km| +

@@ -33,7 +33,7 @@ from .adapters import (
 from .bounds import RunBounds
 from .calls import CallTimeout, with_timeout
 from .capture import captured_output, safe_text
-from .case_runner import CaseOutcome, NonFiniteInputError, call_failure, evaluate_case, resolve_vjp, run_case
+from .case_runner import CaseOutcome, NonFiniteInputError, call_failure, evaluate_case, resolve_vjp
 from .cases import (
     VARIANTS,
     Case,
@@ -57,7 +57,7 @@ from .placement import Placement, candidate_name, place
 from .power import detection_text
 from .report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Skip
 
-__all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "run_case", "EXIT_INTERRUPTED",
+__all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "EXIT_INTERRUPTED",
            "check_writable_dir", "say_in_process"]
 
 

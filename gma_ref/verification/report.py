@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .._array import require_cuda_device
 from .registry import NAMESPACES, Check, Context, all_checks
 
 __all__ = ["Result", "load_namespace", "run_checks", "format_report", "verify"]
@@ -48,10 +49,7 @@ def load_namespace(name: str) -> Any:
         raise RuntimeError(f"namespace {name!r} is not available: {type(exc).__name__}: {exc}") from exc
     if name == "cupy":
         try:
-            import cupy
-
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                raise RuntimeError("no CUDA device")
+            require_cuda_device()
         except Exception as exc:
             raise RuntimeError(f"namespace 'cupy' has no usable GPU: {exc}") from exc
     return xp

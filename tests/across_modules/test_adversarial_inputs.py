@@ -1,12 +1,13 @@
 """Contracts measured with adversarial inputs: each is refused clearly, or computed without noise.
 
-* ``gma_attention`` / ``gma_attention_backward`` with the prefix or materialized core refuse a call over
-  the memory budget before computing Γ;
+* ``gma_attention`` / ``gma_attention_backward`` (the reader's and the fast entry) with the prefix or
+  materialized core refuse a call over the memory budget before computing Γ;
 * NaN in ``means`` is reported as such (not as scores that overflow); ``omega`` or ``prior_logits`` of the
   wrong shape is a ValueError naming it (not a broadcasting error from inside);
 * ``responsibilities_backward`` rejects a ``gamma`` off the simplex (negative, or rows not summing to 1);
 * gradients that truly overflow (σ² = 1e-300) are a ValueError naming the gradient, not NaN;
-* far float16 inputs give correct responsibilities without a RuntimeWarning;
+* far float16 inputs give correct responsibilities without a RuntimeWarning (the fast entry's scores, formed
+  on centred coordinates, stay in range where Eq. 50 as written overflows float16);
 * ``gma-ref --version`` prints the version.
 """
 
@@ -20,6 +21,8 @@ import numpy as np
 import pytest
 
 import gma_ref
+import gma_ref.fast
+import gma_ref.fast.attention
 from gma_ref import attention
 from gma_ref.attention import gma_attention, gma_attention_backward
 from gma_ref.posterior import responsibilities, responsibilities_backward, scores_backward
@@ -32,13 +35,17 @@ def _inputs(rng, b=2, n=6, k=3, d_r=4, d_v=2):
 
 @pytest.mark.parametrize(("causal", "form"), [(True, "prefix"), (True, "materialized"), (False, "materialized")])
 @pytest.mark.parametrize("which", ["forward", "backward"])
-def test_the_pipeline_refuses_a_core_over_budget_before_computing_gamma(monkeypatch, causal, form, which):
+@pytest.mark.parametrize(("entry", "module", "gamma"), [(attention, attention, "responsibilities"),
+                                                       (gma_ref.fast, gma_ref.fast.attention,
+                                                        "responsibilities_and_guard")])
+def test_the_pipeline_refuses_a_core_over_budget_before_computing_gamma(monkeypatch, causal, form, which, entry,
+                                                                        module, gamma):
     """B = 64, N = 4096, K = 512 (a 64 GiB prefix memory, 8 GiB of N × N weights): a ValueError naming the
     core and the linear form, raised before the responsibilities are computed."""
     def no_gamma(*args, **kwargs):
         raise AssertionError("Γ was computed before the memory budget was checked")
 
-    monkeypatch.setattr(attention, "responsibilities_and_guard", no_gamma)
+    monkeypatch.setattr(module, gamma, no_gamma)
     b, n, k, d = 64, 4096, 512, 2
     q = np.broadcast_to(np.zeros((1, 1, d)), (b, n, d))
     v = np.broadcast_to(np.zeros((1, 1, 32)), (b, n, 32))
@@ -47,9 +54,9 @@ def test_the_pipeline_refuses_a_core_over_budget_before_computing_gamma(monkeypa
     name = core + ("_backward" if which == "backward" else "")
     with pytest.raises(ValueError, match=rf"^{name} would build .* use gma_(causal_chunked|bidirectional)"):
         if which == "forward":
-            gma_attention(q, q, v, means, omega, alpha, causal=causal, form=form)
+            entry.gma_attention(q, q, v, means, omega, alpha, causal=causal, form=form)
         else:
-            gma_attention_backward(q, q, v, means, omega, alpha, v, causal=causal, form=form)
+            entry.gma_attention_backward(q, q, v, means, omega, alpha, v, causal=causal, form=form)
 
 
 def test_nan_in_the_means_is_named(rng):
@@ -131,8 +138,8 @@ def test_a_variance_of_1e_300_through_gamma_gives_the_correct_zero_gradients():
 def test_far_float16_inputs_give_correct_responsibilities_without_warnings(rng):
     """float16 routing vectors 60 σ from the means (scores ≈ −1.4e4, near float16's 6.5e4, spaced 8 apart
     there): no RuntimeWarning is emitted (warnings are errors here), through responsibilities and through
-    gma_attention; Γ is finite, on the simplex, and picks the float64 Γ's component wherever the float64
-    scores' top two differ by more than float16's rounding of them."""
+    the fast entry's gma_attention; Γ is finite, on the simplex, and picks the float64 Γ's component wherever the
+    float64 scores' top two differ by more than float16's rounding of them."""
     n, k, d = 6, 4, 8
     x = (60.0 * rng.normal(size=(n, d))).astype(np.float16)
     means = rng.normal(size=(k, d)).astype(np.float16)
@@ -141,7 +148,7 @@ def test_far_float16_inputs_give_correct_responsibilities_without_warnings(rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gamma = responsibilities(x, means, var, lp)
-        out = gma_attention(x, x, x, means, np.zeros((k, d), np.float16), np.zeros(k, np.float16))
+        out = gma_ref.fast.gma_attention(x, x, x, means, np.zeros((k, d), np.float16), np.zeros(k, np.float16))
     assert gamma.dtype == np.float16 and np.all(np.isfinite(gamma)) and np.all(np.isfinite(out))
     np.testing.assert_allclose(gamma.astype(np.float64).sum(axis=-1), 1.0, atol=4 * float(np.finfo(np.float16).eps))
     s = np.sort(np.log(np.maximum(want, 1e-300)), axis=-1)

@@ -5,7 +5,8 @@ to ``gma_attention_backward(..., saved=)`` gives the gradients it gives without 
 rounding), for every form, cross-attention, broadcast batch/head axes, under every array
 namespace, and where the scores' rounding guard sends rows to the element-wise form. Saved arrays
 of the wrong type, dtype or shape, with NaN, or from other inputs, parameters or options raise a
-``TypeError``/``ValueError`` naming the field.
+``TypeError``/``ValueError`` naming the field. Every test runs against both entries of the pipeline,
+:mod:`gma_ref.attention` (the reader's composition) and :mod:`gma_ref.fast`, which share the contract.
 """
 
 from __future__ import annotations
@@ -14,12 +15,24 @@ import numpy as np
 import pytest
 
 import gma_ref
+import gma_ref.attention
+import gma_ref.fast
 from gma_ref.attention import FORMS, AttentionSaved, gma_attention, gma_attention_backward
 from gma_ref.mixture import log_priors_from_logits, variances_from_omega
 from gma_ref.posterior import responsibilities
 from tests.support._helpers import from_numpy, rel_err, to_numpy
 
 K, D_R, D_V = 3, 2, 4
+
+
+@pytest.fixture(autouse=True, params=["reader", "fast"])
+def entry(request, monkeypatch):
+    """Each test once with the reader's pipeline and once with the fast entry (this module's two names bound to it)."""
+    module = gma_ref.attention if request.param == "reader" else gma_ref.fast
+    monkeypatch.setitem(globals(), "gma_attention", module.gma_attention)
+    monkeypatch.setitem(globals(), "gma_attention_backward", module.gma_attention_backward)
+    return module
+
 _VARIANTS = [(False, form) for form in FORMS[False]] + [(True, form) for form in FORMS[True]]
 
 

@@ -29,7 +29,7 @@ def test_end_to_end_without_torch_says_so_and_prints_no_torch_columns():
     """With torch unimportable, the table says 'PyTorch not installed: torch columns skipped' and has neither
     torch columns nor nan cells; the same table with PyTorch hidden by --no-torch says that instead."""
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from gma_ref.bench_end_to_end import run_end_to_end\n"
+            "from gma_ref.bench.end_to_end import run_end_to_end\n"
             "run_end_to_end((64,), (4,), ('float64',), d=8, repeats=1, blas_n=64, use_torch=%s)\n")
     for use_torch, said in ((True, "PyTorch not installed: torch columns skipped"),
                             (False, "--no-torch: torch columns skipped")):

@@ -10,14 +10,14 @@ import math
 import numpy as np
 import pytest
 
-from gma_ref import bench_passes
-from gma_ref.attention import gma_attention, gma_attention_backward
+from gma_ref.bench import passes as bench_passes
+from gma_ref.fast import gma_attention, gma_attention_backward
 
 
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-10), (np.float32, 2e-4)])
 def test_the_replayed_block_is_the_pipelines_block(dtype, rtol):
     """On a problem of one block (N = 96 tokens, K = 6, d = 5), the replay's Γ^Q, output and ∂L/∂q are
-    gma_attention's and gma_attention_backward's, to rounding."""
+    the fast entry's gma_attention's and gma_attention_backward's, to rounding."""
     p = bench_passes._problem(96, 6, 5, dtype, seed=3)
     got = bench_passes.replay_block(p)
     args = (p["q"], p["k"], p["v"], p["means"], p["omega"], p["prior_logits"])

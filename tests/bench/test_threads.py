@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from gma_ref import bench_end_to_end as e2e
-from gma_ref._blocks import worker_count
+from gma_ref.bench import end_to_end as e2e
+from gma_ref.fast.blocks import worker_count
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 

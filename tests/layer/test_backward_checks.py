@@ -60,7 +60,7 @@ def test_backward_checks_finiteness_by_default(params, rng):
         args[name][1, 2] = np.nan
         with pytest.raises(ValueError, match=f"^{name}"):
             gma_layer_backward(params, args["x"], args["d_out"], y=args["y"])
-    # (check_finite=False through the layer's VJP: see tests/attention/test_validates_once.py)
+    # (check_finite=False through the layer's VJP: see tests/fast/test_validates_once.py)
 
 
 @pytest.mark.parametrize("backward", [False, True])

@@ -2,7 +2,7 @@
 
 Two implementations: the specification of record, Eq. 50 term by term (``gma_ref.posterior``),
 and the fast path the pipeline uses, matrix products on centred coordinates with a rounding-error
-guard (``gma_ref.scores_fast``). Here each regime is checked, for both, against the same quantities
+guard (``gma_ref.fast.matmul_scores``). Here each regime is checked, for both, against the same quantities
 evaluated in mpmath at 40 significant digits from the very same float inputs, and each error is held
 to that of the element-wise form Σ_m (x_im − μ_km)²/σ²_km written out below in NumPy: error ≤ 4 × the
 element-wise error + a few units of roundoff of the scale. The two are also compared with each other
@@ -20,7 +20,7 @@ import mpmath
 import numpy as np
 import pytest
 
-import gma_ref.scores_fast as fast
+import gma_ref.fast.matmul_scores as fast
 from gma_ref.posterior import responsibilities, scores, scores_backward, scores_cotangent
 from tests.support._helpers import from_numpy, to_numpy
 

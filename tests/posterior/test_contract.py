@@ -17,6 +17,8 @@ import array_api_strict
 import numpy as np
 import pytest
 
+from gma_ref.fast.matmul_scores import expand as _expand
+from gma_ref.fast.matmul_scores import expanded_scores as _expanded_scores
 from gma_ref.posterior import (
     log_gaussian_density,
     responsibilities,
@@ -26,8 +28,6 @@ from gma_ref.posterior import (
     scores_cotangent,
     scores_cotangent_from_log,
 )
-from gma_ref.scores_fast import expand as _expand
-from gma_ref.scores_fast import expanded_scores as _expanded_scores
 from tests.posterior.test_accuracy import IMPLEMENTATIONS
 from tests.support._helpers import from_numpy, to_numpy
 

@@ -114,7 +114,7 @@ TRITON_MISSING = [m for m in ("triton", "fla", "torch") if importlib.util.find_s
 def test_a_fresh_tiny_grad_run_and_its_reproducer_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """fused_chunk in float32 on the tiny_grad case: the committed ratio, and a reproducer whose printed command
     runs from the repository root and fails the same way (exit 1, not 3)."""
-    from gma_ref.check_cli import main as cli_main
+    from gma_ref.cli.check import main as cli_main
     from gma_ref.testing import check
     from gma_ref.testing.triton_interpreter import interpreter_workarounds
 

@@ -61,7 +61,7 @@ PACKAGE_SURFACE = {
 #: The oracle's surface, pinned: what a kernel author calls.
 ORACLE_SURFACE = {
     "Declaration", "check", "assert_conforms", "assert_gma_close", "Report", "CheckResult", "Skip", "Interrupted",
-    "evaluate_case", "CaseOutcome", "NotCheckable", "run_case", "Case", "default_cases", "default_layer_cases",
+    "evaluate_case", "CaseOutcome", "NotCheckable", "Case", "default_cases", "default_layer_cases",
     "generate_cases", "generate_layer_cases", "load_case_file", "CaseFile", "torch_autograd", "jax_vjp",
 }
 

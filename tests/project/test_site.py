@@ -30,7 +30,7 @@ from tests.support._cdp import Browser, find_chromium
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE_PAGES = 13
 API_MODULES = (
-    "mixture", "posterior", "scores_fast", "bidirectional", "induced", "causal", "attention", "layer", "costs",
+    "mixture", "posterior", "fast", "bidirectional", "induced", "causal", "attention", "layer", "costs",
     "diagnostics", "extensions", "baselines", "testing", "strategies", "verification",
 )
 EXECUTED_EXAMPLES = ("quickstart", "pictures", "streaming_decode", "scaling", "train_tiny", "table1_memory")

@@ -1,7 +1,7 @@
 """Implementations that try to forge, crash or lose the oracle's verdict get the right one.
 
 Each candidate of ``tests/support/adversarial_impls.py`` is the correct NumPy kernel with one
-misbehaviour. The command line runs in a subprocess (``python -m gma_ref.check_cli``,
+misbehaviour. The command line runs in a subprocess (``python -m gma_ref.cli.check``,
 from the repository root) so that exit statuses, what reaches stdout and the
 process's shutdown are those a kernel author sees; the JSON report must parse as
 strict JSON in every case.
@@ -37,7 +37,7 @@ def _strict_json(text: str) -> dict:
 
 def _cli(*argv: str, cwd: pathlib.Path = ROOT, timeout: float = 180) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "gma_ref.check_cli", *argv, "--no-tiling"], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "gma_ref.cli.check", *argv, "--no-tiling"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -332,9 +332,9 @@ def test_case_file_options_give_a_reason_or_are_refused(case_file):
 
 def test_unknown_option_exits_with_the_usage_status(capsys):
     """An unknown option is a usage error (4, not argparse's 2) through both entry points, with JSON if asked."""
-    from gma_ref.check_cli import EXIT_USAGE
-    from gma_ref.check_cli import main as check_main
     from gma_ref.cli import main as gma_ref_main
+    from gma_ref.cli.check import EXIT_USAGE
+    from gma_ref.cli.check import main as check_main
 
     for fn, argv in ((check_main, ["x:y", "--bogus"]), (gma_ref_main, ["check", "x:y", "--bogus"])):
         with pytest.raises(SystemExit) as info:

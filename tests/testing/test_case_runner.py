@@ -1,8 +1,7 @@
 """gma_ref.testing.case_runner: one case evaluates to a CaseOutcome; "not checkable" is a value of its own.
 
 A case that a dtype cannot resolve (its unit scale ν above NU_MAX: float16 and a query that sees
-almost no routed key mass) is neither passed nor failed but returned as a NotCheckable with its ν;
-the older run_case form reports the same as a one-element 'conditioning' list.
+almost no routed key mass) is neither passed nor failed but returned as a NotCheckable with its ν.
 
 The contract checks of a case: inputs left unmutated, finite outputs, dtype and shape, determinism,
 non-contiguous inputs, exceptions, returned state; a bad return value is a labelled failure.
@@ -15,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from gma_ref.testing import CaseOutcome, Declaration, NotCheckable, check, default_cases, evaluate_case, run_case
+from gma_ref.testing import CaseOutcome, Declaration, NotCheckable, check, default_cases, evaluate_case
 from gma_ref.testing.case_runner import NonFiniteInputError, resolve_vjp
 from gma_ref.testing.cases import Case
 from gma_ref.testing.compare import NU_MAX, Tolerance
@@ -62,22 +61,6 @@ def test_an_ill_conditioned_case_is_not_checkable_never_passed() -> None:
     assert nc.nu > nc.nu_max == NU_MAX
     assert outcome.results == [] and not outcome.passed
     assert f"nu = {nc.nu:.3g} > {NU_MAX:.3g}" in nc.reason and "not checkable" in nc.reason
-
-
-def test_run_case_gives_the_earlier_form_of_the_same_outcome() -> None:
-    """run_case: (results, reference), and for a case that is not checkable one passed 'conditioning' line."""
-    kernel = NumpyKernel("float16")
-    outcome, case = _ill_conditioned(kernel)
-    results, ref = run_case(kernel, case, kernel.gma_declaration, contract=False)
-    assert len(results) == 1 and ref is not None
-    line = results[0]
-    assert (line.check, line.metric, line.passed) == ("conditioning", "nu", True)
-    assert "float16" in line.detail and "not checkable" in line.detail
-    assert line.value == pytest.approx(outcome.not_checkable.nu) and line.threshold == NU_MAX
-    checked = default_cases(("bidirectional",), dtype="float64")[0]
-    k64 = NumpyKernel("float64")
-    results, _ = run_case(k64, checked, k64.gma_declaration)
-    assert results == evaluate_case(k64, checked, k64.gma_declaration).results
 
 
 def test_the_defaults_check_the_contract_with_short_tracebacks_against_a_numpy_reference() -> None:

@@ -1,4 +1,4 @@
-"""The command line gma-ref check (gma_ref.check_cli): exit statuses, entry points, options, progress line, help.
+"""The command line gma-ref check (gma_ref.cli.check): exit statuses, entry points, options, progress line, help.
 
 ``gma-ref check --help`` is plain text: the module's reST docstring without its markup.
 """
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gma_ref.check_cli import main as cli_main
+from gma_ref.cli.check import main as cli_main
 from gma_ref.testing import check
 
 from ..support.oracle_helpers import K32 as _K
@@ -20,7 +20,7 @@ from ..support.oracle_helpers import K32 as _K
 def test_check_help_has_no_rest_markup():
     """The help of the check command (standalone and as a subcommand) has no double backquotes, no roles such as
     :class:, no literal-block '::' — and still says what the docstring says."""
-    for argv in (["-m", "gma_ref.check_cli", "--help"], ["-m", "gma_ref.cli", "check", "--help"]):
+    for argv in (["-m", "gma_ref.cli.check", "--help"], ["-m", "gma_ref.cli", "check", "--help"]):
         out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True).stdout
         assert "``" not in out and ":class:" not in out and ":func:" not in out, argv
         assert not any(line.rstrip().endswith("::") for line in out.splitlines()), argv
@@ -40,8 +40,8 @@ def test_cli_exit_codes(capsys, tmp_path):
 
 
 def test_cli_module_entry_point():
-    """python -m gma_ref.check_cli works standalone."""
-    proc = subprocess.run([sys.executable, "-m", "gma_ref.check_cli", "tests.support.planted_impls:MissingLogDet",
+    """python -m gma_ref.cli.check works standalone."""
+    proc = subprocess.run([sys.executable, "-m", "gma_ref.cli.check", "tests.support.planted_impls:MissingLogDet",
                            "--variant", "bidirectional", "--no-repro"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "FAIL" in proc.stdout
 
@@ -50,7 +50,7 @@ def test_add_check_parser_wires_run_check():
     """add_check_parser builds a 'check' subcommand whose func is run_check."""
     import argparse
 
-    from gma_ref.check_cli import add_check_parser, run_check
+    from gma_ref.cli.check import add_check_parser, run_check
 
     parser = argparse.ArgumentParser()
     add_check_parser(parser.add_subparsers(dest="cmd"))
@@ -60,8 +60,8 @@ def test_add_check_parser_wires_run_check():
 
 def test_cli_usage_errors_have_their_own_exit_status(capsys):
     """Bad options exit with EXIT_USAGE (4), not argparse's 2, through both entry points."""
-    from gma_ref.check_cli import EXIT_USAGE
     from gma_ref.cli import main as gma_ref_main
+    from gma_ref.cli.check import EXIT_USAGE
 
     assert EXIT_USAGE not in (0, 1, 2, 3)
     target = "gma_ref.testing.emulated:NumpyKernel"
@@ -81,7 +81,7 @@ def test_cli_usage_errors_have_their_own_exit_status(capsys):
 
 def test_progress_callback_and_progress_line(capsys):
     """check calls progress(done, total, case_id, elapsed) after every case; the CLI line goes to stderr."""
-    from gma_ref.check_cli import _Progress
+    from gma_ref.cli.check import _Progress
 
     calls = []
     check(_K, variants=("causal",), progress=lambda *a: calls.append(a), tiling=False)

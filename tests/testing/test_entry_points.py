@@ -76,7 +76,7 @@ def test_assert_conforms_raises_with_the_whole_report(name: str) -> None:
 @pytest.mark.parametrize("name", KERNELS)
 def test_the_command_line_fails_it(name: str) -> None:
     """gma-ref check exits 1 with a complete JSON report."""
-    proc = subprocess.run([sys.executable, "-m", "gma_ref.check_cli", f"tests.support.adversarial_impls:{name}",
+    proc = subprocess.run([sys.executable, "-m", "gma_ref.cli.check", f"tests.support.adversarial_impls:{name}",
                            "--variant", "bidirectional", "--no-tiling", "--json", "--quiet", "--no-repro"],
                           cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -150,7 +150,7 @@ def test_a_spent_budget_lists_the_rest_as_not_run_and_the_run_does_not_pass() ->
 def test_the_command_line_stops_a_kernel_that_holds_the_gil_after_two_timeouts() -> None:
     """gma-ref check --timeout 1 on a GIL-holding kernel: two cases time out, the rest are listed as not run with
     the reason, the JSON report says why it stopped, exit status 1; --budget 0 is a usage error."""
-    argv = [sys.executable, "-m", "gma_ref.check_cli", "tests.support.adversarial_impls:HoldsTheGil", "--variant",
+    argv = [sys.executable, "-m", "gma_ref.cli.check", "tests.support.adversarial_impls:HoldsTheGil", "--variant",
             "causal", "--no-tiling", "--json", "--quiet", "--no-repro", "--timeout", "1"]
     proc = subprocess.run(argv, cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]

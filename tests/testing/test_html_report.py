@@ -111,7 +111,7 @@ def test_the_json_report_has_its_schema_version_and_follows_the_schema() -> None
 def test_the_command_line_writes_the_page(tmp_path: pathlib.Path) -> None:
     """gma-ref check --html FILE writes the page of the run, whatever its status."""
     page = tmp_path / "report.html"
-    proc = subprocess.run([sys.executable, "-m", "gma_ref.check_cli", "tests.support.planted_impls:StrictCausalMask",
+    proc = subprocess.run([sys.executable, "-m", "gma_ref.cli.check", "tests.support.planted_impls:StrictCausalMask",
                            "--variant", "causal", "--no-tiling", "--no-repro", "--quiet", "--html", str(page)],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                           timeout=300)

@@ -92,7 +92,7 @@ def test_the_layer_checker_sees_an_upward_import(tmp_path: pathlib.Path) -> None
 
 def test_import_does_not_pull_frameworks():
     """Importing gma_ref.testing imports neither torch, jax nor cupy."""
-    code = ("import sys, gma_ref, gma_ref.testing, gma_ref.check_cli; "
+    code = ("import sys, gma_ref, gma_ref.testing, gma_ref.cli.check; "
             "print([m for m in ('torch', 'jax', 'cupy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert out.strip() == "[]"

@@ -219,7 +219,7 @@ def test_a_torch_subclass_with_torch_function_is_read_from_its_storage(kernels) 
 
 def _cli(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(cwd), *sys.path]))
-    return subprocess.run([sys.executable, "-m", "gma_ref.check_cli", *args], cwd=cwd, env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "gma_ref.cli.check", *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
@@ -252,7 +252,7 @@ def test_cli_sigterm_gives_the_partial_report_and_status_143(kernels) -> None:
         slow.gma_declaration = DECL
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(kernels), *sys.path]))
-    proc = subprocess.Popen([sys.executable, "-m", "gma_ref.check_cli", "k_slow:slow", "--no-repro"],
+    proc = subprocess.Popen([sys.executable, "-m", "gma_ref.cli.check", "k_slow:slow", "--no-repro"],
                             cwd=kernels, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the progress line: at least one case is done

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from gma_ref.check_cli import main as cli_main
+from gma_ref.cli.check import main as cli_main
 from gma_ref.layer import GMALayerParams, gma_layer
 from gma_ref.testing import Case, Declaration, check, default_layer_cases, generate_layer_cases
 from gma_ref.testing.calibration import calibrate

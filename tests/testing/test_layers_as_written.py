@@ -67,7 +67,7 @@ def test_declared_reason_for_an_unsupported_variant_is_printed():
 @pytest.mark.parametrize("flag", ["--tied-head-width"])
 def test_cli_tied_head_width_flag(flag, capsys):
     """The CLI's --tied-head-width sets the declaration (a correct layer still passes)."""
-    from gma_ref.check_cli import main
+    from gma_ref.cli.check import main
 
     assert main(["gma_ref.testing.emulated_layer:NumpyLayer", flag, "--no-repro", "--quiet"]) == 0
     assert "d_r != d_v" in capsys.readouterr().out

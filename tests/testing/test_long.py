@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gma_ref.testing import check
+from gma_ref.testing.case_runner import evaluate_case
 from gma_ref.testing.cases import VARIANTS, Case, case_arrays
 from gma_ref.testing.emulated_long import LongKernel
 from gma_ref.testing.long import (
@@ -26,7 +27,6 @@ from gma_ref.testing.long import (
     sum_length,
 )
 from gma_ref.testing.reference import reference
-from gma_ref.testing.runner import run_case
 from tests.support.planted_long import LONG_BUGS
 
 from ..conftest import CUPY_SKIP_REASON
@@ -98,15 +98,15 @@ def test_sum_length_term_enters_nu_with_kappa() -> None:
 
 
 def test_harness_uses_the_long_reference_above_the_threshold() -> None:
-    """run_case picks the O(N) reference once N_q·N_k exceeds LONG_THRESHOLD, the materialized one below."""
+    """evaluate_case picks the O(N) reference once N_q·N_k exceeds LONG_THRESHOLD, the materialized one below."""
     kern = LongKernel("float32")
     big = Case(variant="causal", batch=1, heads=2, n_q=2048, n_k=2048, n_components=3, d_r=2, d_v=4, chunk_size=16)
     small = Case(variant="causal", batch=1, heads=2, n_q=64, n_k=64, n_components=3, d_r=2, d_v=4, chunk_size=16)
     assert big.n_q * big.n_k > LONG_THRESHOLD >= small.n_q * small.n_k
-    res, ref = run_case(kern, big, kern.gma_declaration, contract=False)
-    assert isinstance(ref, LongReference) and all(r.passed for r in res)
-    _, ref_small = run_case(kern, small, kern.gma_declaration, contract=False)
-    assert not isinstance(ref_small, LongReference)
+    outcome = evaluate_case(kern, big, kern.gma_declaration, contract=False)
+    assert isinstance(outcome.reference, LongReference) and all(r.passed for r in outcome.results)
+    small_outcome = evaluate_case(kern, small, kern.gma_declaration, contract=False)
+    assert not isinstance(small_outcome.reference, LongReference)
 
 
 def test_long_reference_memory_is_linear_in_n() -> None:
@@ -152,7 +152,7 @@ def test_check_rejects_an_unknown_scale() -> None:
 def test_cli_long_flag_selects_long_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     """`gma-ref check --long --n-max N` calls check(scale='long') with the declared n_max N."""
     import gma_ref.testing
-    from gma_ref import check_cli
+    from gma_ref.cli import check as check_cli
 
     seen = {}
 

@@ -17,7 +17,7 @@ def test_oracle_guide_exit_status_table_matches_the_cli():
     import pathlib
     import re
 
-    from gma_ref.check_cli import EXIT_INTERRUPTED, EXIT_LOAD, EXIT_USAGE
+    from gma_ref.cli.check import EXIT_INTERRUPTED, EXIT_LOAD, EXIT_USAGE
     from gma_ref.testing.runner import EXIT_INTERRUPTED as REPORT_INTERRUPTED
 
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle" / "cli.md").read_text()

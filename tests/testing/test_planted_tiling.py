@@ -59,7 +59,7 @@ def test_correct_kernels_pass_the_tiling_cases(kernel, dtype):
 def test_the_command_lines_default_check_flags_every_tiling_bug(bug, capsys):
     """``gma-ref check`` with no case options (tiling cases included, the kernel in a worker) exits 1 on each bug;
     with ``--no-tiling`` (the 29 edge cases only) the same kernel passes."""
-    from gma_ref.check_cli import main
+    from gma_ref.cli.check import main
 
     target = f"tests.support.planted_tiling:{bug.__name__}"
     assert main([target, "--no-repro", "--quiet"], exit_process=False) == 1

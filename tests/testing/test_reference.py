@@ -823,3 +823,23 @@ def _have_torch():
     import importlib.util
 
     return importlib.util.find_spec("torch") is not None
+
+
+def test_the_reference_evaluates_the_reader_s_functions_only():
+    """Running the reference (and the layer's) imports no module of the fast path: the oracle stays independent of
+    the code it is the fastest way to check."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\n"
+            "from gma_ref.testing import default_cases\n"
+            "from gma_ref.testing.cases import case_arrays\n"
+            "from gma_ref.testing.reference import reference\n"
+            "a = case_arrays(default_cases()[0])\n"
+            "ins = {n: a[n] for n in ('q', 'k', 'v', 'means', 'omega', 'prior_logits')}\n"
+            "for causal in (False, True):\n"
+            "    reference(np, ins, d_out=a['d_out'], causal=causal, eps=1e-3, eps_sigma=1e-2)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('gma_ref.fast')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

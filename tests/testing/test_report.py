@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from gma_ref.check_cli import main as cli_main
+from gma_ref.cli.check import main as cli_main
 from gma_ref.testing import check, default_cases
 from gma_ref.testing.emulated import NumpyKernel
 

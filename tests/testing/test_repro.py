@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gma_ref.check_cli import main as cli_main
+from gma_ref.cli.check import main as cli_main
 from gma_ref.testing import check
 from gma_ref.testing.emulated import NumpyKernel
 

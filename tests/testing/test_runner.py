@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.check_cli import main as cli_main
+from gma_ref.cli.check import main as cli_main
 from gma_ref.testing import Case, Declaration, check
 from gma_ref.testing.emulated import NumpyKernel
 from gma_ref.testing.runner import assert_conforms, check_writable_dir

@@ -100,7 +100,7 @@ def test_cli_scaling_flag_dispatches_and_prints_the_table(monkeypatch, capsys):
     """`gma-ref check ... --scaling --n-max N` calls check(scale='scaling') with the declared n_max N and prints
     every line (the tables), exiting with the report's status."""
     import gma_ref.testing
-    from gma_ref.check_cli import main
+    from gma_ref.cli.check import main
     from gma_ref.testing import Report
 
     seen = {}

@@ -191,8 +191,8 @@ def test_layer_cases_have_more_heads_and_batch():
 
 def test_cli_refuses_a_degenerate_declaration_with_the_usage_status(capsys):
     """gma-ref check with --n-max 1 --k-max 1 --d-max 1 exits with the usage status (4), naming the fields."""
-    from gma_ref.check_cli import EXIT_USAGE
-    from gma_ref.check_cli import main as cli_main
+    from gma_ref.cli.check import EXIT_USAGE
+    from gma_ref.cli.check import main as cli_main
 
     argv = ["gma_ref.testing.emulated:NumpyKernel", "--n-max", "1", "--k-max", "1", "--d-max", "1"]
     assert cli_main(argv) == EXIT_USAGE

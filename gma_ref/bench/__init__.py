@@ -46,10 +46,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .bench_end_to_end import run_end_to_end
-from .bench_passes import run_passes
-from .bidirectional import gma_bidirectional, gma_bidirectional_backward
-from .causal import (
+from ..bidirectional import gma_bidirectional, gma_bidirectional_backward
+from ..causal import (
     gma_causal_chunked,
     gma_causal_chunked_backward,
     gma_causal_prefix,
@@ -57,9 +55,11 @@ from .causal import (
     gma_causal_streaming,
     gma_causal_streaming_backward,
 )
-from .induced import gma_materialized, gma_materialized_backward
-from .mixture import DEFAULT_EPS
-from .posterior import responsibilities
+from ..induced import gma_materialized, gma_materialized_backward
+from ..mixture import DEFAULT_EPS
+from ..posterior import responsibilities
+from .end_to_end import run_end_to_end
+from .passes import run_passes
 
 __all__ = ["Measurement", "TARGETS", "run_benchmarks", "main"]
 

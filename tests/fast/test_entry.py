@@ -13,10 +13,11 @@ import contextlib
 import numpy as np
 import pytest
 
-import gma_ref.attention as attention
-from gma_ref.attention import FORMS, gma_attention, gma_attention_backward
+import gma_ref.fast.attention as attention
+from gma_ref.attention import FORMS
 from gma_ref.bidirectional import gma_bidirectional
 from gma_ref.causal import gma_causal_prefix
+from gma_ref.fast import gma_attention, gma_attention_backward
 from gma_ref.mixture import log_priors_from_logits, variances_from_omega
 from gma_ref.posterior import responsibilities
 
@@ -230,7 +231,7 @@ def test_the_backward_refuses_a_core_over_the_budget_by_the_backward_s_name(rng,
                                                                              with_saved):
     """A core over the memory budget (here a budget of 1 kB) is refused before Γ, with or without the saved
     arrays, by the name of the backward core, whose peak the budget is measured against."""
-    import gma_ref.attention as attention
+    import gma_ref._pipeline as attention  # the validation both entries share
 
     args = _inputs(rng)
     saved = gma_attention(*args, causal=causal, form=form, return_saved=True)[1] if with_saved else None
@@ -244,7 +245,7 @@ def test_the_backward_refuses_a_core_over_the_budget_by_the_backward_s_name(rng,
                                                       (True, "materialized", "gma_materialized")])
 def test_the_forward_refuses_a_core_over_the_budget_by_the_forward_s_name(rng, monkeypatch, causal, form, name):
     """The forward measures the budget against its own core's peak and names it (not the backward's)."""
-    import gma_ref.attention as attention
+    import gma_ref._pipeline as attention  # the validation both entries share
 
     monkeypatch.setattr(attention, "DEFAULT_MAX_BYTES", 1000)
     with pytest.raises(ValueError, match=rf"^{name} "):

@@ -1,4 +1,4 @@
-"""The fast path's causal core (:mod:`gma_ref._causal_batched`, the chunks batched in groups) gives the
+"""The fast path's causal core (:mod:`gma_ref.fast.causal_batched`, the chunks batched in groups) gives the
 reader's chunked form (:mod:`gma_ref.causal`) bit for bit, and falls back to it where it does not apply."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gma_ref._causal_batched as cf
+import gma_ref.fast.causal_batched as cf
 from gma_ref.causal import gma_causal_chunked, gma_causal_chunked_backward
 
 
@@ -147,7 +147,7 @@ def test_parts_on_threads_give_the_loop_bit_for_bit(monkeypatch, threads, eps):
     """Chunks in parts of one or two on 1, 2 or 3 threads, in groups of three chunks: the reader's chunked
     form bit for bit, forward and backward (each chunk's terms are the same products whatever its part)."""
     pytest.importorskip("threadpoolctl")
-    import gma_ref._blocks as blocks
+    import gma_ref.fast.blocks as blocks
 
     monkeypatch.setattr(blocks, "worker_count", lambda: threads)
     monkeypatch.setattr(cf, "MIN_PART_CHUNKS", 1)

@@ -58,7 +58,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._array import (
+from .._array import (
     Array,
     broadcast_shapes,
     check_cotangent,
@@ -68,8 +68,8 @@ from ._array import (
     namespace,
     sum_to_shape,
 )
-from ._blocks import in_place_ok, run_blocks, token_blocks
-from .posterior import ScoresGrad, scores_cotangent, softmax_scores
+from ..posterior import ScoresGrad, score_constant, scores_cotangent, softmax_scores
+from .blocks import in_place_ok, run_blocks, token_blocks
 
 __all__ = [
     "guarded_scores",
@@ -118,8 +118,8 @@ def _features(xp: Any, x: Array, centre: Array) -> Array:
     """[x'², x', 1] ``(..., N, 2d_r + 1)`` with x' = x − c."""
     d_r = x.shape[-1]
     if in_place_ok(xp):  # NumPy: the three parts written into one array, without joining temporaries
-        xc = x - centre  # x' and then x'² in an array of their own: NumPy's in-place updates of strided columns
-        batch = tuple(xc.shape[:-2])  # (the joined array's) were measured 2.1–2.3× slower than these copies
+        xc = x - centre  # x' and then x'² in an array of their own, copied in: contiguous passes, where in-place
+        batch = tuple(xc.shape[:-2])  # updates of the joined array's strided columns would not be
         out = xp.empty(batch + (x.shape[-2], 2 * d_r + 1), dtype=xc.dtype, device=device_of(x))
         out[..., d_r:2 * d_r] = xc
         xc *= xc
@@ -129,12 +129,6 @@ def _features(xp: Any, x: Array, centre: Array) -> Array:
     xc = x - centre
     ones = xp.ones(tuple(xc.shape[:-1]) + (1,), dtype=xc.dtype, device=device_of(xc))
     return xp.concat([xc * xc, xc, ones], axis=-1)
-
-
-def _constant(xp: Any, variances: Array, log_priors: Array | None) -> Array:
-    """b_k = log π_k − ½ d_r log 2π − ½ log|Σ_k|, shape (..., K)."""
-    out = -0.5 * variances.shape[-1] * _LOG_2PI - 0.5 * xp.sum(xp.log(variances), axis=-1)
-    return out if log_priors is None else log_priors + out
 
 
 class ScoreWeights(NamedTuple):
@@ -155,7 +149,7 @@ class ScoreWeights(NamedTuple):
 def score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances: Array,
                   log_priors: Array | None) -> ScoreWeights:
     """Steps 3 and 5 on the mixture side: the weights of the score product and the guard's offset."""
-    base = _constant(xp, variances, log_priors)
+    base = score_constant(variances, log_priors)
     base = xp.broadcast_to(base, broadcast_shapes(base.shape, c.shape))
     c = xp.broadcast_to(c, tuple(base.shape))
     kd = tuple(precisions.shape[-2:])  # log π may carry batch axes the mixture lacks
@@ -255,7 +249,7 @@ def guarded_scores(x: Array, means: Array, variances: Array, log_priors: Array |
     in the promoted dtype, equal to the direct form's to R times its rounding bound; ``rows`` boolean
     ``(..., N)``, true where the guard sent the row to the direct form Σ_m (x_im − μ_km)²/σ²_km.
     Raises nothing of its own; non-finite inputs give non-finite scores. For NumPy arrays the tokens
-    are taken in blocks (:mod:`gma_ref._blocks`); every row's score is the same in any blocking.
+    are taken in blocks (:mod:`gma_ref.fast.blocks`); every row's score is the same in any blocking.
     """
     xp = namespace(x=x, means=means, variances=variances, log_priors=log_priors)
     return _blockwise_scores(xp, x, means, variances, log_priors, lambda s_t, top: s_t)[:2]
@@ -300,7 +294,7 @@ def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_pri
 def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variances: Array,
                 log_priors: Array | None) -> Array:
     """``s`` with the flagged ``rows`` recomputed by the direct form, Eq. 50, in cache-sized blocks."""
-    base = _constant(xp, variances, log_priors)
+    base = score_constant(variances, log_priors)
     base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
     exact = []
     for _, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
@@ -312,7 +306,7 @@ def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variance
 def _softmax_own(xp: Any, s_t: Array, top: Array) -> Array:
     """Γᵀ = softmax(s) over the components (Eq. 3b), component-major: ``s_t`` is sᵀ ``(..., K, n)`` and ``top``
     max_k s_ik ``(..., n)``; max-subtracted, overwriting ``s_t`` (which the caller owns) where
-    :func:`~gma_ref._blocks.in_place_ok` allows it (NumPy), out of place otherwise:
+    :func:`~gma_ref.fast.blocks.in_place_ok` allows it (NumPy), out of place otherwise:
     γ_ik = exp(s_ik − max_l s_il) / Σ_j exp(s_ij − max_l s_il), one rounding for the exponential and one
     for the division."""
     if n_elements(s_t) == 0:
@@ -468,7 +462,7 @@ def _scores_cotangent(xp: Any, gamma_t: Array, d_gamma_t: Array) -> Array:
     γ rounded to 1 cancels nothing; at tied maxima the largest of their g, where the reader's form takes their
     mean: the same δ, and a tie has γ ≤ ½, where nothing cancels); every sum over the components runs down
     contiguous rows of tokens, and the last two steps update the array formed here in place where
-    :func:`~gma_ref._blocks.in_place_ok`."""
+    :func:`~gma_ref.fast.blocks.in_place_ok`."""
     if n_elements(gamma_t) == 0:
         return xp.matrix_transpose(scores_cotangent(xp.matrix_transpose(gamma_t), xp.matrix_transpose(d_gamma_t)))
     largest = xp.max(gamma_t, axis=-2, keepdims=True)
@@ -488,9 +482,9 @@ def _dominant_g(xp: Any, top: Array, d_gamma_t: Array) -> Array:
     """max_k {g_ik : γ_ik the row's largest} ``(..., 1, n)`` (−∞ for a row without a maximum), component-major.
 
     For float32 and narrower, where g is finite and every row has one largest γ, that is Σ_k g_ik [γ_ik largest]:
-    one product and one sum, exact (every other term is a zero), instead of ``where`` (measured 1.7× faster in
-    float32, 1.4× slower in float64, where NumPy's ``where`` moves 8-byte elements faster). Otherwise (float64; a
-    non-finite g, which the product would turn into NaN with a warning; a tie; a NaN row) the maximum itself."""
+    one product and one sum, exact (every other term is a zero), instead of ``where``, which moves 4-byte elements
+    slower than it multiplies them (and 8-byte elements faster). Otherwise (float64; a non-finite g, which the
+    product would turn into NaN with a warning; a tie; a NaN row) the maximum itself."""
     if xp.finfo(d_gamma_t.dtype).bits <= 32 and bool(xp.all(xp.isfinite(d_gamma_t))):
         top_f = xp.astype(top, d_gamma_t.dtype)
         if bool(xp.all(xp.sum(top_f, axis=-2) == 1.0)):
@@ -526,7 +520,7 @@ def responsibilities_backward_blocks(
     shape and dtype ``d_gamma_dtype`` (an array this function does not modify). It is called once for each block
     of a cover of ``range(N)``, in any order and on any of the block threads, and its block is used at once
     (Eq. 18, then the score VJP's products), so a caller that forms ∂L/∂Γ block by block
-    (:class:`gma_ref._latent_fast.LatentBackward`) never writes an N × K array of it.
+    (:class:`gma_ref.fast.latent.LatentBackward`) never writes an N × K array of it.
     """
     xp = namespace(x=x, means=means, variances=variances, gamma=gamma)
 

@@ -20,9 +20,10 @@ import warnings
 import numpy as np
 import pytest
 
-import gma_ref._latent_fast as latent_fast
-import gma_ref.attention as attention
-from gma_ref.attention import FORMS, gma_attention, gma_attention_backward
+import gma_ref.fast.attention as attention
+import gma_ref.fast.latent as latent_fast
+from gma_ref.attention import FORMS
+from gma_ref.fast import gma_attention, gma_attention_backward
 from tests.support.exact_by_differentiation import attention_exact, max_abs
 
 # (x, σ²) with d_r (x + 0)² / σ² equal to max/8 of the dtype exactly, x and σ² representable:

@@ -13,8 +13,8 @@ import threading
 import numpy as np
 import pytest
 
-from gma_ref import _blocks
-from gma_ref.attention import gma_attention
+from gma_ref.fast import blocks as _blocks
+from gma_ref.fast import gma_attention
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ _FAULTS = textwrap.dedent("""
         return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 50
 
     fresh = faults_per_loop()
-    from gma_ref.attention import gma_attention
+    from gma_ref.fast import gma_attention
     imported = faults_per_loop()
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((16, 4)) for _ in range(3))

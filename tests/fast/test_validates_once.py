@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gma_ref.attention import FORMS, gma_attention, gma_attention_backward
+from gma_ref.attention import FORMS
+from gma_ref.fast import gma_attention, gma_attention_backward
 
 N, K, D_R, D_V = 5, 3, 2, 2
 CASES = [(causal, form) for causal in (False, True) for form in FORMS[causal]]
@@ -116,7 +117,7 @@ def test_overflowing_scores_raise_naming_the_routing_vectors(rng, name):
 
 def test_default_chunk_size_is_64(rng, monkeypatch):
     """Without chunk_size the causal chunked core runs with C = 64 (the documented default)."""
-    import gma_ref.attention as attention
+    import gma_ref.fast.attention as attention
 
     seen = []
     real = attention.chunked_forward  # gma_causal_chunked with the chunks batched
@@ -132,7 +133,7 @@ def test_default_chunk_size_is_64(rng, monkeypatch):
 
 def test_default_chunk_size_of_the_backward_is_64(rng, monkeypatch):
     """Without chunk_size the causal chunked VJP runs with C = 64, like the forward."""
-    import gma_ref.attention as attention
+    import gma_ref.fast.attention as attention
 
     seen = []
     real = attention.chunked_backward  # gma_causal_chunked_backward with the chunks batched

@@ -14,7 +14,7 @@ each array:
 * V's scale is a function of its extremes (:func:`~gma_ref._array.scale_from_extremes`).
 
 :func:`extremes` finds them for several arrays in one pass, in token blocks run on the block threads
-(:mod:`gma_ref._blocks`; other namespaces: one block per array, in the calling thread). :func:`saved_arrays_pass`
+(:mod:`gma_ref.fast.blocks`; other namespaces: one block per array, in the calling thread). :func:`saved_arrays_pass`
 says whether every one of those checks passes. When it does, the caller skips them; when it does not, the
 caller runs the checks themselves, which raise the error they always raised (or, for a V that needs scaling,
 take the reader's path): the verdict only ever spares checks that would have passed.
@@ -28,8 +28,8 @@ from typing import Any
 
 import array_api_compat
 
-from ._array import Array, item_bytes, n_elements, scale_from_extremes
-from ._blocks import run_blocks, token_blocks
+from .._array import Array, item_bytes, n_elements, scale_from_extremes
+from .blocks import run_blocks, token_blocks
 
 __all__ = ["extremes", "saved_arrays_pass"]
 
@@ -37,7 +37,7 @@ __all__ = ["extremes", "saved_arrays_pass"]
 def extremes(xp: Any, arrays: Sequence[Array]) -> list[tuple[float, float]]:
     """(min, max) of each of ``arrays`` (real, at least 2-D, of namespace ``xp``) as Python floats: NaN for an
     array holding a NaN, (inf, −inf) for an empty one. Each array's rows (axis −2) are cut into token blocks,
-    and all the blocks of all the arrays share one :func:`~gma_ref._blocks.run_blocks` call."""
+    and all the blocks of all the arrays share one :func:`~gma_ref.fast.blocks.run_blocks` call."""
     parts = [(i, start, stop) for i, a in enumerate(arrays) if n_elements(a)
              for start, stop in token_blocks(xp, a.shape[-2], a.shape[-1], item_bytes(xp, a.dtype))]
 

@@ -21,20 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._array import Array, device_of, namespace, value_scale
-from ._blocks import Relay, in_place_ok, run_relay, small_products
-from .causal import (
-    CausalGrad,
-    causal_grad,
-    check_causal,
-    check_d_out,
-    divide,
-    divide_scalars,
-    gma_causal_chunked,
-    gma_causal_chunked_backward,
-    lower_mask,
-    row_terms,
-)
+from .._array import Array, device_of, namespace, sum_to_shape, value_scale
+from .._causal_checks import check_causal, check_d_out
+from .._read import divide_rows, lower_mask, row_terms, safe_denominator
+from ..causal import CausalGrad, gma_causal_chunked, gma_causal_chunked_backward
+from .blocks import Relay, in_place_ok, run_relay, small_products
 
 __all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS"]
 
@@ -69,11 +60,11 @@ def _prefix(xp: Any, carry: Array, terms: Array, axis: int, reverse: bool = Fals
     """(the exclusive prefix sums of ``terms`` along the chunk ``axis`` started at ``carry``, the total):
     carry, carry + t₀, (carry + t₀) + t₁, ... added in that order, as the loop over chunks adds; with
     ``reverse``, from the last chunk back (the suffix sums). ``terms`` is an array the caller formed and gives up:
-    where :func:`~gma_ref._blocks.in_place_ok` (NumPy) and the dtypes agree, each chunk's term is replaced by the
-    sum before it, so that no array is allocated (a fresh one is page-faulted in at first touch, which cost
-    more than the additions); otherwise a new array is written. (A loop of small additions: NumPy's
-    ``cumulative_sum`` along a leading axis was measured 20× slower, and a list joined by ``stack`` at the end
-    1.2–1.6× slower.)"""
+    where :func:`~gma_ref.fast.blocks.in_place_ok` (NumPy) and the dtypes agree, each chunk's term is replaced by the
+    sum before it, so that no array is allocated (a fresh one is page-faulted in at first touch, which costs
+    more than the additions); otherwise a new array is written. A loop of small additions, in the loop's order:
+    ``cumulative_sum`` along a leading axis adds in an order of its own and strides across memory, and a list
+    joined by ``stack`` at the end copies every term once more."""
     g = terms.shape[axis]
     dtype = xp.result_type(carry, terms)
     out = terms if in_place_ok(xp) and terms.dtype == dtype else xp.empty(tuple(terms.shape), dtype=dtype,
@@ -90,7 +81,7 @@ def _prefix(xp: Any, carry: Array, terms: Array, axis: int, reverse: bool = Fals
 def chunked_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, chunk_size: int, *,
                     gamma_checked: bool = False) -> Array:
     """:func:`gma_ref.causal.gma_causal_chunked` (empty state, ``check_finite=False``), chunks batched, BLAS on
-    one thread (:func:`~gma_ref._blocks.small_products`: C × K products, too small to share). ``gamma_checked``:
+    one thread (:func:`~gma_ref.fast.blocks.small_products`: C × K products, too small to share). ``gamma_checked``:
     the caller knows Γ^Q, Γ^K non-negative (softmaxes it computed, or its own check), so that they are not
     passed over for negative entries again."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
@@ -122,7 +113,7 @@ def _forward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, chun
             a = xp.where(lower, a, 0.0)
             num = xp.matmul(a, vv) + xp.matmul(q, mem_b)
             u = xp.sum(a, axis=-1) + xp.sum(q * xp.expand_dims(mass_b, axis=-2), axis=-1)
-            part = divide(xp, num, u, eps)
+            part = divide_rows(xp, num, u, eps)
             out[..., start + lo * c:start + hi * c, :] = _as_rows(xp, part)
 
         state = run_relay(one, _parts(xp, gq.shape[-3]), state)[1]
@@ -178,7 +169,7 @@ def chunked_backward(gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, *, 
     ∂L/∂Γ^K are written component-major and returned as transposed views ``(..., N, K)`` of ``(..., K, N)`` arrays,
     for the score VJPs' reductions over K (the values are the reader's, bit for bit). ``gamma_checked`` as for
     :func:`chunked_forward`; ``v_unscaled``: the caller found V's scale to be 1
-    (:func:`gma_ref._prechecks.saved_arrays_pass`)."""
+    (:func:`gma_ref.fast.prechecks.saved_arrays_pass`)."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out)
     if not _batched(xp, gamma_q, gamma_k, v, chunk_size, v_unscaled):
         return gma_causal_chunked_backward(gamma_q, gamma_k, v, d_out, eps=eps, chunk_size=chunk_size,
@@ -200,7 +191,7 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
              xp.zeros(batch + (k,), dtype=gamma_k.dtype, device=device_of(v)))  # Z = Σ γ^K has no V in it
     dtype = xp.result_type(gamma_q, gamma_k, v, d_out)
     # ∂L/∂Γ^Q and ∂L/∂Γ^K component-major, (..., K, N), returned as transposed views: the score VJPs that take them
-    # next reduce over K down contiguous rows of tokens (gma_ref.scores_fast)
+    # next reduce over K down contiguous rows of tokens (gma_ref.fast.matmul_scores)
     d_gamma_q_t, d_gamma_k_t = (xp.empty(batch + (k, n), dtype=dtype, device=device_of(v)) for _ in range(2))
     # ∂L/∂V = Aᵀ P + Γ^K S^V has no V in it: the dtype of Γ and ∂L/∂O, as the loop's
     d_values = xp.empty(batch + (n, d_v), dtype=xp.result_type(gamma_q, gamma_k, d_out), device=device_of(v))
@@ -244,20 +235,9 @@ def _backward(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, e
         # the parts taken last-first: each waits for the suffix sums after its last chunk from the part after it
         suffix = run_relay(two, parts[::-1], suffix)[1]
         kept[idx] = None  # the group's arrays are no longer needed
-    return causal_grad(xp, xp.matrix_transpose(d_gamma_q_t), xp.matrix_transpose(d_gamma_k_t), d_values, None, gamma_q,
-                        gamma_k, v, None)
-
-
-def _terms_of_rows(xp: Any, v: Array, d_out: Array, u_before: Array, num_before: Array, safe: Array, seen: Array,
-                   eps: float) -> tuple[Array, Array, Array]:
-    """:func:`gma_ref.causal.row_terms`, (P, δ, c); for ε > 0, where every row sees mass (``seen`` all true,
-    ``safe`` = u + ε), without its masks, which then keep every value: the same values."""
-    if eps <= 0:
-        return row_terms(xp, v, d_out, u_before, num_before, safe, seen, eps)
-    p = d_out / xp.expand_dims(safe, axis=-1)
-    residual = xp.expand_dims(u_before + eps, axis=-1) * v - num_before  # D_i (V_i − O_i)
-    delta = xp.sum(p * residual, axis=-1) / safe
-    return p, delta, delta - xp.sum(p * v, axis=-1)
+    return CausalGrad(sum_to_shape(xp, xp.matrix_transpose(d_gamma_q_t), tuple(gamma_q.shape)),
+                      sum_to_shape(xp, xp.matrix_transpose(d_gamma_k_t), tuple(gamma_k.shape)),
+                      sum_to_shape(xp, d_values, tuple(v.shape)), None)
 
 
 def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Array, mass_b: Array,
@@ -274,8 +254,8 @@ def _pass_one(xp: Any, gq: Array, gk: Array, vc: Array, d_out: Array, mem_b: Arr
     u_before = xp.sum(a_before, axis=-1) + xp.sum(gq * mass_col, axis=-1)
     u = u_before + xp.sum(gq * gk, axis=-1)
     num_before = xp.matmul(a_before, vc) + xp.matmul(gq, mem_b)
-    safe, seen = divide_scalars(xp, u, eps)
-    p, delta, c = _terms_of_rows(xp, vc, d_out, u_before, num_before, safe, seen, eps)
+    safe, seen = safe_denominator(xp, u, eps)
+    p, delta, c = row_terms(xp, vc, d_out, u_before, num_before, safe, seen, eps)
     # W = (P Vᵀ + c 1ᵀ) ⊙ L, its diagonal ⟨P_i, V_i⟩ + c_i = δ_i taken as δ_i (no cancellation)
     w = xp.matmul(p, xp.matrix_transpose(vc)) + xp.expand_dims(c, axis=-1)
     w = xp.where(strict, w, 0.0)

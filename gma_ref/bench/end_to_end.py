@@ -44,9 +44,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ._blocks import block_time, worker_count
-from .attention import gma_attention, gma_attention_backward
-from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
+from ..fast import gma_attention, gma_attention_backward
+from ..fast.blocks import block_time, worker_count
+from ..mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
 
 __all__ = ["run_end_to_end", "blas_rate", "thread_count"]
 
@@ -271,7 +271,7 @@ def run_end_to_end(ns: tuple[int, ...] = (4096, 65536), ks: tuple[int, ...] = (6
     dict with ``"rows"`` (one dict per configuration and thread count: times in seconds, ratios, the tracemalloc
     peak of forward + backward in bytes, the relative difference to PyTorch, ``"threads"`` (``None`` without
     ``threads``), ``"both_blocks"``, the part of the fastest forward + backward spent in its token blocks' runs
-    (:func:`gma_ref._blocks.block_time`: the rest ran in the calling thread alone), and ``"blocks_ratio"``, that
+    (:func:`gma_ref.fast.blocks.block_time`: the rest ran in the calling thread alone), and ``"blocks_ratio"``, that
     part over PyTorch's forward + backward (NaN without it), the ratio forward + backward would reach with no
     serial work at all; with ``recompute``, ``"recompute"``, the time without the saved values, and
     ``"recompute_rel_diff"``, the largest difference between the gradients with and without the saved values),

@@ -1,4 +1,4 @@
-"""The pipeline's latent core (:mod:`gma_ref._latent_fast`) against the reader's (:mod:`gma_ref.bidirectional`).
+"""The pipeline's latent core (:mod:`gma_ref.fast.latent`) against the reader's (:mod:`gma_ref.bidirectional`).
 
 The fast path computes the latent form's output and its VJP in token blocks on the block threads, with
 ∂L/∂Γ formed component-major. Here, on inputs cut into several blocks: forward first, then the three
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gma_ref._blocks as blocks
-import gma_ref._latent_fast as lf
+import gma_ref.fast.blocks as blocks
+import gma_ref.fast.latent as lf
 from gma_ref.bidirectional import gma_bidirectional, latent_vjp
 
 

@@ -1,15 +1,16 @@
-"""The pipeline's latent backward with ∂L/∂Γ handed over block by block (:class:`gma_ref._latent_fast.LatentBackward`
-driving :func:`gma_ref.scores_fast.responsibilities_backward_blocks`).
+"""The pipeline's latent backward with ∂L/∂Γ handed over block by block (:class:`gma_ref.fast.latent.LatentBackward`
+driving :func:`gma_ref.fast.matmul_scores.responsibilities_backward_blocks`).
 
 With the forward's saved arrays, ``gma_attention_backward`` never forms ∂L/∂Γ^Q or ∂L/∂Γ^K as N × K arrays: each
 token block of the score VJP asks the latent core for its block of ∂L/∂Γ and uses it at once. Here, on inputs cut
 into many blocks: the six gradients equal those of the same steps composed through whole arrays
-(:func:`~gma_ref._latent_fast.latent_backward`, then :func:`~gma_ref.scores_fast.responsibilities_backward_guarded`
-on each side) to rounding (the latent core's sums over query tokens are cut at the score VJP's blocks instead of its
-own), with batch and head axes, per-head mixtures, rows the rounding guard sends to the
-direct form, and in float32; the same on 1, 2 and 3 threads; ε = 0 (the reader's core, handed out by slices) as
-without the saved arrays; a stale saved output is refused with the reader's message. ``LatentBackward`` itself:
-blocks taken in any order give the same cotangents as in token order, bit for bit.
+(:func:`~gma_ref.fast.latent.latent_backward`, then
+:func:`~gma_ref.fast.matmul_scores.responsibilities_backward_guarded` on each side) to rounding (the latent core's
+sums over query tokens are cut at the score VJP's blocks instead of its own), with batch and head axes, per-head
+mixtures, rows the rounding guard sends to the direct form, and in float32; the same on 1, 2 and 3 threads; ε = 0
+(the reader's core, handed out by slices) as without the saved arrays; a stale saved output is refused with the
+reader's message. ``LatentBackward`` itself: blocks taken in any order give the same cotangents as in token order,
+bit for bit.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gma_ref._blocks as blocks
-import gma_ref._latent_fast as lf
-import gma_ref.attention as attention
-from gma_ref.attention import gma_attention, gma_attention_backward
+import gma_ref.fast.attention as attention
+import gma_ref.fast.blocks as blocks
+import gma_ref.fast.latent as lf
+from gma_ref.fast import gma_attention, gma_attention_backward
+from gma_ref.fast.matmul_scores import responsibilities_backward_guarded
 from gma_ref.mixture import log_priors_from_logits, variances_from_omega
-from gma_ref.scores_fast import responsibilities_backward_guarded
 
 
 @pytest.fixture
@@ -151,7 +152,7 @@ def test_each_side_is_cut_at_the_score_vjps_row_width(monkeypatch):
     """The backward's passes over tokens: the write step's sums over the keys at K + d_v (Γ^K and V rows), then
     the query side and the key side each at the score VJP's row width K + 2 d_r + 1 (K = 5, d_r = 4, d_v = 3;
     N_q = 37, N_k = 29)."""
-    import gma_ref.scores_fast as fast
+    import gma_ref.fast.matmul_scores as fast
 
     args = _inputs(np.random.default_rng(7))
     _, saved = gma_attention(*args[:6], return_saved=True)

@@ -2,7 +2,7 @@
 ∂L/∂Γ formed component-major.
 
 :func:`gma_ref.bidirectional.gma_bidirectional_backward` is the specification, the read step's and the write
-step's VJPs one after the other. The score VJPs of :mod:`gma_ref.scores_fast` take ∂L/∂Γ a block of tokens at a
+step's VJPs one after the other. The score VJPs of :mod:`gma_ref.fast.matmul_scores` take ∂L/∂Γ a block of tokens at a
 time as (∂L/∂Γ)ᵀ, shape ``(..., K, n)``, so that their sums over the K components run down contiguous rows of
 tokens. This module forms the same two cotangents transposed, with V centred on its mean row R as there
 (V_c = V − R, Ṽ_c = (Γ^K)ᵀ V_c, O_c = O − R):
@@ -20,7 +20,7 @@ then keys), handing out each block of (∂L/∂Γ)ᵀ: the pipeline (:func:`gma_
 gives those blocks straight to the score VJP of the same tokens, so that neither cotangent is written to an
 N × K array; :func:`latent_backward` drives the passes itself and writes both. The products
 are the reader's, transposed: the values agree with :func:`~gma_ref.bidirectional.latent_vjp` to rounding
-(``tests/attention/test_latent_fast.py``). Only the case the pipeline meets in training takes this path: ε > 0,
+(``tests/fast/test_latent.py``). Only the case the pipeline meets in training takes this path: ε > 0,
 the forward's output at hand, the four arrays with one batch shape, no value scaling; any other case is
 :func:`~gma_ref.bidirectional.latent_vjp` itself.
 """
@@ -29,9 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._array import Array, check_cotangent, device_of, item_bytes, namespace, value_scale
-from ._blocks import in_place_ok, run_blocks, token_blocks
-from .bidirectional import (
+from .._array import Array, check_cotangent, device_of, item_bytes, namespace, value_scale
+from ..bidirectional import (
     GMAGrad,
     check_output_identity,
     check_routing_inputs,
@@ -40,7 +39,8 @@ from .bidirectional import (
     latent_vjp,
     output_shape,
 )
-from .scores_fast import mixture_operands, responsibilities_blocks
+from .blocks import in_place_ok, run_blocks, token_blocks
+from .matmul_scores import mixture_operands, responsibilities_blocks
 
 __all__ = ["latent_forward", "routed_latent_forward", "latent_backward", "LatentBackward"]
 
@@ -105,11 +105,11 @@ def _read(xp: Any, gq: Array, memory: Array, mass_col: Array, eps: float) -> Arr
 def routed_latent_forward(q: Array, k: Array, v: Array, means: Array, variances: Array, log_priors: Array,
                           eps: float) -> tuple[tuple[Array, Array], tuple[Array, Array], Array]:
     """Γ^K with the write step, then Γ^Q with the read step, each in one pass of token blocks: ``((Γ^Q, guard rows),
-    (Γ^K, guard rows), O)``, the values of :func:`~gma_ref.scores_fast.responsibilities_and_guard` of both sides
+    (Γ^K, guard rows), O)``, the values of :func:`~gma_ref.fast.matmul_scores.responsibilities_and_guard` of both sides
     and :func:`latent_forward` of those, to rounding (the write's sums are cut where Γ's blocks are cut).
 
     Each block's Γᵀ is handed to the core while it is in cache
-    (:func:`~gma_ref.scores_fast.responsibilities_blocks`): a block of keys adds its (Γ^K)ᵀ V and (Γ^K)ᵀ 1 to the
+    (:func:`~gma_ref.fast.matmul_scores.responsibilities_blocks`): a block of keys adds its (Γ^K)ᵀ V and (Γ^K)ᵀ 1 to the
     memory and mass (summed in block order), a block of queries writes its rows of O; the mixture's operands are
     formed once for both sides. Only for validated inputs of the blocked form's case (ε > 0, N_q, N_k > 0, Γ^Q,
     Γ^K and V of one batch shape, V unscaled, scores that cannot overflow); the caller
@@ -136,8 +136,8 @@ def routed_latent_forward(q: Array, k: Array, v: Array, means: Array, variances:
 class LatentBackward:
     """:func:`~gma_ref.bidirectional.latent_vjp` (``check_finite=False``) in two passes over token blocks that the
     caller drives, so that each block's ∂L/∂Γ can be used while it is in cache (the pipeline hands it to the score
-    VJP of the same block, :func:`gma_ref.scores_fast.responsibilities_backward_blocks`) instead of being written to
-    an N × K array first.
+    VJP of the same block, :func:`gma_ref.fast.matmul_scores.responsibilities_backward_blocks`) instead of being
+    written to an N × K array first.
 
     Construction validates as :func:`latent_backward` does and forms Ṽ_c and Z. Then
     :meth:`queries` for blocks of query tokens covering ``range(N_q)`` (in any order, on any threads), then
@@ -145,7 +145,7 @@ class LatentBackward:
     :func:`~gma_ref.bidirectional.latent_vjp` raises), then :meth:`keys` for blocks covering ``range(N_k)``; ∂L/∂V
     is then :attr:`d_values`. Where the blocked form does not apply (see the module docstring) the cotangents are
     :func:`~gma_ref.bidirectional.latent_vjp`'s, formed at construction and handed out by slices. ``checked``:
-    the caller found Γ^Q and Γ^K non-negative and V's scale 1 (:func:`gma_ref._prechecks.saved_arrays_pass`),
+    the caller found Γ^Q and Γ^K non-negative and V's scale 1 (:func:`gma_ref.fast.prechecks.saved_arrays_pass`),
     so that construction does not pass over them again.
     """
 

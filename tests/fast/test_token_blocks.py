@@ -1,6 +1,6 @@
 """Scores and their VJP do not depend on how the guard's rows are split into blocks.
 
-:mod:`gma_ref.scores_fast` recomputes element-wise the rows its rounding-error guard flags (points
+:mod:`gma_ref.fast.matmul_scores` recomputes element-wise the rows its rounding-error guard flags (points
 at tight, separated components), forming their (row, component, coordinate) residuals a block of
 rows at a time, so that memory stays O(N·(K + d_r)). Every block boundary is a chance to drop,
 repeat or misplace rows; with the default block size (2²¹ triples) ordinary test sizes fit in one
@@ -19,11 +19,11 @@ import array_api_compat.numpy as npx
 import numpy as np
 import pytest
 
+import gma_ref.fast.matmul_scores as fast
 import gma_ref.posterior as posterior
-import gma_ref.scores_fast as fast
-from gma_ref.scores_fast import expand as _expand
-from gma_ref.scores_fast import expanded_scores as _expanded_scores
-from gma_ref.scores_fast import flagged_rows as _flagged_rows
+from gma_ref.fast.matmul_scores import expand as _expand
+from gma_ref.fast.matmul_scores import expanded_scores as _expanded_scores
+from gma_ref.fast.matmul_scores import flagged_rows as _flagged_rows
 
 
 def scores(x, means, variances, log_priors):

@@ -18,8 +18,8 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .verification.registry import NAMESPACES
+    from .. import __version__
+    from ..verification.registry import NAMESPACES
 
     parser = argparse.ArgumentParser(prog="gma-ref", description="Gaussian Mixture Attention reference")
     parser.add_argument("--version", action="version", version=f"gma-ref {__version__}")
@@ -38,14 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", metavar="PATH", help="write the table to PATH instead of printing it")
 
     p = sub.add_parser("bench", help="time and peak memory versus N for each form")
-    from .bench import add_arguments
+    from ..bench import add_arguments
 
     add_arguments(p)
 
     try:
-        from .check_cli import add_check_parser
+        from .check import add_check_parser
     except ModuleNotFoundError as exc:
-        if exc.name != "gma_ref.check_cli":
+        if exc.name != "gma_ref.cli.check":
             raise
     else:
         add_check_parser(sub)
@@ -73,12 +73,12 @@ def _command(argv: Sequence[str] | None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``) and run the command it names."""
     words = sys.argv[1:] if argv is None else list(argv)
     if words[:1] == ["check"]:  # its own parser: usage errors exit 4, JSON errors with --json
-        from .check_cli import main as check_main
+        from .check import main as check_main
 
         return check_main(words[1:], exit_process=argv is None)
     args = build_parser().parse_args(argv)
     if args.command == "verify":
-        from .verification.report import verify
+        from ..verification.report import verify
 
         kinds = ("forward", "gradient") if args.kind == "all" else (args.kind,)
         try:
@@ -98,7 +98,7 @@ def _command(argv: Sequence[str] | None) -> int:
         ok = all([print_derivation(n) for n in names])
         return 0 if ok else 1
     if args.command == "coverage":
-        from .verification.registry import coverage_markdown
+        from ..verification.registry import coverage_markdown
 
         text = coverage_markdown()
         if args.write:
@@ -108,16 +108,13 @@ def _command(argv: Sequence[str] | None) -> int:
             print(text, end="")
         return 0
     if args.command == "bench":
-        from .bench import run_from_args
+        from ..bench import run_from_args
 
         result = run_from_args(args)
         return 0 if result is not None else 1
     if args.command == "check":
-        from .check_cli import run_check
+        from .check import run_check
 
         return run_check(args)
     raise AssertionError(args.command)  # argparse enforces the choices
 
-
-if __name__ == "__main__":
-    sys.exit(main())

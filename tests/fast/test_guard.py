@@ -1,6 +1,6 @@
 """The rounding-error guard of the scores: it matters, it flags exactly what it documents, and it is cheap.
 
-:func:`gma_ref.scores_fast.guarded_scores` (the pipeline's fast path beside the direct form of
+:func:`gma_ref.fast.matmul_scores.guarded_scores` (the pipeline's fast path beside the direct form of
 :func:`gma_ref.posterior.scores`) forms the squared distances by one matrix product on centred
 coordinates and recomputes element-wise every row whose a-posteriori bound
 2 (A_ik + C_k) > R (M_ik + |log|Σ_k|| + d_r log 2π) (R = 8) it cannot vouch for. The bound is
@@ -25,9 +25,9 @@ import array_api_compat.numpy as npx
 import numpy as np
 import pytest
 
-import gma_ref.scores_fast as fast
-from gma_ref.scores_fast import expand as _expand
-from gma_ref.scores_fast import expanded_scores as _expanded_scores
+import gma_ref.fast.matmul_scores as fast
+from gma_ref.fast.matmul_scores import expand as _expand
+from gma_ref.fast.matmul_scores import expanded_scores as _expanded_scores
 from tests.posterior.test_accuracy import FAST_REGIMES, _mp_reference, _regime
 
 U = float(np.finfo(np.float64).eps)

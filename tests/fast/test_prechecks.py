@@ -1,7 +1,7 @@
-"""The backward's value checks of its N-row arrays, in one pass (``gma_ref._prechecks``).
+"""The backward's value checks of its N-row arrays, in one pass (``gma_ref.fast.prechecks``).
 
-:func:`~gma_ref._prechecks.extremes` finds each array's smallest and largest entry over token blocks (NaN
-propagating, in any blocking and on any number of threads); :func:`~gma_ref._prechecks.saved_arrays_pass` says
+:func:`~gma_ref.fast.prechecks.extremes` finds each array's smallest and largest entry over token blocks (NaN
+propagating, in any blocking and on any number of threads); :func:`~gma_ref.fast.prechecks.saved_arrays_pass` says
 whether the checks they stand for all pass. The backward with saved arrays skips those checks only then: every
 array that fails one is still refused with the error it always got, and a V that needs scaling still takes the
 reader's path.
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-import gma_ref._blocks as blocks
 import gma_ref.bidirectional as bidirectional
+import gma_ref.fast.blocks as blocks
 from gma_ref._array import namespace
-from gma_ref._prechecks import extremes, saved_arrays_pass
-from gma_ref.attention import gma_attention, gma_attention_backward
+from gma_ref.fast import gma_attention, gma_attention_backward
+from gma_ref.fast.prechecks import extremes, saved_arrays_pass
 
 N, K, D_R, D_V = 20, 3, 2, 4
 
@@ -191,7 +191,7 @@ def test_gamma_is_passed_over_for_negative_entries_only_where_nothing_else_check
 
 def test_the_causal_backward_takes_v_s_scale_from_the_pre_pass(rng, monkeypatch):
     """With saved arrays found clean, the batched causal backward does not pass over V for its scale again."""
-    import gma_ref._causal_batched as causal_batched
+    import gma_ref.fast.causal_batched as causal_batched
 
     args = _inputs(rng)
     out, res = gma_attention(*args, causal=True, chunk_size=4, return_saved=True)
@@ -209,7 +209,8 @@ def test_when_the_pre_pass_passes_no_n_row_array_is_checked_for_finiteness_again
     """The backward with saved arrays found clean checks only the mixture's arrays for NaN/Inf (μ; ω and α in
     their own functions), none of the seven N-row arrays the pre-pass stood for."""
     import gma_ref._array as array
-    import gma_ref.attention as attention
+    import gma_ref._pipeline as pipeline
+    import gma_ref.fast.attention as attention
 
     args = _inputs(rng)
     out, res = gma_attention(*args, causal=causal, chunk_size=4, return_saved=True)
@@ -217,6 +218,7 @@ def test_when_the_pre_pass_passes_no_n_row_array_is_checked_for_finiteness_again
     real = array.check_finite
     spy = lambda xp, name, a: (checked.append(name), real(xp, name, a))  # noqa: E731
     monkeypatch.setattr(attention, "_check_finite", spy)
+    monkeypatch.setattr(pipeline, "_check_finite", spy)
     monkeypatch.setattr(array, "check_finite", spy)
     gma_attention_backward(*args, rng.normal(size=out.shape), causal=causal, chunk_size=4, saved=res)
     assert checked == ["means", "prior_logits"]

@@ -1,6 +1,6 @@
 """The fast path in token blocks (NumPy) agrees with the one-block path, on any number of threads.
 
-:mod:`gma_ref._blocks` cuts the tokens into blocks for NumPy arrays and runs them on as many threads
+:mod:`gma_ref.fast.blocks` cuts the tokens into blocks for NumPy arrays and runs them on as many threads
 as BLAS has; every other namespace takes one block. Here the block size is shrunk so that a few
 dozen tokens span several blocks with a short last one, and Γ, the guard's rows, the scores and
 every score VJP are compared with the one-block path, on generic data (no row flagged), on tight
@@ -14,8 +14,8 @@ import array_api_strict
 import numpy as np
 import pytest
 
-import gma_ref._blocks as blocks
-import gma_ref.scores_fast as fast
+import gma_ref.fast.blocks as blocks
+import gma_ref.fast.matmul_scores as fast
 from gma_ref._array import namespace
 from gma_ref.posterior import scores_cotangent
 

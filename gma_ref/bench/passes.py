@@ -1,11 +1,11 @@
 """Per-pass profile of one token block of the fast path: ``gma-ref bench --passes``.
 
-The pipeline (:func:`gma_ref.attention.gma_attention` and its backward, bidirectional) works on the tokens one
-block at a time (:func:`gma_ref._blocks.token_blocks`): for each block, a sequence of passes over arrays of the
+The fast path (:func:`gma_ref.fast.gma_attention` and its backward, bidirectional) works on the tokens one
+block at a time (:func:`gma_ref.fast.blocks.token_blocks`): for each block, a sequence of passes over arrays of the
 block's size (K × n component-major, n × d_r, n × d_v). This module replays the passes of one block, one by
 one, as the fast path makes them for NumPy arrays (the same operations on arrays of the same shapes and
-layouts: :mod:`gma_ref.scores_fast` steps 1–6 and the softmax, the latent core's write and read,
-:class:`gma_ref._latent_fast.LatentBackward`'s query side, Eq. 18, the score VJP), and times each pass on one
+layouts: :mod:`gma_ref.fast.matmul_scores` steps 1–6 and the softmax, the latent core's write and read,
+:class:`gma_ref.fast.latent.LatentBackward`'s query side, Eq. 18, the score VJP), and times each pass on one
 thread with its inputs in cache, as the block threads run them. For each it prints the bytes it reads and
 writes and the rate it reaches against two rates measured in the same run: the machine's memory bandwidth
 (a streaming addition far larger than the caches, and the same at the block's size, in cache) for the
@@ -29,13 +29,13 @@ from typing import Any, NamedTuple, TextIO
 
 import numpy as np
 
-from ._blocks import token_blocks
-from .bench_end_to_end import blas_rate, thread_count
-from .mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
+from ..fast.blocks import token_blocks
+from ..mixture import DEFAULT_EPS, DEFAULT_EPS_SIGMA
+from .end_to_end import blas_rate, thread_count
 
 __all__ = ["Pass", "block_passes", "replay_block", "memory_bandwidth", "run_passes"]
 
-_R = 8.0  # the scores' cancellation budget (gma_ref.scores_fast, step 5)
+_R = 8.0  # the scores' cancellation budget (gma_ref.fast.matmul_scores, step 5)
 _MIB = float(1 << 20)
 
 
@@ -168,7 +168,7 @@ def _passes(p: dict[str, np.ndarray]) -> tuple[list[tuple[str, str, Callable[[],
         gq_t = st["gamma_t"]
         st["d_memory"] = (gq_t @ st["p"], gq_t @ st["c"][:, None])
 
-    def reference() -> None:  # Eq. 18: g at the row's largest γ (gma_ref.scores_fast._dominant_g)
+    def reference() -> None:  # Eq. 18: g at the row's largest γ (gma_ref.fast.matmul_scores._dominant_g)
         gamma_t, g = st["gamma_t"], st["g"]
         top = gamma_t == np.max(gamma_t, axis=0, keepdims=True)
         if g.dtype.itemsize <= 4 and bool(np.all(np.isfinite(g))):

@@ -1,6 +1,6 @@
 """Token blocks for the fast path's passes over (N, K) arrays, and the threads that run them.
 
-The fast path (:mod:`gma_ref.scores_fast`) computes Γ and the score VJPs one block of tokens at a
+The fast path (:mod:`gma_ref.fast.matmul_scores`) computes Γ and the score VJPs one block of tokens at a
 time: a block's scores, softmax and Γ (or its cotangent, its gradient rows and its share of the
 parameter sums) are formed while the block is in cache, and no N × K scores array is formed beside
 Γ. What blocks add up is added in block order.
@@ -43,21 +43,16 @@ __all__ = ["token_blocks", "run_blocks", "run_relay", "Relay", "RelayBroken", "w
 T = TypeVar("T")
 
 #: Bytes of the (token, column) intermediates one block may hold: rows × (K + 2 d_r + 1) elements per block.
-#: 2 MiB (2¹⁸ float64 or 2¹⁹ float32 elements): on 2 threads, blocks of 2¹⁶ elements (which fit a core's L2
-#: cache) spent their time on the ~25 Python-level calls per block, which hold the GIL; 2¹⁸ elements were measured
-#: 1.3–1.7× faster on 2 threads than 2¹⁶ and within 10 % of it on one. Counted in bytes rather than elements
-#: since float32 blocks of 2¹⁹ elements were measured 1–17 % faster than of 2¹⁸ on 2 threads (medians; six of
-#: eight rows, the other two within their noise) and 1–6 % on one (fewer calls, each twice as long, for the GIL
-#: to be handed over between), while float64 blocks of 2¹⁹ were up to 1.2× slower (docs/benchmarks.md).
+#: Large enough that the ~25 Python-level calls of a block, which hold the GIL, are a small part of its time on
+#: several threads; small enough that a block's temporaries stay in the caches. Counted in bytes, not elements, so
+#: that a float32 block holds twice the tokens of a float64 one for the same calls.
 BLOCK_BYTES = 1 << 21
 #: Fewest tokens in a block (below that, Python's per-call overhead outweighs the cache).
 MIN_BLOCK_ROWS = 256
 #: The interpreter's switch interval (seconds) while blocks run on several threads (``sys.setswitchinterval``;
 #: restored after). Each block thread gives up the GIL in every NumPy call and takes it back after; a thread that
-#: finds it taken waits up to the switch interval (Python's default: 5 ms) before it asks for it, and on 2 cores
-#: whose idle vCPU is halted the holder mostly takes it back before the waiter wakes up: blocks measured 2–4×
-#: their single-thread time, one thread stalled for milliseconds while the other ran. With 0.1 ms a whole
-#: training step ran 10–25 % faster (docs/benchmarks.md).
+#: finds it taken waits up to the switch interval (Python's default: 5 ms) before it asks for it, so with the
+#: default one thread can stall for milliseconds while another runs. A short interval hands the GIL over promptly.
 SWITCH_INTERVAL = 1e-4
 #: Bytes of the one block :func:`prime_allocator` allocates and frees (16 MiB: glibc raises its thresholds to the size
 #: of a freed mapped block of at most 32 MiB).
@@ -160,18 +155,15 @@ def prime_allocator() -> None:
     """Once per process: allocate :data:`PRIME_BYTES` zero bytes and free them again.
 
     glibc's ``malloc`` serves a request of at least its *mmap threshold* (128 KiB when a process starts) with a
-    fresh mapping, which it unmaps when the block is freed, and it gives the top of its heap back to the system
-    whenever more than twice the threshold lies free there. Memory given back is given again as new pages, and each
-    4 KiB page faults when it is first written: in a process whose arrays have all been small, every temporary
-    of 128 KiB and more (a block's scores or Γ, up to about 1.5 MiB) costs a page fault per 4 KiB on every call
-    (measured, docs/benchmarks.md: a loop of two 256 KiB NumPy temporaries 10× slower; forward + backward at
-    N = 8192, K = 64 10–20 % slower, 3 600–5 200 faults a call). glibc raises both thresholds to the size of the
-    largest mapped block freed so far (up to 32 MiB), so a process that has once freed a large array no longer
-    pays this. One freed block of :data:`PRIME_BYTES` puts the process in that state: blocks under 16 MiB are then
-    served from the heap, and up to 32 MiB of freed memory stays with the process. ``bytes`` of that size is a
-    ``calloc``, whose fresh mapping is already zero, so no page of it is touched. Nothing to give back (it is
-    the state glibc reaches by itself), and nothing changes where the thresholds were set by hand
-    (``MALLOC_MMAP_THRESHOLD_``, ``mallopt``), which turns their adjustment off, or under another allocator.
+    fresh mapping, which it unmaps when the block is freed, and gives the top of its heap back to the system when
+    more than twice the threshold lies free there; each page given again faults when it is first written. So in a
+    process whose arrays have all been small, every temporary of 128 KiB and more (a block's scores or Γ) costs
+    a page fault per 4 KiB on every call. glibc raises both thresholds to the size of the largest mapped block
+    freed so far (up to 32 MiB): one freed block of :data:`PRIME_BYTES` puts the process in the state any
+    process reaches once it has freed a large array, and the blocks' temporaries are then served from memory it
+    keeps. ``bytes`` of that size is a ``calloc``, whose fresh mapping is already zero, so no page of it is
+    touched. Nothing to give back, and nothing changes where the thresholds were set by hand
+    (``MALLOC_MMAP_THRESHOLD_``, ``mallopt``) or under another allocator.
     """
     if _primed[0]:
         return
@@ -220,7 +212,7 @@ def one_blas_thread(xp: Any) -> Iterator[None]:
 @contextmanager
 def small_products(xp: Any) -> Iterator[None]:
     """BLAS held to one thread for NumPy arrays (threadpoolctl installed), for code that makes many small
-    matrix products (the batched chunks of :mod:`gma_ref._causal_batched`), each of which would otherwise wake
+    matrix products (the batched chunks of :mod:`gma_ref.fast.causal_batched`), each of which would otherwise wake
     BLAS's threads; the allocator primed (:func:`prime_allocator`). Nothing for other namespaces."""
     if array_api_compat.is_numpy_namespace(xp):
         prime_allocator()

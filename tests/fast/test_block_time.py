@@ -1,8 +1,8 @@
-""":func:`gma_ref._blocks.block_time`: the wall time a call spends in its token blocks' runs (``gma-ref bench
+""":func:`gma_ref.fast.blocks.block_time`: the wall time a call spends in its token blocks' runs (``gma-ref bench
 --end-to-end``'s "blocks" column), measured on a clock the tests move by hand, so that every total is exact.
 
-What is counted: each :func:`~gma_ref._blocks.run_blocks` call made in the thread that entered the context
-(:func:`~gma_ref._blocks.run_relay`'s too), from its start to its end, once even when its blocks run blocks
+What is counted: each :func:`~gma_ref.fast.blocks.run_blocks` call made in the thread that entered the context
+(:func:`~gma_ref.fast.blocks.run_relay`'s too), from its start to its end, once even when its blocks run blocks
 themselves; what is not: the time between those calls, calls after the context, calls made in other threads,
 and (for the outer of two nested contexts) what the inner one counted."""
 
@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-import gma_ref._blocks as blocks
+import gma_ref.fast.blocks as blocks
 
 
 @pytest.fixture

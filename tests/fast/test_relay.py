@@ -1,4 +1,4 @@
-""":func:`gma_ref._blocks.run_relay`: a value handed from block to block in block order while the blocks run
+""":func:`gma_ref.fast.blocks.run_relay`: a value handed from block to block in block order while the blocks run
 on the block threads (the causal core's state, carried from chunk to chunk across the parts of a group).
 
 Each block calls ``relay.step`` once; the updates must run in block order, one after the other, whatever the
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-import gma_ref._blocks as blocks
+import gma_ref.fast.blocks as blocks
 
 pytest.importorskip("threadpoolctl")
 

@@ -1,0 +1,8 @@
+"""``python -m gma_ref.cli``: the ``gma-ref`` command (:func:`gma_ref.cli.main`)."""
+
+import sys
+
+from . import main
+
+if __name__ == "__main__":  # imported (pkgutil.walk_packages), it runs nothing
+    sys.exit(main())
