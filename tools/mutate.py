@@ -87,6 +87,8 @@ _SCORES_TESTS: list[str] = [
 #: Test files run against each module's mutants, fastest and most targeted first (``-x`` stops
 #: at the first failure, so a killed mutant usually costs only the first file or two).
 MODULE_TESTS: dict[str, list[str]] = {
+    "gma_ref/testing/tails.py": ["tests/testing/test_tails.py", "tests/testing/test_case_generation.py"],
+    "gma_ref/testing/power.py": ["tests/testing/test_power.py"],
     # The worker process imports gma_ref from disk, so the mutants of buffers.py reach the oracle's side
     # (decode, to_float64) and these in-process tests of extract; worker.py is exercised by test_isolation.py only.
     "gma_ref/testing/buffers.py": ["tests/testing/test_buffers.py", "tests/testing/test_wire.py"],

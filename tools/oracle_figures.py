@@ -352,7 +352,8 @@ def measure_timings() -> dict[str, Any]:
     load = os.getloadavg()[0]
     runs: list[tuple[str, Callable[[], Any]]] = [
         ("NumpyKernel float32, default cases", lambda: check(NumpyKernel("float32"), tiling=False)),
-        ("NumpyKernel float32, with the tiling cases", lambda: check(NumpyKernel("float32"))),
+        ("NumpyKernel float32, the default set (tiling and interaction cases)", lambda: check(NumpyKernel("float32"))),
+        ("NumpyKernel float64, the default set (tiling and interaction cases)", lambda: check(NumpyKernel("float64"))),
         ("NumpyLayer float32, default layer cases", lambda: check(NumpyLayer("float32"), tiling=False)),
     ]
     if has_torch():
@@ -368,12 +369,14 @@ def measure_timings() -> dict[str, Any]:
         rows.append({"run": name, "cases": len(report.case_ids), "passed": report.passed,
                      "seconds": round(time.perf_counter() - t0, 2)})
         print(f"  {name}: {rows[-1]['seconds']} s", flush=True)
-    t0 = time.perf_counter()
-    code = [sys.executable, "-c", "import sys; from gma_ref.cli import main; sys.exit(main())", "check",
-            "gma_ref.testing.emulated:NumpyKernel", "--no-tiling", "--quiet"]
-    status = subprocess.run(code, cwd=ROOT, capture_output=True, check=False).returncode
-    rows.append({"run": "gma-ref check gma_ref.testing.emulated:NumpyKernel --no-tiling (the whole CLI run)",
-                 "cases": len(default_cases()), "passed": status == 0, "seconds": round(time.perf_counter() - t0, 2)})
+    for extra, cases in ((["--no-tiling"], default_cases()), ([], default_cases(tiling=True))):
+        t0 = time.perf_counter()
+        code = [sys.executable, "-c", "import sys; from gma_ref.cli import main; sys.exit(main())", "check",
+                "gma_ref.testing.emulated:NumpyKernel", *extra, "--quiet"]
+        status = subprocess.run(code, cwd=ROOT, capture_output=True, check=False).returncode
+        rows.append({"run": " ".join(["gma-ref check gma_ref.testing.emulated:NumpyKernel", *extra,
+                                      "(the whole CLI run)"]),
+                     "cases": len(cases), "passed": status == 0, "seconds": round(time.perf_counter() - t0, 2)})
     return {**provenance({"load_average": [round(load, 1), round(os.getloadavg()[0], 1)]}), "rows": rows}
 
 

@@ -952,7 +952,8 @@ def _explore(report: Report, impl: Callable[..., Any], decl: Declaration, active
                                 detail=f"no result after {timeout:g} s (the call was abandoned)")]
         return None if res.not_checkable is not None else res.results
 
-    target = impl.target if isinstance(impl, IsolatedCandidate) else None
+    # the worker's import name; a pickled candidate has none (its target is a label, not an import path)
+    target = impl.target if isinstance(impl, IsolatedCandidate) and impl.pickled is None else None
     try:
         found = explore(run, decl, variants=active, dtype=report.dtype, seed=seed, seconds=seconds,
                         directory=directory, name=report.implementation, grad=opts["vjp"] is not None, target=target)

@@ -55,7 +55,7 @@ TAIL_SIZES: dict[str, tuple[int, ...]] = {
     "n": (129, 130, 168, 191, 144, 255, 256),
 }
 #: Token counts of the width-tail rows (short, so that wide rows stay cheap; N_k for cross, N_q = N_k + 7).
-_WIDTH_ROW_TOKENS: tuple[int, ...] = (24, 33, 40, 17, 29, 36, 21)
+_WIDTH_ROW_TOKENS: tuple[int, ...] = (19, 12, 20, 9, 15, 11, 13)
 #: The token-tail rows: (B, H, K, d_r, d_v) beside each token count of ``TAIL_SIZES['n']`` — B > 1 and H > 1,
 #: narrow widths (each past a tile of 8 by a tail of its own) so that long rows stay cheap.
 _TOKEN_ROW_WIDTHS: tuple[tuple[int, int, int, int, int], ...] = (

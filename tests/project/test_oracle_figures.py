@@ -60,7 +60,7 @@ def test_case_counts_are_those_of_the_code() -> None:
     per_variant = len(default_cases(("bidirectional",)))
     assert f"`default_cases()` — {len(default_cases())} cases, {per_variant} per variant ({causal} causal)" in text
     assert f"appends `tiling_cases()` ({len(tiling_cases())} cases for the three" in text
-    assert f"with the tiling cases ({len(default_cases(tiling=True))} cases)" in text
+    assert f"with the tiling and interaction cases ({len(default_cases(tiling=True))} cases)" in text
     assert f"`tiling_cases(full=True)` ({len(tiling_cases(full=True))} cases)" in text
     assert f"`default_layer_cases()`: {len(default_layer_cases())} cases" in page("layer-mode.md")
 

@@ -88,3 +88,25 @@ def test_default_check_kills_99_percent_of_the_faults_and_the_committed_figures_
             f"{figures} (committed: {committed}); survivors: {survivors}")
     assert committed == figures, "python tools/fault_power.py"
     assert tool.render(measured) in tool.PAGE.read_text(encoding="utf-8"), "python tools/fault_power.py"
+
+
+#: Faults where batch, head, chunk and tail meet, as tiled kernels get them wrong: the carried state written in
+#: (H, B) order and read as (B, H) by a kernel with its own chunk of 64; the tail loops after 16-wide tiles of
+#: d_r (scores, ∂L/∂q) and of K (the normaliser) that run once; the mask that drops the diagonal from the
+#: fourth chunk on.
+WHERE_AXES_MEET = ["state_order:pair:hb", "tail_once:d_r:scores", "tail_once:d_r:d_q", "tail_once:K:lse",
+                   "mask:chunk:diagonal"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("fault_id", WHERE_AXES_MEET)
+def test_faults_where_the_axes_meet_fail_the_default_check(fault_id, dtype):
+    """Each of these faults fails some case of the default set, in float32 and in float64 (case by case, up to the
+    first failure)."""
+    from gma_ref.testing import default_cases
+
+    kernel = faulty(fault_id, dtype)
+    for case in default_cases(dtype=dtype, tiling=True):
+        if not check(kernel, dtype=dtype, grad=True, cases=[case], contract=False, in_process=True).passed:
+            return
+    pytest.fail(f"{fault_id} passes every default {dtype} case")
