@@ -8,9 +8,10 @@ Usage (from the repository root, with ``pip install -e ".[test]"``)::
     python tools/fault_power.py --only tail_once:d_r:scores mask:chunk:diagonal   # print only
 
 For every fault of tests/support/fault_model.py and each of float32 and float64, the faulty
-:class:`~tests.support.tiled_kernel.TiledKernel` is run through the oracle's default case list in order,
-one ``gma_ref.testing.check(kernel, dtype=…, grad=True, cases=[case])`` at a time (the contract checks on
-the first case of each variant, where the default check runs them), and the first case with a failure is
+:class:`~tests.support.tiled_kernel.TiledKernel` is run through the oracle's default case list in order, one
+``gma_ref.testing.check(kernel, dtype=…, grad=True, cases=[case], in_process=True)`` at a time (the project's
+own kernels run in this process; the contract checks on the first case of each variant, where the default
+check runs them), and the first case with a failure is
 recorded; a fault that no case fails gets the whole default check ``check(kernel, dtype=…, grad=True)``
 and is recorded as surviving only if that passes too. The case list is the one ``check`` runs by default,
 confirmed by a full default check of the correct kernel (which must pass, and whose case ids must be
@@ -24,6 +25,8 @@ the SHA-256 of the newline-joined sorted case ids of the float32 and float64 def
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import multiprocessing
 import sys
@@ -56,7 +59,8 @@ def default_case_list(dtype: str) -> tuple[list[Case] | None, list[str]]:
     """(the cases ``check(kernel, dtype=dtype, grad=True)`` runs by default, or ``None`` if they cannot be
     listed; the ids of the cases it ran). Runs the correct tiled kernel's default check; ``RuntimeError`` if
     that fails (the fault model would be measured against a false alarm)."""
-    report = check(TiledKernel(dtype), dtype=dtype, grad=True)
+    with contextlib.redirect_stderr(io.StringIO()):  # in-process: the project's own kernels, no worker each call
+        report = check(TiledKernel(dtype), dtype=dtype, grad=True, in_process=True)
     if not report.passed:
         raise RuntimeError(f"the correct tiled kernel fails the default {dtype} check:\n{report.format()}")
     listed = default_cases(dtype=dtype, tiling=True)
@@ -67,16 +71,17 @@ def first_kill(task: tuple[str, str]) -> tuple[str, str, str]:
     """(fault id, dtype, the id of the first default case the oracle fails on it, or ``'survives'``)."""
     fault_id, dtype = task
     kernel = faulty(fault_id, dtype)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         cases = _CASES.get(dtype)
         seen: set[str] = set()
         for case in cases or ():
-            report = check(kernel, dtype=dtype, grad=True, cases=[case], contract=case.variant not in seen)
+            report = check(kernel, dtype=dtype, grad=True, cases=[case], contract=case.variant not in seen,
+                           in_process=True)
             seen.add(case.variant)
             if report.failures:
                 return fault_id, dtype, case.case_id
-        report = check(kernel, dtype=dtype, grad=True)
+        report = check(kernel, dtype=dtype, grad=True, in_process=True)
     return fault_id, dtype, report.failures[0].case_id if report.failures else SURVIVES
 
 
