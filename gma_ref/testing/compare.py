@@ -160,7 +160,7 @@ class Tolerance:
 TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(norm=64.0, elem=64.0),
     "float32": Tolerance(norm=16.0, elem=64.0),
-    "float16": Tolerance(norm=8.0, elem=32.0),
+    "float16": Tolerance(norm=16.0, elem=64.0),
     "bfloat16": Tolerance(norm=8.0, elem=128.0),
 }
 
@@ -189,7 +189,7 @@ GRAIN_MULTIPLE: float = 128.0
 LAYER_TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(norm=64.0, elem=64.0),
     "float32": Tolerance(norm=16.0, elem=64.0),
-    "float16": Tolerance(norm=32.0, elem=32.0),
+    "float16": Tolerance(norm=32.0, elem=64.0),
     "bfloat16": Tolerance(norm=16.0, elem=128.0),
 }
 

@@ -246,7 +246,7 @@ def test_default_condition_figures_are_neutral():
     r = np.array([1.0, 2.0])
     c = compare_tensor("x", r, r, dtype="float16")
     nu = 2.0**-11 + U32
-    assert (c.norm_bound, c.elem_bound) == (8.0 * nu, 32.0 * nu)
+    assert (c.norm_bound, c.elem_bound) == (16.0 * nu, 64.0 * nu)
 
 
 def test_figures_are_computed_in_float64_whatever_the_input_dtype():
@@ -410,7 +410,7 @@ def test_flushing_adds_the_stored_granularity_to_the_allowance():
     assert c.norm_error == pytest.approx(norm, rel=1e-12, abs=0)
     assert c.elem_error == pytest.approx(elem, rel=1e-12, abs=0)
     assert c.worst_index == (worst,)
-    assert c.norm_bound == 8.0 * nu == 8.0 * (2.0**-11 + 2.0**-24 + 2.0**-14 * 3.0)
+    assert c.norm_bound == 16.0 * nu == 16.0 * (2.0**-11 + 2.0**-24 + 2.0**-14 * 3.0)
     # unflushed, the same error has no η_store allowance and a smaller ν: larger figures
     plain = compare_tensor("d", a, r, dtype="float16", grain=grain, read_condition=3.0)
     assert plain.elem_error > c.elem_error and plain.norm_error > c.norm_error

@@ -77,3 +77,28 @@ def test_the_summary_line_and_the_json_carry_it(measured):
     narrowed = check(NumpyKernel("float64"), dtype="float64", grad=False, contract=False,
                        cases=default_cases(("cross",), dtype="float64"))
     assert "detection power not measured for this case set" in narrowed.format().splitlines()[-1]
+
+
+def test_the_default_fingerprint_is_that_of_both_measured_dtypes_default_sets():
+    """default_set_fingerprint is the fingerprint of the float32 and float64 default sets with the tiling and
+    interaction cases (not the set without them), and the shipped figure was measured on it."""
+    ids = _default_ids("float32") + _default_ids("float64")
+    assert power.default_set_fingerprint() == power.case_set_fingerprint(ids)
+    narrow = [c.case_id for d in ("float32", "float64") for c in default_cases(dtype=d)]
+    assert power.default_set_fingerprint() != power.case_set_fingerprint(narrow)
+    assert power.measured_power()["case_set"] == power.default_set_fingerprint()
+
+
+@pytest.mark.parametrize("text", ['{"case_set": "x"}', "[1, 2]", "not json"])
+def test_a_file_without_the_counts_is_no_figure(tmp_path, monkeypatch, text):
+    """A detection file that is not an object with 'faults' (or not JSON at all) reads as no figure."""
+    (tmp_path / power.DETECTION_FILE).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(power.resources, "files", lambda package: tmp_path)
+    assert power.measured_power.__wrapped__() is None
+
+
+def test_a_measured_dtype_missing_from_the_file_is_named(monkeypatch):
+    """A figure without float64's count says float64 was not measured."""
+    data = {"faults": 120, "float32": {"killed": 119}, "case_set": power.default_set_fingerprint()}
+    monkeypatch.setattr(power, "measured_power", lambda: data)
+    assert power.detection_text(_default_ids("float64"), "float64").startswith("detection power not measured in")
