@@ -504,9 +504,9 @@ def fig_compatibility(out: Path) -> str:
 def fig_oracle_errors(out: Path, n_cases: int = 60) -> str:
     """Normalised errors (error/ν) of a correct implementation against the tolerances τ in use."""
     plt = _plt()
-    from gma_ref.testing.calibration import calibrate
-    from gma_ref.testing.compare import TOLERANCES
-    from gma_ref.testing.emulated import NumpyKernel
+    from gma_ref.testing.calibration.emulated import NumpyKernel
+    from gma_ref.testing.calibration.measure import calibrate
+    from gma_ref.testing.core.compare import TOLERANCES
 
     dtypes = ("float64", "float32", "float16", "bfloat16")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)

@@ -8,14 +8,14 @@ Run from the repository root::
     python examples/calibrate_long.py [--n-max 131072] [--seeds 1] [--bugs] [--dtypes float32,bfloat16]
 
 For every dtype, two correct long-sequence implementations — the NumPy kernel with emulated
-storage (:class:`gma_ref.testing.emulated_long.LongKernel`, forward: Γ and the output in the
+storage (:class:`gma_ref.testing.calibration.emulated_long.LongKernel`, forward: Γ and the output in the
 storage dtype, state (Ṽ, Z) carried in float32 across 64-token chunks) and the chunked PyTorch
 implementation of tests/support/planted_long.py (forward and autograd gradients, when torch is
 installed) — run over the long cases with τ = 1, so every figure is in units of
 ν_long = u_store + u_acc·(κ + ρ) + t_store·λ. A token-by-token NumPy kernel (chunk 1: N
 sequential float32 state updates, the longest accumulation chain a correct kernel has) is
 measured too. Beside the long cases, ``--cases`` random long cases (N ≤ 16384, every regime)
-are drawn (:func:`gma_ref.testing.long.generate_long_cases`). With ``--bugs`` each planted
+are drawn (:func:`gma_ref.testing.core.long.generate_long_cases`). With ``--bugs`` each planted
 long-sequence bug runs the long check and the short default check of each dtype it hides in (its
 ``hidden_in``), beside the correct kernel, and the largest error / threshold of each is printed.
 """
@@ -33,8 +33,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gma_ref.testing import check  # noqa: E402
-from gma_ref.testing.calibration import calibrate_long  # noqa: E402
-from gma_ref.testing.emulated_long import LongKernel  # noqa: E402
+from gma_ref.testing.calibration.emulated_long import LongKernel  # noqa: E402
+from gma_ref.testing.calibration.measure import calibrate_long  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

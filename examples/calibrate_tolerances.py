@@ -10,14 +10,14 @@ Run from the repository root::
     python examples/calibrate_tolerances.py [--cases 200] [--multiple 8] [--bugs] [--family] [--tf32]
 
 For every dtype, each correct implementation available here (the NumPy kernel
-with emulated storage, :class:`gma_ref.testing.emulated.NumpyKernel`, and the PyTorch
+with emulated storage, :class:`gma_ref.testing.calibration.emulated.NumpyKernel`, and the PyTorch
 implementation of tests/support/planted_impls.py when torch is installed) runs over the
 default cases plus ``--cases`` generated ones with τ = 1, so every error figure
 is in units of ν = u_store + u_acc·κ + t_store·λ. The suggested τ is
 ``--multiple`` × the largest figure seen, rounded up to a power of two. With
 ``--bugs`` it also runs the default float32 check (float64 for the float64-only
 bug) on every planted bug and prints its largest error / threshold ratio. With
-``--family`` the correct kernels of :mod:`gma_ref.testing.rounding_family` (which
+``--family`` the correct kernels of :mod:`gma_ref.testing.calibration.rounding_family` (which
 round in different orders, one flushing subnormals to zero) join the calibration
 runs, and the granularity multiple m (``GRAIN_MULTIPLE``) is derived: the smallest
 power of two at which every family kernel stays below half the threshold over the
@@ -40,14 +40,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gma_ref.testing import (
-    check,  # noqa: E402
-    compare,  # noqa: E402
-)
-from gma_ref.testing.calibration import Calibration, calibrate  # noqa: E402
-from gma_ref.testing.compare import TOLERANCES  # noqa: E402
-from gma_ref.testing.emulated import NumpyKernel  # noqa: E402
-from gma_ref.testing.rounding_family import FAMILY  # noqa: E402
+from gma_ref.testing import check  # noqa: E402
+from gma_ref.testing.calibration.emulated import NumpyKernel  # noqa: E402
+from gma_ref.testing.calibration.measure import Calibration, calibrate  # noqa: E402
+from gma_ref.testing.calibration.rounding_family import FAMILY  # noqa: E402
+from gma_ref.testing.core import compare  # noqa: E402
+from gma_ref.testing.core.compare import TOLERANCES  # noqa: E402
 
 
 def worst_ratio(report) -> float:
@@ -90,7 +88,7 @@ def grain_multiple(dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"),
 
 
 def tf32_table(n_cases: int, multiple: float) -> None:
-    """Print the calibration of :data:`~gma_ref.testing.compare.TF32_TOLERANCE` (float32 with TF32 products)."""
+    """Print the calibration of :data:`~gma_ref.testing.core.compare.TF32_TOLERANCE` (float32 with TF32 products)."""
     from dataclasses import replace
 
     print("| kernel (float32, tf32) | cases checked | skipped (ill-cond.) | max norm/ν | max elem/ν | time |")

@@ -9,7 +9,7 @@ one of examples/check_fla.py (responsibilities as the feature maps q := Γ^Q, k 
 scale 1, ``normalize=True``; its adapter is reused), and the kernels are checked through
 declarations alone: causal, ε = 1e-10, any N (the kernels mask partial chunks).
 
-The interpreter needs the workarounds of :mod:`gma_ref.testing.triton_interpreter` (first autotune
+The interpreter needs the workarounds of :mod:`gma_ref.testing.harness.triton_interpreter` (first autotune
 config only; tensor loop variables; bfloat16 dot, casts and arithmetic on values instead of bit
 patterns); ``--without NAME`` leaves one out to show what it repairs, ``--tf32`` adds the opt-in
 TF32 emulation of float32 ``tl.dot`` (what a GPU run would show).
@@ -57,7 +57,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from gma_ref.testing import check  # noqa: E402
-from gma_ref.testing.triton_interpreter import WORKAROUNDS, interpreter_workarounds  # noqa: E402
+from gma_ref.testing.harness.triton_interpreter import WORKAROUNDS, interpreter_workarounds  # noqa: E402
 
 KERNELS = ("chunk", "fused_chunk", "fused_recurrent")
 LONG_KERNELS = ("fused_chunk",)  # the only one fast enough under the interpreter at N = 4096
@@ -181,7 +181,7 @@ def run(kernels: tuple[str, ...] = KERNELS, dtypes: tuple[str, ...] = ("float32"
     """Check each kernel × dtype (short default cases with gradients; ``long``: also N = 4096 for fused_chunk).
 
     Returns rows ``(kernel, dtype, scale, report)``. Every check runs inside
-    :func:`~gma_ref.testing.triton_interpreter.interpreter_workarounds` with ``workarounds`` (and the
+    :func:`~gma_ref.testing.harness.triton_interpreter.interpreter_workarounds` with ``workarounds`` (and the
     TF32 emulation if ``tf32``), so the backward (run by autograd after the call) is covered too;
     ``reordered`` runs fla's normalise backward reordered (:func:`reordered_backward`). ``repro``:
     write each kernel's shrunk reproducers into ``repro/<kernel>/``; ``case_file``: check only that case.

@@ -6,7 +6,7 @@ Usage (from the repository root)::
     python tools/bench_isolation.py [--repeats 3]
 
 For each candidate — the emulated NumPy kernel with its hand-written VJP
-(``gma_ref.testing.emulated:NumpyKernel``, float32, gradients) and, where PyTorch is installed,
+(``gma_ref.testing.calibration.emulated:NumpyKernel``, float32, gradients) and, where PyTorch is installed,
 a PyTorch function (forward only) — it runs the default check in-process and isolated,
 interleaved in one run, and prints the median wall time of each and their ratio. The isolated
 time includes starting the worker and importing the candidate there.
@@ -52,11 +52,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     from gma_ref.testing import check
-    from gma_ref.testing.worker import load_implementation
+    from gma_ref.testing.calling.worker import load_implementation
 
     tmp = Path(tempfile.mkdtemp())
     sys.path.insert(0, str(tmp))
-    candidates = [("numpy (NumpyKernel, float32, grad)", "gma_ref.testing.emulated:NumpyKernel", {"grad": True})]
+    candidates = [("numpy (NumpyKernel, float32, grad)", "gma_ref.testing.calibration.emulated:NumpyKernel",
+                   {"grad": True})]
     if importlib.util.find_spec("torch") is not None:
         (tmp / "bench_torch_kernel.py").write_text(textwrap.dedent(TORCH_KERNEL), encoding="utf-8")
         candidates.append(("torch (forward)", "bench_torch_kernel:torch_gma", {}))

@@ -17,7 +17,7 @@ and is recorded as surviving only if that passes too. The case list is the one `
 confirmed by a full default check of the correct kernel (which must pass, and whose case ids must be
 the list's); were they to differ, every fault would get the whole default check instead.
 
-Writes the table between the markers of docs/oracle/fault-model.md and gma_ref/testing/detection_power.json
+Writes the table between the markers of docs/oracle/fault-model.md and gma_ref/testing/cases/detection_power.json
 (the number of faults, the number killed in each dtype, and the fingerprint of the default case set:
 the SHA-256 of the newline-joined sorted case ids of the float32 and float64 default case sets).
 """
@@ -40,14 +40,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gma_ref.testing import Case, check, default_cases  # noqa: E402
-from gma_ref.testing.power import case_set_fingerprint  # noqa: E402
+from gma_ref.testing.cases.power import case_set_fingerprint  # noqa: E402
 from tests.support.fault_model import FAULTS, faulty  # noqa: E402
 from tests.support.tiled_kernel import TiledKernel  # noqa: E402
 
 DTYPES = ("float32", "float64")
 SURVIVES = "survives"
 PAGE = ROOT / "docs" / "oracle" / "fault-model.md"
-JSON_PATH = ROOT / "gma_ref" / "testing" / "detection_power.json"
+JSON_PATH = ROOT / "gma_ref" / "testing" / "cases" / "detection_power.json"
 BEGIN = "<!-- fault-power: begin. Written by tools/fault_power.py: do not edit. -->"
 END = "<!-- fault-power: end -->"
 

@@ -87,15 +87,18 @@ _SCORES_TESTS: list[str] = [
 #: Test files run against each module's mutants, fastest and most targeted first (``-x`` stops
 #: at the first failure, so a killed mutant usually costs only the first file or two).
 MODULE_TESTS: dict[str, list[str]] = {
-    "gma_ref/testing/tails.py": ["tests/testing/test_tails.py", "tests/testing/test_case_generation.py"],
-    "gma_ref/testing/power.py": ["tests/testing/test_power.py"],
+    "gma_ref/testing/cases/tails.py": ["tests/testing/cases/test_tails.py",
+                                       "tests/testing/cases/test_case_generation.py"],
+    "gma_ref/testing/cases/power.py": ["tests/testing/cases/test_power.py"],
     # The worker process imports gma_ref from disk, so the mutants of buffers.py reach the oracle's side
     # (decode, to_float64) and these in-process tests of extract; worker.py is exercised by test_isolation.py only.
-    "gma_ref/testing/buffers.py": ["tests/testing/test_buffers.py", "tests/testing/test_wire.py"],
-    "gma_ref/testing/wire.py": ["tests/testing/test_wire.py"],
+    "gma_ref/testing/calling/buffers.py": ["tests/testing/calling/test_buffers.py",
+                                           "tests/testing/calling/test_wire.py"],
+    "gma_ref/testing/calling/wire.py": ["tests/testing/calling/test_wire.py"],
     # Each reply of the worker on its own (canned replies, no process; seconds) first, then the whole runs
     # against hostile kernels (a minute).
-    "gma_ref/testing/isolation.py": ["tests/testing/test_isolation_protocol.py", "tests/testing/test_isolation.py"],
+    "gma_ref/testing/calling/isolation.py": ["tests/testing/calling/test_isolation_protocol.py",
+                                             "tests/testing/calling/test_isolation.py"],
     "gma_ref/mixture.py": [
         "tests/mixture/test_equations.py",
         "tests/mixture/test_contract.py",
@@ -193,24 +196,27 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "gma_ref/geometry.py": ["tests/geometry/test_convex_hull.py"],
     "gma_ref/depth.py": ["tests/depth/test_rank_collapse.py"],
-    "gma_ref/testing/compare.py": [
-        "tests/testing/test_compare.py",
+    "gma_ref/testing/core/compare.py": [
+        "tests/testing/core/test_compare.py",
     ],
-    "gma_ref/testing/reference.py": [
-        "tests/testing/test_reference.py",
+    "gma_ref/testing/core/reference.py": [
+        "tests/testing/core/test_reference.py",
     ],
     # Its first tests take one small float64 case each (no worker process): seconds per mutant; the contract
     # tests through check() after them run only for the mutants they reach.
-    "gma_ref/testing/case_runner.py": ["tests/testing/test_case_runner.py"],
+    "gma_ref/testing/core/case_runner.py": ["tests/testing/core/test_case_runner.py"],
     # The generated data's properties and the pinned case sets first (a few seconds for the whole file), then the
     # case set's other tests; the tiling file also runs the harness over a few tiling cases.
-    "gma_ref/testing/cases.py": ["tests/testing/test_case_generation.py", "tests/testing/test_cases.py",
-                                 "tests/testing/test_tiling_cases.py"],
+    "gma_ref/testing/cases/sets.py": ["tests/testing/cases/test_case_generation.py",
+                                      "tests/testing/cases/test_cases.py",
+                                      "tests/testing/cases/test_tiling_cases.py"],
     # check() in process on small explicit case lists first, then the plan, the other entries (case files,
     # targets) and the worker's side; the default and 200-case runs (seconds each) last.
-    "gma_ref/testing/runner.py": ["tests/testing/test_runner.py", "tests/testing/test_runner_plan.py",
-                                  "tests/testing/test_runner_entry.py", "tests/testing/test_runner_isolated.py",
-                                  "tests/testing/test_runner_full.py"],
+    "gma_ref/testing/harness/runner.py": ["tests/testing/harness/test_runner.py",
+                                          "tests/testing/harness/test_runner_plan.py",
+                                          "tests/testing/harness/test_runner_entry.py",
+                                          "tests/testing/harness/test_runner_isolated.py",
+                                          "tests/testing/harness/test_runner_full.py"],
 }
 
 #: Decorators/functions whose bodies are not mutated (pure formatting of messages, reprs).

@@ -12,25 +12,25 @@ Each section runs the oracle's own calibration and checks and writes ``docs/orac
 docs/oracle/metric-and-tolerances.md, layer-mode.md, long-sequences.md, checks-and-cases.md and cli.md
 include:
 
-* ``attention`` — :func:`gma_ref.testing.calibration.calibrate` with τ = 1 on the correct NumPy kernel with
+* ``attention`` — :func:`gma_ref.testing.calibration.measure.calibrate` with τ = 1 on the correct NumPy kernel with
   emulated storage and the PyTorch implementation of tests/support/planted_impls.py, over the default cases
   plus 200 generated ones (340 for float16), and the τ each suggests (8× the largest figure, a power of two);
 * ``attention-bugs`` — the default check (forward + gradients) of every dtype on every planted bug and
   correct rewrite of tests/support/planted_impls.py;
-* ``family`` — the rounding family of :mod:`gma_ref.testing.rounding_family`: its calibration, the
+* ``family`` — the rounding family of :mod:`gma_ref.testing.calibration.rounding_family`: its calibration, the
   granularity multiple m swept over 16 … 128 (default + 200 generated cases of each dtype, with the
   fla-like normalise backward beside it) and the default-check margins at the m in use;
 * ``layer``, ``gated`` — :func:`calibrate` of the correct layers (``NumpyLayer``, the PyTorch layer; the gated
   ``NumpyLayer`` with each gate) over the default layer cases plus 200 generated ones (340 for float16, 650
   for bfloat16), and the planted layer and gate bugs under the default float32 layer check;
-* ``long`` — :func:`gma_ref.testing.calibration.calibrate_long` at ``LONG_CONFIG``: the long cases at N = 4096
+* ``long`` — :func:`gma_ref.testing.calibration.measure.calibrate_long` at ``LONG_CONFIG``: the long cases at N = 4096
   and a few generated ones, a configuration much smaller than ``examples/calibrate_long.py``'s default
   (N up to 131072), from which the long τ were set;
 * ``tiling`` — the correct kernels and the planted tiling bugs of tests/support/planted_tiling.py on the
   tiling cases;
 * ``timings`` — the wall-clock time of the default checks of the NumPy kernel, ``NumpyLayer`` and the PyTorch
   implementation, and of one CLI run, with the load average of the machine;
-* ``long-bugs`` — the planted long-sequence bugs on the long test cases of tests/testing/test_long.py
+* ``long-bugs`` — the planted long-sequence bugs on the long test cases of tests/testing/core/test_long.py
   (N = 8192, two tiles, 2048 chunks) and under the short default check, beside the correct kernel.
 
 ``tests/project/test_oracle_figures.py`` checks that the fragments are the rendering of the JSON, that the
@@ -125,7 +125,7 @@ def cal_row(name: str, cal: Any, seconds: float) -> dict[str, Any]:
 
 
 def timed_calibration(name: str, make: Callable[[], Any], dtype: str, n: int, **kw: Any) -> dict[str, Any]:
-    from gma_ref.testing.calibration import calibrate
+    from gma_ref.testing.calibration.measure import calibrate
 
     t0 = time.perf_counter()
     cal = calibrate(make(), dtype, n_cases=n, seed=0, **kw)
@@ -150,8 +150,8 @@ def suggested(norm: float, elem: float, multiple: float = 8.0) -> list[float]:
 
 
 def measure_attention() -> dict[str, Any]:
-    from gma_ref.testing.compare import TOLERANCES
-    from gma_ref.testing.emulated import NumpyKernel
+    from gma_ref.testing.calibration.emulated import NumpyKernel
+    from gma_ref.testing.core.compare import TOLERANCES
 
     rows = []
     for dtype in DTYPES:
@@ -180,9 +180,10 @@ def measure_attention_bugs() -> dict[str, Any]:
 
 
 def measure_family() -> dict[str, Any]:
-    from gma_ref.testing import check, compare
-    from gma_ref.testing.calibration import calibrate
-    from gma_ref.testing.rounding_family import FAMILY
+    from gma_ref.testing import check
+    from gma_ref.testing.calibration.measure import calibrate
+    from gma_ref.testing.calibration.rounding_family import FAMILY
+    from gma_ref.testing.core import compare
     from tests.support.planted_impls import FlaNormaliseBackward
 
     rows = []
@@ -217,8 +218,8 @@ def measure_family() -> dict[str, Any]:
 
 def measure_layer() -> dict[str, Any]:
     from gma_ref.testing import check
-    from gma_ref.testing.compare import LAYER_TOLERANCES, TOLERANCES
-    from gma_ref.testing.emulated_layer import NumpyLayer
+    from gma_ref.testing.calibration.emulated_layer import NumpyLayer
+    from gma_ref.testing.core.compare import LAYER_TOLERANCES, TOLERANCES
     from tests.support.planted_impls import LAYER_BUGS, LAYER_CONTROLS
 
     rows = []
@@ -244,8 +245,8 @@ def measure_layer() -> dict[str, Any]:
 
 def measure_gated() -> dict[str, Any]:
     from gma_ref.testing import check
-    from gma_ref.testing.compare import LAYER_TOLERANCES
-    from gma_ref.testing.emulated_layer import NumpyLayer
+    from gma_ref.testing.calibration.emulated_layer import NumpyLayer
+    from gma_ref.testing.core.compare import LAYER_TOLERANCES
     from tests.support.planted_impls import GATE_BUGS
 
     gates = ("elementwise", "headwise")
@@ -271,9 +272,9 @@ def measure_gated() -> dict[str, Any]:
 
 
 def measure_long() -> dict[str, Any]:
-    from gma_ref.testing.calibration import calibrate_long
-    from gma_ref.testing.emulated_long import LongKernel
-    from gma_ref.testing.long import LONG_TOLERANCES
+    from gma_ref.testing.calibration.emulated_long import LongKernel
+    from gma_ref.testing.calibration.measure import calibrate_long
+    from gma_ref.testing.core.long import LONG_TOLERANCES
 
     c = LONG_CONFIG
     rows = []
@@ -301,9 +302,9 @@ def measure_long() -> dict[str, Any]:
 
 def measure_long_bugs() -> dict[str, Any]:
     from gma_ref.testing import check
-    from gma_ref.testing.emulated_long import LongKernel
+    from gma_ref.testing.calibration.emulated_long import LongKernel
     from tests.support.planted_long import LONG_BUGS
-    from tests.testing.test_long import _ci_cases
+    from tests.testing.core.test_long import _ci_cases
 
     rows = []
     for dtype in ("float64", "float32", "bfloat16", "float16"):
@@ -318,16 +319,16 @@ def measure_long_bugs() -> dict[str, Any]:
                          "long": long, "short": short})
             print(f"  {rows[-1]['implementation']} {dtype}: {long['failed']}/{long['checked']} {long['worst']:.3g}",
                   flush=True)
-    return {**provenance({"cases": "tests/testing/test_long.py _ci_cases: N = 8192 (cross 6144 x 8192), B = 1, "
+    return {**provenance({"cases": "tests/testing/core/test_long.py _ci_cases: N = 8192 (cross 6144 x 8192), B = 1, "
                                    "H = 2, K = 3, d_r = 4, d_v = 8, chunk 4"}), "rows": rows}
 
 
 def measure_tiling() -> dict[str, Any]:
     """The tiling cases: the correct kernels' largest error / threshold and the planted tiling bugs' ratios."""
     from gma_ref.testing import check
-    from gma_ref.testing.cases import tiling_cases
-    from gma_ref.testing.emulated import NumpyKernel
-    from gma_ref.testing.rounding_family import FAMILY
+    from gma_ref.testing.calibration.emulated import NumpyKernel
+    from gma_ref.testing.calibration.rounding_family import FAMILY
+    from gma_ref.testing.cases.sets import tiling_cases
     from tests.support.planted_tiling import TILING_BUGS
 
     correct = {}
@@ -346,8 +347,8 @@ def measure_timings() -> dict[str, Any]:
     import subprocess
 
     from gma_ref.testing import check, default_cases
-    from gma_ref.testing.emulated import NumpyKernel
-    from gma_ref.testing.emulated_layer import NumpyLayer
+    from gma_ref.testing.calibration.emulated import NumpyKernel
+    from gma_ref.testing.calibration.emulated_layer import NumpyLayer
 
     load = os.getloadavg()[0]
     runs: list[tuple[str, Callable[[], Any]]] = [
@@ -372,9 +373,9 @@ def measure_timings() -> dict[str, Any]:
     for extra, cases in ((["--no-tiling"], default_cases()), ([], default_cases(tiling=True))):
         t0 = time.perf_counter()
         code = [sys.executable, "-c", "import sys; from gma_ref.cli import main; sys.exit(main())", "check",
-                "gma_ref.testing.emulated:NumpyKernel", *extra, "--quiet"]
+                "gma_ref.testing.calibration.emulated:NumpyKernel", *extra, "--quiet"]
         status = subprocess.run(code, cwd=ROOT, capture_output=True, check=False).returncode
-        rows.append({"run": " ".join(["gma-ref check gma_ref.testing.emulated:NumpyKernel", *extra,
+        rows.append({"run": " ".join(["gma-ref check gma_ref.testing.calibration.emulated:NumpyKernel", *extra,
                                       "(the whole CLI run)"]),
                      "cases": len(cases), "passed": status == 0, "seconds": round(time.perf_counter() - t0, 2)})
     return {**provenance({"load_average": [round(load, 1), round(os.getloadavg()[0], 1)]}), "rows": rows}
@@ -443,7 +444,7 @@ def maxima(rows: list[dict[str, Any]], dtype: str) -> tuple[float, float]:
 
 def tau_table(f: dict[str, Any], extra: dict[str, list[float]] | None = None, extra_name: str = "",
               typical: bool = False) -> str:
-    from gma_ref.testing.compare import unit_scale
+    from gma_ref.testing.core.compare import unit_scale
 
     header = ["dtype", "observed max norm/ν", "observed max elem/ν", "8× max → τ norm, elem", "τ in use (norm, elem)"]
     header += [extra_name] if extra else []
@@ -585,7 +586,7 @@ def render_long_bugs(f: dict[str, Any]) -> dict[str, str]:
         else:
             short = f"{g(sh['worst'])}, passes"
         rows.append([r["implementation"], r["dtype"], f"{lo['failed']}/{lo['checked']}", ratio(lo["worst"]), short])
-    return {"long-bugs.md": head("long-bugs", f, "; long: the three N = 8192 cases of tests/testing/test_long.py")
+    return {"long-bugs.md": head("long-bugs", f, "; long: the three N = 8192 cases of tests/testing/core/test_long.py")
             + table(["implementation", "dtype", "long cases failed", "long: largest error / threshold",
                      "short default check: largest error / threshold"], rows)}
 

@@ -93,7 +93,7 @@ def measure() -> dict[str, Any]:
     why = triton.unavailable() or fla.unavailable("cpu")
     if why:
         raise SystemExit(f"oracle_fla_figures: cannot measure: {why}")
-    from gma_ref.testing.triton_interpreter import interpreter_workarounds
+    from gma_ref.testing.harness.triton_interpreter import interpreter_workarounds
 
     versions = {m: importlib.metadata.version(m) for m in ("fla-core", "triton", "torch")}
     figures: dict[str, Any] = {"versions": versions, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

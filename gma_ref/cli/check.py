@@ -87,7 +87,7 @@ def _error_json(target: str, status: int, message: str) -> str:
     """The JSON report of a run that checked nothing: ``exit_code`` and ``error``."""
     import json
 
-    from ..testing.capture import truncated
+    from ..testing.calling.capture import truncated
 
     return json.dumps({"implementation": target, "passed": False, "exit_code": status, "error": truncated(message),
                        "results": [], "skipped": [], "cases": [], "notes": []}, indent=1)
@@ -221,9 +221,9 @@ def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
 def load_implementation(target: str) -> Any:
     """Import ``package.module:attr`` in this process (the current directory is importable); instantiate a class.
 
-    :func:`gma_ref.testing.worker.load_implementation`, which the worker process uses too.
+    :func:`gma_ref.testing.calling.worker.load_implementation`, which the worker process uses too.
     """
-    from ..testing.worker import load_implementation as load
+    from ..testing.calling.worker import load_implementation as load
 
     return load(target)
 
@@ -234,7 +234,7 @@ class _Usage(ValueError):
 
 def _failure(args: argparse.Namespace, status: int, message: str, exc: BaseException | None = None) -> str | None:
     """Say why nothing was checked on stderr; the JSON report for stdout with ``--json`` (else ``None``)."""
-    from ..testing.capture import safe_text
+    from ..testing.calling.capture import safe_text
 
     if exc is not None:
         message += f": {type(exc).__name__}: {safe_text(exc)}"
@@ -251,7 +251,7 @@ def _repro_dir(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
     An explicit ``--repro DIR`` that cannot be written is a usage error (:class:`_Usage`).
     """
-    from ..testing.runner import check_writable_dir
+    from ..testing.harness.runner import check_writable_dir
 
     if args.repro == "" or getattr(args, "case_file", None):
         return None, None
@@ -269,7 +269,7 @@ def _declaration(args: argparse.Namespace, impl: Any) -> Any:
     from dataclasses import replace
 
     from ..testing import Declaration
-    from ..testing.adapters import declaration_of
+    from ..testing.calling.adapters import declaration_of
 
     overrides = {k: getattr(args, k) for k in _CONSTRAINTS if getattr(args, k, None) is not None}
     if overrides and getattr(args, "case_file", None):
@@ -285,7 +285,7 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
         repro, note = _repro_dir(args)
     except _Usage as exc:
         return EXIT_USAGE, _failure(args, EXIT_USAGE, str(exc))
-    from ..testing.isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, LoadError
+    from ..testing.calling.isolation import IMPORT_TIMEOUT_S, IsolatedCandidate, LoadError
 
     isolated = not getattr(args, "in_process", False) and not getattr(args, "scaling", False)
     try:
@@ -308,10 +308,10 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
 def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: str | None) -> tuple[int, str | None]:
     """Check the loaded implementation (or its worker) as ``args`` say; the exit status and what goes to stdout."""
     from ..testing import check
-    from ..testing.runner import Interrupted
+    from ..testing.harness.runner import Interrupted
 
     if getattr(args, "case_file", None):
-        from ..testing.repro import load_case_file
+        from ..testing.harness.repro import load_case_file
 
         try:
             load_case_file(args.case_file)
@@ -388,7 +388,7 @@ class _TerminateAsInterrupt:
 
     @staticmethod
     def _raise(signum: int, frame: Any) -> None:
-        from ..testing.report import Terminated
+        from ..testing.core.report import Terminated
 
         raise Terminated()
 

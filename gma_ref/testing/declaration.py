@@ -69,7 +69,7 @@ class Declaration:
     tied_head_width : bool
         Layer mode: the layer's head width is tied, d_r = d_v = d_model / H (as in most
         multi-head layers); the layer cases are generated that way
-        (:func:`~gma_ref.testing.cases.tie_head_width`).
+        (:func:`~gma_ref.testing.cases.sets.tie_head_width`).
     gate : None, ``'elementwise'`` or ``'headwise'``
         Layer mode only: the layer's output gate (:mod:`gma_ref.layer`). A gated layer takes
         ``gate_w, gate_b`` after ``prior_logits`` and its VJP returns ``d_gate_w``, ``d_gate_b``
@@ -95,7 +95,7 @@ class Declaration:
         The kernel's float32 matrix products round their operands to TF32 (10 mantissa bits: JAX's
         default precision on an NVIDIA GPU, PyTorch with ``allow_tf32``, Triton's ``tl.dot``): float32
         checks then use the tolerance of "float32 with TF32 products" (ν gains the TF32 unit
-        roundoff 2⁻¹¹, and τ is :data:`~gma_ref.testing.compare.TF32_TOLERANCE`). A framework
+        roundoff 2⁻¹¹, and τ is :data:`~gma_ref.testing.core.compare.TF32_TOLERANCE`). A framework
         probed to compute exact float32 products on the device makes a declared ``tf32=True`` a
         failure (docs/oracle/calling-convention.md).
 

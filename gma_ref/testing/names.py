@@ -3,36 +3,42 @@
 This is the bottom layer of :mod:`gma_ref.testing`; every other module of the oracle takes
 these names from here (and re-exports some for compatibility). It imports nothing.
 
-The layers, bottom to top (each module imports only from layers below it; the test
-``tests/testing/test_import_layers.py`` enforces the order)::
+The package's folders are its layers, bottom to top; each module imports only from modules below
+it, and no folder from one above it (``tests/testing/test_import_layers.py`` enforces the order)::
 
-    names                          the vocabulary (this module)
-    declaration, capture, buffers, what a kernel declares; capturing what it prints; arrays as plain bytes;
-    covering, tails, probes        pairwise (covering) arrays of case axes; sizes leaving every tail after a
-                                   tile; probing a framework's arithmetic
-    adapters, calls                framework conversion and VJP adapters; one guarded call of the candidate
-    cases, wire                    short and layer cases; the messages between the oracle and its worker
-    power                          the default set's detection power against the fault model (its counts)
-    conditioning, isolation,       the condition factors κ and λ; the oracle's handle on the worker
-    worker                         process; the worker process itself (the candidate's side)
-    reference                      the float64 reference of a short or layer case
-    compare                        the metric and the tolerances
-    long, diagnosis, html_report   long cases and their O(N)-memory reference; likely causes of a failing report;
-                                   the report as an HTML page
-    report                         CheckResult, Skip, Report
-    case_runner                    checking one case (an outcome, or "not checkable")
-    repro, calibration, assertions shrinking and case files; calibration; assert_gma_close;
-    scaling, declared, placement,  the complexity check; declared properties confirmed (a fixed ε); where a
-    bounds                         candidate passed as an object runs (a worker process whenever it can); when
-                                   a run stops (a repeated hang or crash, its budget)
-    explore                        the search beyond the case set (hypothesis, imported when a search runs)
-    runner                         check, assert_conforms
-    pytest_plugin                  the pytest plugin (one test item per case)
+    names, declaration       the vocabulary (this module); what a kernel declares
+    cases/                   what is checked
+        covering, tails      pairwise (covering) arrays of case axes; sizes leaving every tail after a tile
+        sets                 the short and layer cases, the default set
+        power                the default set's detection power against the fault model (its counts)
+    calling/                 how a candidate is called
+        capture, buffers,    capturing what a call prints; arrays as plain bytes; probing a framework's
+        probes               arithmetic
+        adapters, calls      framework conversion and VJP adapters; one guarded call of the candidate
+        wire                 the messages between the oracle and its worker
+        worker, isolation    the worker process (the candidate's side); the oracle's handle on it
+    core/                    judging one case
+        conditioning         the condition factors κ and λ
+        reference            the float64 reference of a short or layer case (the reader's functions only)
+        compare              the metric and the tolerances
+        long, diagnosis,     long cases and their O(N)-memory reference; likely causes of a failing report;
+        html_report          the report as an HTML page
+        report               CheckResult, Skip, Report
+        case_runner          checking one case (an outcome, or "not checkable")
+    harness/                 running a whole check
+        repro, assertions,   shrinking and case files; assert_gma_close; the complexity check; declared
+        scaling, declared,   properties confirmed (a fixed ε); where a candidate passed as an object runs (a
+        placement, bounds    worker process whenever it can); when a run stops (a repeated hang or crash,
+                             its budget)
+        explore              the search beyond the case set (hypothesis, imported when a search runs)
+        runner               check, assert_conforms
+        pytest_plugin,       the pytest plugin (one test item per case); workarounds for Triton's CPU
+        triton_interpreter   interpreter (it imports nothing of the package)
 
-``triton_interpreter`` (workarounds for Triton's CPU interpreter) imports nothing of the package.
-
-Apart from the harness stand the known-good kernels (``emulated``, ``emulated_layer``,
-``emulated_long``, ``rounding_family``), which import only ``names``, ``declaration`` and each other.
+Apart from the harness stands ``calibration/``: the known-good kernels (``emulated``,
+``emulated_layer``, ``emulated_long``, ``rounding_family``), which import only ``names``,
+``declaration`` and each other, and ``measure``, which runs them to calibrate the tolerances.
+Nothing a candidate's check runs imports it.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def layer_input_names(gate: str | None) -> tuple[str, ...]:
 VARIANTS: tuple[str, ...] = ("bidirectional", "causal", "cross")
 #: Dtype names the oracle calibrates (``float64`` is the strictest mode).
 DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
-#: Input regimes of the short cases (see :mod:`gma_ref.testing.cases`).
+#: Input regimes of the short cases (see :mod:`gma_ref.testing.cases.sets`).
 REGIMES: tuple[str, ...] = ("normal", "far", "floor", "tiny_eps", "tiny_grad", "apart")
 #: Regimes of layer cases (``floor`` needs routing vectors placed within ~ε_σ of a mean, which projections of
 #: shared tokens cannot do for every head at once; the attention mode covers it).

@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 
 from gma_ref.testing import default_cases
-from gma_ref.testing.cases import LOOP_AXES, SIZE_AXES, default_layer_cases, tiling_cases
-from gma_ref.testing.compare import NU_MAX
-from gma_ref.testing.long import LONG_TOLERANCES
+from gma_ref.testing.cases.sets import LOOP_AXES, SIZE_AXES, default_layer_cases, tiling_cases
+from gma_ref.testing.core.compare import NU_MAX
+from gma_ref.testing.core.long import LONG_TOLERANCES
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE = ROOT / "docs" / "oracle"
@@ -116,7 +116,7 @@ def test_a_fresh_tiny_grad_run_and_its_reproducer_command(tmp_path: Path, monkey
     runs from the repository root and fails the same way (exit 1, not 3)."""
     from gma_ref.cli.check import main as cli_main
     from gma_ref.testing import check
-    from gma_ref.testing.triton_interpreter import interpreter_workarounds
+    from gma_ref.testing.harness.triton_interpreter import interpreter_workarounds
 
     tool = load_tool()
     triton = tool.load_example("check_fla_triton")
@@ -175,7 +175,7 @@ def test_every_section_was_measured_and_is_included(figures_tool, measured) -> N
 def test_the_recorded_tolerances_are_the_codes(measured) -> None:
     """The τ in use that each run recorded (and its fragments print) are TOLERANCES, LAYER_TOLERANCES,
     LONG_TOLERANCES and GRAIN_MULTIPLE."""
-    from gma_ref.testing.compare import GRAIN_MULTIPLE, LAYER_TOLERANCES, TOLERANCES
+    from gma_ref.testing.core.compare import GRAIN_MULTIPLE, LAYER_TOLERANCES, TOLERANCES
 
     def pairs(table) -> dict:
         return {d: [t.norm, t.elem] for d, t in table.items()}
@@ -230,13 +230,14 @@ def test_the_granularity_multiple_is_the_smallest_that_passes_the_family(measure
 
 
 def test_the_planted_bug_tables_agree_with_the_planted_bug_tests(measured) -> None:
-    """Every planted bug fails each dtype in which tests/testing/test_planted_bugs.py says it is visible and passes
+    """Every planted bug fails each dtype in which tests/testing/harness/test_planted_bugs.py says it is visible and
+    passes
     the others; the controls pass everywhere; the layer, gate and long bugs fail, their correct kernels pass; the
     counts the pages state are the planted lists' lengths."""
     from tests.support.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS, GATE_BUGS, LAYER_BUGS
     from tests.support.planted_long import LONG_BUGS
-    from tests.testing.test_long import _ci_cases
-    from tests.testing.test_planted_bugs import INVISIBLE, INVISIBLE_IN_THE_EDGE_CASES
+    from tests.testing.core.test_long import _ci_cases
+    from tests.testing.harness.test_planted_bugs import INVISIBLE, INVISIBLE_IN_THE_EDGE_CASES
 
     rows = measured["attention-bugs"]["rows"]
     assert len(rows) == len(FLOAT32_BUGS) + len(FLOAT64_BUGS) + len(CONTROLS)
@@ -270,7 +271,7 @@ def test_the_planted_bug_tables_agree_with_the_planted_bug_tests(measured) -> No
 
 def test_the_tiling_table_agrees_with_the_planted_tiling_tests(measured) -> None:
     """The correct kernels pass the tiling cases below a quarter of the threshold; every tiling bug fails them
-    by more than 100× (what tests/testing/test_planted_tiling.py asserts), in float32 and float64."""
+    by more than 100× (what tests/testing/harness/test_planted_tiling.py asserts), in float32 and float64."""
     from tests.support.planted_tiling import TILING_BUGS
 
     assert all(v["failed"] == 0 and v["worst"] < 0.25 for v in measured["tiling"]["correct"].values())
@@ -312,7 +313,7 @@ def test_a_fresh_run_of_one_row_of_each_planted_bug_table(figures_tool, measured
     from gma_ref.testing import check
     from tests.support.planted_impls import GATE_BUGS, LayerOutputWeightGradFirstBatch, StrictCausalMask
     from tests.support.planted_long import TileOffByOne
-    from tests.testing.test_long import _ci_cases
+    from tests.testing.core.test_long import _ci_cases
 
     row = next(r for r in measured["attention-bugs"]["rows"] if r["implementation"] == "StrictCausalMask")
     fresh = figures_tool.outcome(check(StrictCausalMask("float32"), dtype="float32", grad=True, tiling=False))
@@ -343,9 +344,9 @@ def test_a_fresh_calibration_reproduces_the_committed_rows(figures_tool, measure
     measured on this platform (its recorded CPU, NumPy's SIMD extensions and BLAS kernel); elsewhere within 25 %.
     The last digits of float32 results follow the platform: on two x86-64 machines the same code gave the layer's
     largest norm ratio 0.852 and 0.770, the kernel's the same to 1e-12."""
-    from gma_ref.testing.calibration import calibrate
-    from gma_ref.testing.emulated import NumpyKernel
-    from gma_ref.testing.emulated_layer import NumpyLayer
+    from gma_ref.testing.calibration.emulated import NumpyKernel
+    from gma_ref.testing.calibration.emulated_layer import NumpyLayer
+    from gma_ref.testing.calibration.measure import calibrate
 
     here = figures_tool.platform_fingerprint()
     for section, name, impl in (("attention", "numpy-kernel", NumpyKernel("float32")),

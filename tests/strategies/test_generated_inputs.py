@@ -9,7 +9,7 @@ from hypothesis import given
 from gma_ref import gma_attention
 from gma_ref.strategies import gma_inputs, gma_shapes
 from gma_ref.testing import assert_gma_close
-from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.calibration.emulated import NumpyKernel
 
 _KERNEL = NumpyKernel("float32")
 

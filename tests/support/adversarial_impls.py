@@ -1,11 +1,11 @@
 """Implementations that try to forge, crash or lose the oracle's verdict.
 
-Each is the correct NumPy kernel (:class:`gma_ref.testing.emulated.NumpyKernel`, float32)
+Each is the correct NumPy kernel (:class:`gma_ref.testing.calibration.emulated.NumpyKernel`, float32)
 with one misbehaviour: it exits, prints, keeps its output in one persistent
 buffer, mutates an input, returns a view, hangs, runs out of memory, raises an
 exception that cannot be printed, or returns the wrong type. They are imported
 by ``gma-ref check tests.support.adversarial_impls:Name`` in
-``tests/testing/test_adversarial.py``.
+``tests/testing/harness/test_adversarial.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gma_ref.testing import Declaration
-from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.calibration.emulated import NumpyKernel
 
 
 class _Base(NumpyKernel):

@@ -5,7 +5,7 @@
 every tiled loop (:data:`LOOP_SITES`), tree reductions that drop an odd partial, faults of the causal
 scan's carried state and of its intra-chunk mask, per-head and per-batch index slips, ε and ε_σ
 hard-coded or misplaced, max-subtraction dropped, float16 accumulators and missing gradient paths.
-Each is wrong on some witness input (tests/testing/test_fault_model.py); the oracle's default check
+Each is wrong on some witness input (tests/testing/cases/test_fault_model.py); the oracle's default check
 is measured against them by tools/fault_power.py (docs/oracle/fault-model.md).
 """
 

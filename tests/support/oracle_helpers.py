@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from gma_ref.testing import Declaration
-from gma_ref.testing.cases import case_arrays
-from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.calibration.emulated import NumpyKernel
+from gma_ref.testing.cases.sets import case_arrays
 
 
 def declared(fn, **decl):

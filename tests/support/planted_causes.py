@@ -1,6 +1,6 @@
-"""Kernels with a recognisable failure pattern, for the report's likely-cause hints (gma_ref.testing.diagnosis).
+"""Kernels with a recognisable failure pattern, for the report's likely-cause hints (gma_ref.testing.core.diagnosis).
 
-Each is a subclass of the correct NumPy kernel :class:`gma_ref.testing.emulated.NumpyKernel` with one
+Each is a subclass of the correct NumPy kernel :class:`gma_ref.testing.calibration.emulated.NumpyKernel` with one
 plausible mistake whose failures have a known signature: which regimes, variants, tensors fail, and how.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.calibration.emulated import NumpyKernel
 
 
 class StoragePrecisionKernel(NumpyKernel):

@@ -1,4 +1,4 @@
-"""A kernel wrong only outside the default case set, for the search beyond it (gma_ref.testing.explore).
+"""A kernel wrong only outside the default case set, for the search beyond it (gma_ref.testing.harness.explore).
 
 :class:`NormaliserTail21` is the correct NumPy kernel but for its softmax normaliser, whose tail loop
 after 32-wide tiles of K drops the last component when 21 components are left over (K mod 32 = 21,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.calibration.emulated import NumpyKernel
 
 #: The tile of K of the planted normaliser, and the remainder at which its tail drops a component.
 K_TILE, BAD_TAIL = 32, 21

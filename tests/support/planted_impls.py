@@ -1,7 +1,7 @@
 """Deliberately wrong (and deliberately rewritten but correct) GMA implementations.
 
 Each planted bug is a plausible kernel mistake, written as a subclass of the
-correct NumPy kernel :class:`gma_ref.testing.emulated.NumpyKernel` that overrides one
+correct NumPy kernel :class:`gma_ref.testing.calibration.emulated.NumpyKernel` that overrides one
 step. The controls are exact rewrites that a correct harness must accept. A
 PyTorch implementation (correct, autograd gradients) and a few PyTorch bugs
 follow; they are built only when torch is importable.
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from gma_ref.testing import Declaration
-from gma_ref.testing.emulated import NumpyKernel
-from gma_ref.testing.emulated_layer import NumpyLayer
-from gma_ref.testing.rounding_family import InducedWeightsKernel
+from gma_ref.testing.calibration.emulated import NumpyKernel
+from gma_ref.testing.calibration.emulated_layer import NumpyLayer
+from gma_ref.testing.calibration.rounding_family import InducedWeightsKernel
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -462,7 +462,7 @@ class GateInputGradMissing(NumpyLayer):
         return np.zeros((d_act.shape[0], d_act.shape[2], gate_w.shape[1]), dtype=d_act.dtype)
 
 
-#: The planted gate bugs of tests/testing/test_gated_layers.py: (bug, gate, the tensor it breaks).
+#: The planted gate bugs of tests/testing/harness/test_gated_layers.py: (bug, gate, the tensor it breaks).
 GATE_BUGS: list[tuple[type[NumpyLayer], str, str]] = [
     (GateAfterOutputProjection, "headwise", "out"),
     (GateAfterOutputProjection, "elementwise", "out"),

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from gma_ref.testing import Declaration
-from gma_ref.testing.emulated import round_to
-from gma_ref.testing.emulated_long import LongKernel
+from gma_ref.testing.calibration.emulated import round_to
+from gma_ref.testing.calibration.emulated_long import LongKernel
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

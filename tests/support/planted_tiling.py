@@ -1,6 +1,6 @@
 """Planted tiling bugs: kernels wrong only where real GPU kernels tile, loop or take a parameter.
 
-Each is a subclass of the correct NumPy kernel :class:`gma_ref.testing.emulated.NumpyKernel`
+Each is a subclass of the correct NumPy kernel :class:`gma_ref.testing.calibration.emulated.NumpyKernel`
 and is correct on every case of the regime set (``default_cases()``): it is wrong only for
 d_v > 64, K > 8, H ≥ 5, B ≥ 3, ε_σ ≠ 1e-4 or N > 2·64. The tiling
 cases (``default_cases(tiling=True)``) must catch every one.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gma_ref.testing.emulated import NumpyKernel, sum_to
+from gma_ref.testing.calibration.emulated import NumpyKernel, sum_to
 
 TILE = 64  #: the value / sequence tile of the planted kernels
 K_BLOCK = 8  #: the component block of the online softmax

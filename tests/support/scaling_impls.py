@@ -1,6 +1,7 @@
 """Numerically correct causal GMA kernels whose memory is not O(NK): the complexity check must fail them.
 
-Both override only the causal core of :class:`gma_ref.testing.emulated.NumpyKernel` (responsibilities as there)
+Both override only the causal core of :class:`gma_ref.testing.calibration.emulated.NumpyKernel` (responsibilities as
+there)
 and declare no gradients, so the scaling check measures the forward alone.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from gma_ref.testing import Declaration
-from gma_ref.testing.emulated import NumpyKernel
+from gma_ref.testing.calibration.emulated import NumpyKernel
 
 _DECL = Declaration(variants=("causal",), dtypes=("float32",), accepts_chunk_size=True)
 

@@ -14,7 +14,7 @@ Every loop, reduction, index and constant goes through :meth:`TiledKernel.blocks
 :meth:`TiledKernel.reduce`, :meth:`TiledKernel.tile_map` or a test of :meth:`TiledKernel.on`, so
 a :class:`Fault` (``kind``, ``axis``, ``site``) switches one of them to its wrong form; the
 catalogue is :mod:`tests.support.fault_model`. The equations are the paper's, as in
-:class:`gma_ref.testing.emulated.NumpyKernel`: σ² = softplus(ω) + ε_σ (Eq. 14), log π =
+:class:`gma_ref.testing.calibration.emulated.NumpyKernel`: σ² = softplus(ω) + ε_σ (Eq. 14), log π =
 log_softmax(α) (Eq. 15), the scores (Eq. 16), Γ = softmax over K (Eq. 3b), the chunked causal
 read (Eq. 8b), the softmax backward (Eq. 18), ∂L/∂ω (Eq. 58) and ∂L/∂α (Eqs. 61–64).
 """

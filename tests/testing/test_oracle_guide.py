@@ -7,7 +7,7 @@ import pytest
 
 from gma_ref import gma_attention
 from gma_ref.testing import default_cases
-from gma_ref.testing.cases import case_arrays
+from gma_ref.testing.cases.sets import case_arrays
 
 
 def test_oracle_guide_exit_status_table_matches_the_cli():
@@ -18,11 +18,11 @@ def test_oracle_guide_exit_status_table_matches_the_cli():
     import re
 
     from gma_ref.cli.check import EXIT_INTERRUPTED, EXIT_LOAD, EXIT_USAGE
-    from gma_ref.testing.runner import EXIT_INTERRUPTED as REPORT_INTERRUPTED
+    from gma_ref.testing.harness.runner import EXIT_INTERRUPTED as REPORT_INTERRUPTED
 
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "oracle" / "cli.md").read_text()
     rows = dict(re.findall(r"^\| (\d+) \| ([^|]+) \|$", doc, flags=re.M))
-    from gma_ref.testing.report import EXIT_TERMINATED
+    from gma_ref.testing.core.report import EXIT_TERMINATED
 
     assert set(rows) == {"0", "1", "2", "3", "4", "130", str(EXIT_TERMINATED)}
     assert "SIGTERM" in rows[str(EXIT_TERMINATED)]
