@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from ._array import Array, broadcast_shapes, check_cotangent, check_memory_budget
-from .bidirectional import check_routing_inputs, output_shape
+from ._core_checks import check_routing_inputs, output_shape
 
 __all__ = ["check_causal", "check_d_out", "PREFIX_PEAK_FACTORS", "check_prefix_budget"]
 
@@ -17,7 +17,7 @@ __all__ = ["check_causal", "check_d_out", "PREFIX_PEAK_FACTORS", "check_prefix_b
 def check_causal(xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool, *,
                  check_values: bool = True) -> float:
     """The causal forms' input checks: those of every core, and N_q = N_k (``ValueError``); returns ε as a float.
-    ``check_values``: as for :func:`~gma_ref.bidirectional.check_routing_inputs`."""
+    ``check_values``: as for :func:`~gma_ref._core_checks.check_routing_inputs`."""
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite, check_values=check_values)
     if gamma_q.shape[-2] != gamma_k.shape[-2]:
         raise ValueError(

@@ -23,7 +23,8 @@ from ._array import (
 )
 from ._array import check_finite as _check_finite
 from ._causal_checks import check_prefix_budget
-from .induced import check_weights_budget
+from ._weights_budget import check_weights_budget
+from .induced import PEAK_FACTORS
 from .mixture import log_priors_from_logits, variances_from_omega
 from .posterior import responsibilities
 
@@ -117,7 +118,8 @@ def check_core_budget(xp: Any, q: Array, k: Array, v: Array, means: Array, omega
         check_prefix_budget(xp, shape_q, shape_k, tuple(v.shape), dtype, DEFAULT_MAX_BYTES, name)
     else:
         name = "gma_materialized_backward" if backward else "gma_materialized"
-        check_weights_budget(xp, name, shape_q, shape_k, tuple(v.shape), dtype, DEFAULT_MAX_BYTES, causal)
+        check_weights_budget(xp, name, shape_q, shape_k, tuple(v.shape), dtype, DEFAULT_MAX_BYTES, causal,
+                             PEAK_FACTORS[name])
 
 
 def check_routing_vectors(xp: Any, q: Array, k: Array, v: Array, means: Array, check_finite: bool,
@@ -148,7 +150,7 @@ def cannot_overflow(xp: Any, x: Array, means: Array, variances: Array) -> bool:
 
 
 #: Rows of Γ recomputed per batch entry to check saved arrays (the first, the last, evenly between).
-SAMPLED_ROWS = 8
+_SAMPLED_ROWS = 8
 
 
 def check_saved(xp: Any, res: Any, q: Array, k: Array, v: Array, means: Array, variances: Array,
@@ -206,7 +208,7 @@ def check_sampled_rows(xp: Any, name: str, gamma: Array, x: Array, means: Array,
     n = x.shape[-2]
     if n_elements(gamma) == 0:  # N = 0, or an empty batch
         return
-    picks = sorted({round(i * (n - 1) / (SAMPLED_ROWS - 1)) for i in range(SAMPLED_ROWS)})
+    picks = sorted({round(i * (n - 1) / (_SAMPLED_ROWS - 1)) for i in range(_SAMPLED_ROWS)})
     idx = xp.asarray(picks, device=device_of(x))
     fresh, s = responsibilities(xp.take(x, idx, axis=-2), means, variances, log_priors, return_scores=True,
                                 check_finite=False)

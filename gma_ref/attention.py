@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 from ._array import Array, check_cotangent, check_positive_int, device_of, n_elements, namespace, sum_to_shape
 from ._array import check_finite as _check_finite
+from ._core_checks import output_shape
 from ._pipeline import (
     FORMS,
     cannot_overflow,
@@ -38,7 +39,7 @@ from ._pipeline import (
     scores_overflow,
     validated_mixture,
 )
-from .bidirectional import gma_bidirectional, latent_vjp, output_shape
+from .bidirectional import gma_bidirectional, latent_vjp
 from .causal import (
     gma_causal_chunked,
     gma_causal_chunked_backward,

@@ -21,22 +21,19 @@ in ``derivations/write_read.py`` and docs/derivations.md.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 from ._array import (
     Array,
     broadcast_shapes,
     check_cotangent,
-    check_floating,
-    check_nonnegative_array,
     check_nonnegative_scalar,
-    check_rank,
     namespace,
     sum_to_shape,
     value_scale,
 )
 from ._array import check_finite as _check_finite
+from ._core_checks import check_output_identity, check_routing_inputs, check_saved_layout, output_shape
 from ._read import divide_rows, safe_denominator
 from .mixture import DEFAULT_EPS
 
@@ -51,49 +48,10 @@ __all__ = [
     "gma_bidirectional",
     "GMAGrad",
     "gma_bidirectional_backward",
+    "latent_vjp",
     "gma_cross",
     "gma_cross_backward",
 ]
-
-
-def check_routing_inputs(
-    xp: Any, gamma_q: Array, gamma_k: Array, v: Array, eps: float, check_finite: bool, *,
-    check_values: bool = True,
-) -> float:
-    """Validate (Γ^Q, Γ^K, V, ε) of any GMA form; return ε as a float.
-
-    Raises ``TypeError`` for non-floating dtypes and ``ValueError`` for ranks,
-    a K or N mismatch, negative responsibilities, ε < 0 or NaN/Inf (when ``check_finite``).
-    ``check_values=False`` leaves out the pass over Γ^Q and Γ^K for negative entries, for a
-    caller that knows them non-negative (a softmax it computed, or its own check).
-    """
-    for name, a, layout in (
-        ("gamma_q", gamma_q, "(..., N_q, K)"),
-        ("gamma_k", gamma_k, "(..., N_k, K)"),
-        ("v", v, "(..., N_k, d_v)"),
-    ):
-        check_floating(xp, name, a)
-        check_rank(name, a, 2, layout)
-        if check_finite:
-            _check_finite(xp, name, a)
-        if name != "v" and check_values:
-            check_nonnegative_array(xp, name, a, "responsibilities lie on the simplex")
-    if gamma_q.shape[-1] != gamma_k.shape[-1]:
-        raise ValueError(
-            f"gamma_q and gamma_k must share K (last axis), got shapes {tuple(gamma_q.shape)} "
-            f"and {tuple(gamma_k.shape)}"
-        )
-    if gamma_q.shape[-1] < 1:
-        raise ValueError(
-            f"gamma_q and gamma_k must have K >= 1 components (last axis), got shapes {tuple(gamma_q.shape)} "
-            f"and {tuple(gamma_k.shape)}"
-        )
-    if v.shape[-2] != gamma_k.shape[-2]:
-        raise ValueError(
-            f"v must have one row per key: v has shape {tuple(v.shape)} (N_k = {v.shape[-2]}) but "
-            f"gamma_k has shape {tuple(gamma_k.shape)} (N_k = {gamma_k.shape[-2]})"
-        )
-    return check_nonnegative_scalar("eps", eps)
 
 
 def write_memory(gamma_k: Array, v: Array) -> tuple[Array, Array]:
@@ -245,7 +203,7 @@ def read_memory_backward(
     )
     check_cotangent(xp, "d_out", d_out, shape, "the output of read_memory", check_finite)
     if saved is not None:
-        check_saved_output(xp, saved, shape, gamma_q, memory, mass, eps, "read_memory")
+        _check_saved_output(xp, saved, shape, gamma_q, memory, mass, eps, "read_memory")
     return _read_backward(xp, gamma_q, memory, mass, d_out, eps, saved)
 
 
@@ -269,7 +227,7 @@ def _read_backward(
     )
 
 
-def check_saved_output(
+def _check_saved_output(
     xp: Any, out: Array, shape: tuple[int, ...], gamma_q: Array, memory: Array, mass: Array, eps: float, forward: str,
     name: str = "saved", instead: str = "saved=None to recompute it",
 ) -> None:
@@ -287,31 +245,6 @@ def check_saved_output(
     rhs = xp.matmul(weights, memory)[..., 0, :]
     scale = xp.sum(xp.abs(denom * out), axis=-2) + xp.matmul(xp.abs(weights), xp.abs(memory))[..., 0, :]
     check_output_identity(xp, lhs, rhs, scale, out.dtype, forward, name, instead)
-
-
-def check_saved_layout(xp: Any, out: Array, shape: tuple[int, ...], forward: str, name: str = "saved") -> None:
-    """The first half of :func:`check_saved_output`: ``TypeError`` unless ``out`` is real floating,
-    ``ValueError`` unless it has the output's ``shape``."""
-    if not xp.isdtype(out.dtype, "real floating"):
-        raise TypeError(f"{name} must have a real floating dtype, got {out.dtype}")
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(
-            f"{name} must be the output of {forward}, of shape {tuple(shape)}, got shape {tuple(out.shape)}"
-        )
-
-
-def check_output_identity(xp: Any, lhs: Array, rhs: Array, scale: Array, dtype: Any, forward: str,
-                          name: str = "saved", instead: str = "saved=None to recompute it") -> None:
-    """The second half of :func:`check_saved_output`: ``ValueError`` unless ``lhs`` = Σ_i D_i O_i and ``rhs`` =
-    (1ᵀ Γ^Q) Ṽ agree to √(unit roundoff of ``dtype``) times ``scale`` = Σ_i |D_i O_i| + |1ᵀ Γ^Q| |Ṽ|, and ``lhs``
-    is finite (``(..., d_v)`` each)."""
-    tol = math.sqrt(float(xp.finfo(dtype).eps))
-    bad = xp.abs(lhs - rhs) > tol * scale
-    if bool(xp.any(bad)) or not bool(xp.all(xp.isfinite(lhs))):
-        raise ValueError(
-            f"{name} is not the output of {forward} for these inputs (Σ_i (u_i + ε) O_i differs from "
-            f"(1ᵀ Γ^Q) Ṽ): pass the output the forward returned, unmodified, or {instead}"
-        )
 
 
 def gma_bidirectional(
@@ -408,8 +341,13 @@ def latent_vjp(
     gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array | None, check_finite: bool,
     out_name: str = "saved", out_instead: str = "saved=None to recompute it",
 ) -> GMAGrad:
-    """:func:`gma_bidirectional_backward`, for a caller that passes the saved output under another
-    name (``out_name`` in the messages, ``out_instead`` the remedy they suggest)."""
+    """:func:`gma_bidirectional_backward`, for a caller that keeps the saved output under another name.
+
+    ``out`` is the forward's output (``None``: recomputed), checked as ``saved`` is there; ``out_name`` names it
+    in the messages and ``out_instead`` is the remedy they suggest, so that a caller holding the output elsewhere
+    (:func:`gma_ref.attention.gma_attention_backward`: ``saved.out``) reports it under that name. Returns and
+    raises as :func:`gma_bidirectional_backward`.
+    """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, **{out_name: out})
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)
     shape = output_shape(gamma_q, gamma_k, v)
@@ -420,7 +358,7 @@ def latent_vjp(
         out = None if out is None else out / scale
     memory, mass = write_memory(gamma_k, v)
     if out is not None:
-        check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "gma_bidirectional", out_name, out_instead)
+        _check_saved_output(xp, out, shape, gamma_q, memory, mass, eps, "gma_bidirectional", out_name, out_instead)
     grad = _bidirectional_backward(xp, gamma_q, gamma_k, v, d_out, eps, out, memory, mass)
     if scale == 1.0:
         return grad
@@ -456,12 +394,6 @@ def _read_centred(xp: Any, gamma_q: Array, memory_c: Array, mass: Array, centre:
         num = num - eps * centre
     out_c = num / xp.expand_dims(denom, axis=-1)
     return xp.where(xp.expand_dims(seen, axis=-1), out_c, xp.zeros_like(out_c))
-
-
-def output_shape(gamma_q: Array, gamma_k: Array, v: Array) -> tuple[int, ...]:
-    """Shape ``(..., N_q, d_v)`` of the output of every GMA form for these inputs."""
-    batch = broadcast_shapes(tuple(gamma_q.shape[:-2]), tuple(gamma_k.shape[:-2]), tuple(v.shape[:-2]))
-    return batch + (gamma_q.shape[-2], v.shape[-1])
 
 
 def gma_cross(

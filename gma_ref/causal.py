@@ -47,8 +47,8 @@ from ._array import (
 )
 from ._array import check_finite as _check_finite
 from ._causal_checks import PREFIX_PEAK_FACTORS, check_causal, check_d_out, check_prefix_budget
+from ._core_checks import output_shape
 from ._read import divide_rows, lower_mask, row_terms, safe_denominator
-from .bidirectional import output_shape
 from .mixture import DEFAULT_EPS
 
 __all__ = [

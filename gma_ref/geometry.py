@@ -42,7 +42,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._array import Array, check_rank, n_elements, namespace
-from .bidirectional import check_routing_inputs, query_mass, write_memory
+from ._core_checks import check_routing_inputs
+from .bidirectional import query_mass, write_memory
 from .mixture import DEFAULT_EPS
 
 __all__ = ["HullWeights", "barycentric_weights", "causal_barycentric_weights", "AffineRank", "affine_rank",

@@ -14,23 +14,22 @@ A = diag(Ã 1 + ε)⁻¹ Ã, which is Eq. 9 restated, and the causal weights of
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ._array import (
     DEFAULT_MAX_BYTES,
     Array,
-    broadcast_shapes,
     check_cotangent,
     check_floating,
-    check_memory_budget,
     check_nonnegative_scalar,
     namespace,
     sum_to_shape,
     value_scale,
 )
+from ._core_checks import check_routing_inputs, output_shape
 from ._read import quotient
-from .bidirectional import GMAGrad, check_routing_inputs, output_shape
+from ._weights_budget import check_weights_budget
+from .bidirectional import GMAGrad
 from .mixture import DEFAULT_EPS
 
 __all__ = [
@@ -54,28 +53,11 @@ PEAK_FACTORS: dict[str, tuple[float, float]] = {
 }
 
 
-def check_weights_budget(xp: Any, forward: str, shape_q: tuple[int, ...], shape_k: tuple[int, ...],
-                         shape_v: tuple[int, ...] | None, dtype: Any, max_bytes: int | None, causal: bool) -> None:
-    """Refuse (``ValueError``) a call of ``forward`` (a key of :data:`PEAK_FACTORS`) on Γ^Q ``shape_q``,
-    Γ^K ``shape_k`` (and V ``shape_v``) whose measured peak exceeds ``max_bytes`` (``None``: no limit).
-
-    Takes shapes, not arrays, so that :func:`gma_ref.attention.gma_attention` can refuse before computing Γ.
-    """
-    if max_bytes is None:
-        return
-    batch = broadcast_shapes(tuple(shape_q[:-2]), tuple(shape_k[:-2]), () if shape_v is None else tuple(shape_v[:-2]))
-    n_q, n_k, k = shape_q[-2], shape_k[-2], shape_q[-1]
-    io = (n_q + n_k) * k + (0 if shape_v is None else (n_q + n_k) * shape_v[-1])
-    check_memory_budget(xp, forward, "the N_q × N_k weights", batch + (n_q, n_k), dtype, max_bytes,
-                        "gma_causal_chunked" if causal else "gma_bidirectional", PEAK_FACTORS[forward],
-                        math.prod(batch) * io)
-
-
 def _check_weights_budget(xp: Any, forward: str, gamma_q: Array, gamma_k: Array, v: Array | None,
                           max_bytes: int | None, causal: bool) -> None:
     dtype = xp.result_type(gamma_q, gamma_k) if v is None else xp.result_type(gamma_q, gamma_k, v)
     check_weights_budget(xp, forward, tuple(gamma_q.shape), tuple(gamma_k.shape),
-                         None if v is None else tuple(v.shape), dtype, max_bytes, causal)
+                         None if v is None else tuple(v.shape), dtype, max_bytes, causal, PEAK_FACTORS[forward])
 
 
 def affinity(gamma_q: Array, gamma_k: Array, *, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Array:

@@ -27,6 +27,7 @@ from typing import Any
 
 from .._array import Array, check_cotangent, check_positive_int, n_elements, namespace, sum_to_shape, value_scale
 from .._array import check_finite as _check_finite
+from .._core_checks import check_routing_inputs, output_shape
 from .._pipeline import (
     cannot_overflow,
     check_form,
@@ -37,7 +38,7 @@ from .._pipeline import (
     validated_mixture,
 )
 from ..attention import AttentionGrad, AttentionSaved
-from ..bidirectional import check_routing_inputs, gma_bidirectional_backward, output_shape
+from ..bidirectional import gma_bidirectional_backward
 from ..causal import (
     gma_causal_prefix,
     gma_causal_prefix_backward,

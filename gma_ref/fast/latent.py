@@ -30,15 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._array import Array, check_cotangent, device_of, item_bytes, namespace, value_scale
-from ..bidirectional import (
-    GMAGrad,
-    check_output_identity,
-    check_routing_inputs,
-    check_saved_layout,
-    gma_bidirectional,
-    latent_vjp,
-    output_shape,
-)
+from .._core_checks import check_output_identity, check_routing_inputs, check_saved_layout, output_shape
+from ..bidirectional import GMAGrad, gma_bidirectional, latent_vjp
 from .blocks import in_place_ok, run_blocks, token_blocks
 from .matmul_scores import mixture_operands, responsibilities_blocks
 
@@ -79,7 +72,7 @@ def latent_forward(gamma_q: Array, gamma_k: Array, v: Array, eps: float, *, chec
     """:func:`~gma_ref.bidirectional.gma_bidirectional` (``check_finite=False``) in token blocks on the block
     threads: the write step's sums over the keys' blocks added in block order, the read step row block by
     row block, O = Γ^Q Ṽ / (Γ^Q Z + ε) (Eqs. 5–8). The reader's form where the blocked form does not apply.
-    ``checked``: the caller passed these four to :func:`~gma_ref.bidirectional.check_routing_inputs` (then only
+    ``checked``: the caller passed these four to :func:`~gma_ref._core_checks.check_routing_inputs` (then only
     ε's conversion is repeated, not the pass over Γ for negative entries)."""
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v)
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, False, check_values=not checked)

@@ -1,5 +1,5 @@
 """The pipeline's value checks of its N-row arrays in one pass on the block threads: the fast path beside the
-checks of :mod:`gma_ref._array` and :func:`gma_ref.bidirectional.check_routing_inputs`.
+checks of :mod:`gma_ref._array` and :func:`gma_ref._core_checks.check_routing_inputs`.
 
 :func:`gma_ref.attention.gma_attention_backward` with the forward's saved arrays checks seven arrays of one row
 per token: q, k, v, ∂L/∂O, Γ^Q and Γ^K must be finite (with ``check_finite``), the saved output O too (always,

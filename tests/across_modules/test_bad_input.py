@@ -368,6 +368,8 @@ def _all_calls(xp, a: dict[str, Any], params: GMALayerParams) -> dict[str, Calla
         "read_memory_backward": lambda: bidirectional.read_memory_backward(gq, mem, mass, d),
         "gma_bidirectional": lambda: bidirectional.gma_bidirectional(gq, gk, v),
         "gma_bidirectional_backward": lambda: bidirectional.gma_bidirectional_backward(gq, gk, v, d),
+        "latent_vjp": lambda: bidirectional.latent_vjp(gq, gk, v, d, 1e-6, bidirectional.gma_bidirectional(gq, gk, v),
+                                                      True, "saved.out"),
         "gma_cross": lambda: bidirectional.gma_cross(gq, gk, v),
         "gma_cross_backward": lambda: bidirectional.gma_cross_backward(gq, gk, v, d),
         "affinity": lambda: aff.affinity(gq, gk),

@@ -230,7 +230,7 @@ def test_negative_responsibilities_are_refused_unless_the_caller_checked_them(mo
     """On the batched path a negative γ is refused as the loop refuses it, forward and backward, unless the
     caller says it checked Γ (``gamma_checked``, the pipeline's softmaxes): then Γ is not passed over for
     negative entries at all."""
-    import gma_ref.bidirectional as bidirectional
+    import gma_ref._core_checks as core_checks
 
     gq, gk, v, d_out = _inputs(np.random.default_rng(16), (), 16)
     bad = gk.copy()
@@ -240,8 +240,8 @@ def test_negative_responsibilities_are_refused_unless_the_caller_checked_them(mo
     with pytest.raises(ValueError, match="^gamma_k must be non-negative"):
         cf.chunked_backward(gq, bad, v, d_out, eps=1e-6, chunk_size=8)
     looked_at = []
-    real = bidirectional.check_nonnegative_array
-    monkeypatch.setattr(bidirectional, "check_nonnegative_array",
+    real = core_checks.check_nonnegative_array
+    monkeypatch.setattr(core_checks, "check_nonnegative_array",
                         lambda xp, name, a, what: (looked_at.append(name), real(xp, name, a, what)))
     cf.chunked_forward(gq, gk, v, 1e-6, 8, gamma_checked=True)
     cf.chunked_backward(gq, gk, v, d_out, eps=1e-6, chunk_size=8, gamma_checked=True)

@@ -230,7 +230,7 @@ def test_responsibilities_are_checked_for_negative_entries_unless_the_caller_did
     """By default the blocked forward refuses a negative responsibility as the reader does; with ``checked=True``
     (the pipeline, whose Γ are softmaxes) it does not pass over Γ for negative entries, and gives the same
     output for valid Γ."""
-    import gma_ref.bidirectional as bidirectional  # noqa: PLC0415
+    import gma_ref._core_checks as core_checks  # noqa: PLC0415
 
     gq, gk, v, _ = _inputs(rng)
     bad = gq.copy()
@@ -239,8 +239,8 @@ def test_responsibilities_are_checked_for_negative_entries_unless_the_caller_did
         lf.latent_forward(bad, gk, v, 1e-6)
     want = lf.latent_forward(gq, gk, v, 1e-6)
     looked_at = []
-    real = bidirectional.check_nonnegative_array
-    monkeypatch.setattr(bidirectional, "check_nonnegative_array",
+    real = core_checks.check_nonnegative_array
+    monkeypatch.setattr(core_checks, "check_nonnegative_array",
                         lambda xp, name, a, what: (looked_at.append(name), real(xp, name, a, what)))
     np.testing.assert_array_equal(lf.latent_forward(gq, gk, v, 1e-6, checked=True), want)
     assert looked_at == []

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-import gma_ref.bidirectional as bidirectional
+import gma_ref._core_checks as core_checks
 import gma_ref.fast.blocks as blocks
 from gma_ref._array import namespace
 from gma_ref.fast import gma_attention, gma_attention_backward
@@ -171,8 +171,8 @@ def test_gamma_is_passed_over_for_negative_entries_only_where_nothing_else_check
     fails), the core checks them as before. Without saved arrays (Γ recomputed) the batched causal core does not
     check them (the latent form's reader VJP, which then runs, does)."""
     looked_at = []
-    real = bidirectional.check_nonnegative_array
-    monkeypatch.setattr(bidirectional, "check_nonnegative_array",
+    real = core_checks.check_nonnegative_array
+    monkeypatch.setattr(core_checks, "check_nonnegative_array",
                         lambda xp, name, a, what: (looked_at.append(name), real(xp, name, a, what)))
     args = _inputs(rng)
     out, res = gma_attention(*args, causal=causal, chunk_size=4, return_saved=True)
