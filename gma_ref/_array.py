@@ -28,6 +28,7 @@ __all__ = [
     "check_floating",
     "check_finite",
     "check_cotangent",
+    "check_component_vector",
     "check_rank",
     "check_last_dim",
     "check_nonnegative_scalar",

@@ -54,6 +54,7 @@ __all__ = [
     "log_gaussian_density",
     "scores",
     "responsibilities",
+    "softmax_scores",
     "scores_cotangent",
     "scores_cotangent_from_log",
     "ScoresGrad",
@@ -65,7 +66,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 #: Upper bound on the number of (token, component, coordinate) terms formed at once (a token block):
 #: 2¹⁶ float64 terms are 512 KiB, so a block's few temporaries stay in cache (about twice as fast as 2²¹).
 _BLOCK_ELEMENTS = 1 << 16
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 def _validate(xp: Any, x: Array, means: Array, variances: Array, log_priors: Array | None,
@@ -129,11 +130,11 @@ def _token_blocks(batch: tuple[int, ...], n: int, k: int, d_r: int) -> list[tupl
     return [(start, min(start + step, n)) for start in range(0, n, step)]
 
 
-def _overflow_silenced(f: Callable[..., T]) -> Callable[..., T]:
+def _overflow_silenced(f: Callable[..., _T]) -> Callable[..., _T]:
     """``f`` run with NumPy's RuntimeWarnings silenced: where the scores or their gradients overflow, the callers
     report it as a ValueError that says why (:func:`_checked_for_overflow`, :func:`_check_gradients_finite`)."""
     @functools.wraps(f)
-    def silenced(*args: Any, **kwargs: Any) -> T:
+    def silenced(*args: Any, **kwargs: Any) -> _T:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return f(*args, **kwargs)

@@ -354,6 +354,7 @@ def _all_calls(xp, a: dict[str, Any], params: GMALayerParams) -> dict[str, Calla
         "log_gaussian_density": lambda: resp.log_gaussian_density(*mix),
         "scores": lambda: resp.scores(*mix, a["log_priors"]),
         "score_constant": lambda: resp.score_constant(a["variances"], a["log_priors"]),
+        "softmax_scores": lambda: resp.softmax_scores(resp.scores(*mix, a["log_priors"])),
         "responsibilities": lambda: resp.responsibilities(*mix, a["log_priors"], return_log=True,
                                                           return_scores=True),
         "scores_cotangent": lambda: resp.scores_cotangent(gq, a["d_gamma"]),
