@@ -38,9 +38,10 @@ from typing import Any, TypeVar
 import array_api_compat
 
 __all__ = ["token_blocks", "run_blocks", "run_relay", "Relay", "RelayBroken", "worker_count", "in_place_ok",
-           "small_products", "one_blas_thread", "prime_allocator", "block_time"]
+           "small_products", "one_blas_thread", "prime_allocator", "block_time", "BLOCK_BYTES", "MIN_BLOCK_ROWS",
+           "SWITCH_INTERVAL", "PRIME_BYTES"]
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 #: Bytes of the (token, column) intermediates one block may hold: rows × (K + 2 d_r + 1) elements per block.
 #: Large enough that the ~25 Python-level calls of a block, which hold the GIL, are a small part of its time on
@@ -260,7 +261,7 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         return _pool[0]
 
 
-def run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -> list[T]:
+def run_blocks(fn: Callable[[int, int], _T], blocks: Sequence[tuple[int, int]]) -> list[_T]:
     """``[fn(start, stop) for (start, stop) in blocks]``, in block order: on :func:`worker_count` threads, the
     calling thread one of them (it takes the first block), with BLAS on one thread and the interpreter's switch
     interval at most :data:`SWITCH_INTERVAL`, each block in a copy of the caller's context (NumPy's ``errstate``);
@@ -295,7 +296,7 @@ def block_time() -> Iterator[list[float]]:
         _local.clock = outer
 
 
-def _run_blocks(fn: Callable[[int, int], T], blocks: Sequence[tuple[int, int]]) -> list[T]:
+def _run_blocks(fn: Callable[[int, int], _T], blocks: Sequence[tuple[int, int]]) -> list[_T]:
     """:func:`run_blocks` itself (its time not measured)."""
     if not blocks:
         return []
@@ -358,7 +359,7 @@ class Relay:
         self._ready = [threading.Event() for _ in range(len(blocks) + 1)]
         self._ready[0].set()
 
-    def step(self, start: int, stop: int, update: Callable[[Any], tuple[Any, T]]) -> T:
+    def step(self, start: int, stop: int, update: Callable[[Any], tuple[Any, _T]]) -> _T:
         """Wait for the value the block before [start, stop) handed on (the first value for the first block);
         ``update(value)`` returns ``(the value to hand on, a result)``; hand the former on, return the latter.
         Raises :class:`RelayBroken` where the block before handed nothing on, and what ``update`` raises (the
@@ -388,8 +389,8 @@ class Relay:
         return value
 
 
-def run_relay(fn: Callable[[int, int, Relay], T], blocks: Sequence[tuple[int, int]], first: Any
-              ) -> tuple[list[T], Any]:
+def run_relay(fn: Callable[[int, int, Relay], _T], blocks: Sequence[tuple[int, int]], first: Any
+              ) -> tuple[list[_T], Any]:
     """``([fn(start, stop, relay) for (start, stop) in blocks], the value the last block handed on)``, the blocks
     run by :func:`run_blocks`, each of which calls ``relay.step(start, stop, update)`` once: the value ``first``
     goes through every block's ``update`` in block order (each waits for the one before), while what the blocks
@@ -399,7 +400,7 @@ def run_relay(fn: Callable[[int, int, Relay], T], blocks: Sequence[tuple[int, in
     after one that failed before handing on raise :class:`RelayBroken`, which is not the one raised."""
     relay = Relay(blocks, first)
 
-    def one(start: int, stop: int) -> T:
+    def one(start: int, stop: int) -> _T:
         try:
             return fn(start, stop, relay)
         finally:

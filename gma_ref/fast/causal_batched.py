@@ -27,7 +27,7 @@ from .._read import divide_rows, lower_mask, row_terms, safe_denominator
 from ..causal import CausalGrad, gma_causal_chunked, gma_causal_chunked_backward
 from .blocks import Relay, in_place_ok, run_relay, small_products
 
-__all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS"]
+__all__ = ["chunked_forward", "chunked_backward", "GROUP_ELEMENTS", "PARTS", "MIN_PART_CHUNKS"]
 
 #: Most numbers of one group's per-chunk state arrays, G·K·d_v (or G·C², whichever is larger).
 GROUP_ELEMENTS = 1 << 20

@@ -55,7 +55,7 @@ Memory O(N·(K + d_r)) plus the flagged rows' blocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from .._array import (
@@ -73,6 +73,8 @@ from .blocks import in_place_ok, run_blocks, token_blocks
 
 __all__ = [
     "guarded_scores",
+    "ScoreWeights",
+    "MixtureOperands",
     "mixture_operands",
     "responsibilities_and_guard",
     "responsibilities_blocks",
@@ -88,7 +90,7 @@ _BLOCK_ELEMENTS = 1 << 21
 _CANCELLATION_BUDGET = 8.0
 
 
-class Expanded(NamedTuple):
+class _Expanded(NamedTuple):
     """Step 1–2's operands: ``features`` [x'², x', 1] ``(..., N, 2d_r + 1)``; ``means`` μ' and
     ``precisions`` w = 1/σ² ``(..., K, d_r)`` (broadcast together); ``c`` C_k = Σ_m μ'²_km w_km ``(..., K)``."""
 
@@ -98,10 +100,10 @@ class Expanded(NamedTuple):
     c: Array
 
 
-def expand(xp: Any, x: Array, means: Array, variances: Array) -> Expanded:
+def _expand(xp: Any, x: Array, means: Array, variances: Array) -> _Expanded:
     """Step 1: centre x and μ on the mean of the means of their component set (per batch/head)."""
     centre, mc, w, c = _centred_mixture(xp, means, variances)
-    return Expanded(_features(xp, x, centre), mc, w, c)
+    return _Expanded(_features(xp, x, centre), mc, w, c)
 
 
 def _centred_mixture(xp: Any, means: Array, variances: Array) -> tuple[Array, Array, Array, Array]:
@@ -146,7 +148,7 @@ class ScoreWeights(NamedTuple):
     precisions: Array
 
 
-def score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances: Array,
+def _score_weights(xp: Any, means: Array, precisions: Array, c: Array, variances: Array,
                   log_priors: Array | None) -> ScoreWeights:
     """Steps 3 and 5 on the mixture side: the weights of the score product and the guard's offset."""
     base = score_constant(variances, log_priors)
@@ -176,10 +178,10 @@ def mixture_operands(means: Array, variances: Array, log_priors: Array | None) -
     """Steps 1, 3 and 5 on the mixture side, for :func:`responsibilities_blocks` of several token sets."""
     xp = namespace(means=means, variances=variances, log_priors=log_priors)
     centre, mc, w, c = _centred_mixture(xp, means, variances)
-    return MixtureOperands(centre, score_weights(xp, mc, w, c, variances, log_priors))
+    return MixtureOperands(centre, _score_weights(xp, mc, w, c, variances, log_priors))
 
 
-def scores_of_features(xp: Any, features: Array, sw: ScoreWeights) -> tuple[Array, Array, Array]:
+def _scores_of_features(xp: Any, features: Array, sw: ScoreWeights) -> tuple[Array, Array, Array]:
     """Steps 3, 5, 6 for the tokens of ``features``, component-major: (sᵀ ``(..., K, n)``, the boolean rows
     ``(..., n)`` the guard rejects, max_k s_ik ``(..., n)``).
 
@@ -205,14 +207,15 @@ def scores_of_features(xp: Any, features: Array, sw: ScoreWeights) -> tuple[Arra
     return s_t, rows, top
 
 
-def expanded_scores(xp: Any, ex: Expanded, variances: Array, log_priors: Array | None) -> tuple[Array, Array]:
+def _expanded_scores(xp: Any, ex: _Expanded, variances: Array, log_priors: Array | None) -> tuple[Array, Array]:
     """Steps 3–6: s = [x'², x', 1] · [−½w, μ'w, b − ½C]ᵀ, and the boolean rows ``(..., N)`` the guard rejects."""
-    sw = score_weights(xp, ex.means, ex.precisions, ex.c, variances, log_priors)
-    s_t, rows, _ = scores_of_features(xp, ex.features, sw)
+    sw = _score_weights(xp, ex.means, ex.precisions, ex.c, variances, log_priors)
+    s_t, rows, _ = _scores_of_features(xp, ex.features, sw)
     return xp.matrix_transpose(s_t), rows
 
 
-def flagged_rows(xp: Any, x: Array, means: Array, variances: Array, rows: Array):
+def _flagged_rows(xp: Any, x: Array, means: Array, variances: Array,
+                  rows: Array) -> Iterator[tuple[Array, Array, Array, Array, Array]]:
     """Yield (row indices into the flattened (B·N) token axis, batch index, x rows, means, variances)
     for the flagged rows, in blocks of at most ~_BLOCK_ELEMENTS (row, component, coordinate) triples."""
     n, k, d_r = x.shape[-2], means.shape[-2], means.shape[-1]
@@ -265,7 +268,7 @@ def _blockwise_scores(xp: Any, x: Array, means: Array, variances: Array, log_pri
     centre, sw = operands if operands is not None else mixture_operands(means, variances, log_priors)
 
     def block(xs: Array) -> tuple[Array, Array]:
-        s_t, rows, top = scores_of_features(xp, _features(xp, xs, centre), sw)
+        s_t, rows, top = _scores_of_features(xp, _features(xp, xs, centre), sw)
         if n_elements(s_t) and bool(xp.any(rows)):
             s_t = xp.matrix_transpose(_exact_rows(xp, xp.matrix_transpose(s_t), rows, xs, means, variances,
                                                   log_priors))
@@ -297,7 +300,7 @@ def _exact_rows(xp: Any, s: Array, rows: Array, x: Array, means: Array, variance
     base = score_constant(variances, log_priors)
     base = xp.reshape(xp.broadcast_to(base, tuple(s.shape[:-2]) + (s.shape[-1],)), (-1, s.shape[-1]))
     exact = []
-    for _, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
+    for _, b, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
         diff = xp.expand_dims(xs, axis=-2) - ms  # (F, K, d_r): Eq. 50 on the flagged rows
         exact.append(xp.take(base, b, axis=0) - 0.5 * xp.sum(diff * diff / vs, axis=-1))
     return _set_rows(xp, s, rows, exact)
@@ -376,12 +379,12 @@ def _blockwise_backward(xp: Any, x: Array, means: Array, variances: Array, rows:
     centre, mc, w, c = _centred_mixture(xp, means, variances)
     d_r = x.shape[-1]
     right = xp.concat([mc * w, w], axis=-1)  # [μ'w, w], (..., K, 2 d_r)
-    sw = score_weights(xp, mc, w, c, variances, None) if rows is None else None
+    sw = _score_weights(xp, mc, w, c, variances, None) if rows is None else None
 
     def block(xs: Array, delta_t: Array, rows_b: Array | None) -> tuple[Array, Array, Array, Array]:
         if rows_b is None:  # the guard's verdict needs the forward's features
             features = _features(xp, xs, centre)
-            rows_b = scores_of_features(xp, features, sw)[1]
+            rows_b = _scores_of_features(xp, features, sw)[1]
             x_c, x_sq = features[..., d_r:2 * d_r], features[..., :d_r]
         else:  # x' and x'² as arrays of their own: no strided writes into a joined array
             x_c = xs - centre
@@ -443,7 +446,7 @@ def _backward_flagged_rows(xp: Any, x: Array, means: Array, variances: Array, d_
     acc_r = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
     acc_r2 = xp.zeros((n_batch, k * d_r), dtype=d_means.dtype, device=device_of(x))
     dx_rows = []
-    for blk, b, xs, ms, vs in flagged_rows(xp, x, means, variances, rows):
+    for blk, b, xs, ms, vs in _flagged_rows(xp, x, means, variances, rows):
         r = (xp.expand_dims(xs, axis=-2) - ms) / vs  # (F, K, d_r)
         dr = xp.expand_dims(xp.take(d_flat, blk, axis=0), axis=-1) * r
         dx_rows.append(-xp.sum(dr, axis=-2))

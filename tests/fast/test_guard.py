@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 
 import gma_ref.fast.matmul_scores as fast
-from gma_ref.fast.matmul_scores import expand as _expand
-from gma_ref.fast.matmul_scores import expanded_scores as _expanded_scores
+from gma_ref.fast.matmul_scores import _expand, _expanded_scores
 from tests.posterior.test_accuracy import FAST_REGIMES, _mp_reference, _regime
 
 U = float(np.finfo(np.float64).eps)

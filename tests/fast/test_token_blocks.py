@@ -21,9 +21,7 @@ import pytest
 
 import gma_ref.fast.matmul_scores as fast
 import gma_ref.posterior as posterior
-from gma_ref.fast.matmul_scores import expand as _expand
-from gma_ref.fast.matmul_scores import expanded_scores as _expanded_scores
-from gma_ref.fast.matmul_scores import flagged_rows as _flagged_rows
+from gma_ref.fast.matmul_scores import _expand, _expanded_scores, _flagged_rows
 
 
 def scores(x, means, variances, log_priors):

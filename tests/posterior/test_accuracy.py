@@ -65,7 +65,7 @@ FAST_REGIMES = ["generic", "far", "shift_1e4", "shift_1e8", "d1024"]
 
 def _guard_rows(xp, x, means, var, lp):
     """The fast path's verdict: the rows it hands to the direct form."""
-    return fast.expanded_scores(xp, fast.expand(xp, x, means, var), var, lp)[1]
+    return fast._expanded_scores(xp, fast._expand(xp, x, means, var), var, lp)[1]
 
 
 #: (Γ, scores, score VJP) of each implementation, called as the public direct form is.

@@ -17,8 +17,7 @@ import array_api_strict
 import numpy as np
 import pytest
 
-from gma_ref.fast.matmul_scores import expand as _expand
-from gma_ref.fast.matmul_scores import expanded_scores as _expanded_scores
+from gma_ref.fast.matmul_scores import _expand, _expanded_scores
 from gma_ref.posterior import (
     log_gaussian_density,
     responsibilities,
