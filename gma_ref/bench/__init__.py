@@ -61,7 +61,7 @@ from ..posterior import responsibilities
 from .end_to_end import run_end_to_end
 from .passes import run_passes
 
-__all__ = ["Measurement", "TARGETS", "run_benchmarks", "main"]
+__all__ = ["Measurement", "TARGETS", "run_benchmarks", "add_arguments", "run_from_args", "main"]
 
 #: Ratio name → (comparison, target). ``"<="``: the ratio must not exceed the target; ``">="``: at least.
 TARGETS: dict[str, tuple[str, float]] = {
@@ -134,7 +134,7 @@ def _best_time(fn: Callable[[], Any], repeats: int = _REPEATS, budget: float = _
     return min(times)
 
 
-def measure(fn: Callable[[], Any], budget: float = _TIME_BUDGET[False]) -> tuple[Measurement, Any]:
+def _measure(fn: Callable[[], Any], budget: float = _TIME_BUDGET[False]) -> tuple[Measurement, Any]:
     """Peak memory of one call (which also warms up), then the best time; returns the first result."""
     peak, out = _peak(fn)
     return Measurement(_best_time(fn, budget=budget), peak), out
@@ -216,9 +216,9 @@ class _Row:
 def _measure_form(fwd: _Fwd, bwd: _Bwd, inputs: _Inputs, budget: float, *, both: bool = True
                   ) -> tuple[Measurement, Measurement, Measurement | None, Any, Any]:
     """Forward, backward and (if ``both``) forward followed by backward; plus the output and gradients."""
-    m_fwd, out = measure(lambda: fwd(inputs), budget)
-    m_bwd, grads = measure(lambda: bwd(inputs, out), budget)
-    m_both = measure(lambda: bwd(inputs, fwd(inputs)), budget)[0] if both else None
+    m_fwd, out = _measure(lambda: fwd(inputs), budget)
+    m_bwd, grads = _measure(lambda: bwd(inputs, out), budget)
+    m_both = _measure(lambda: bwd(inputs, fwd(inputs)), budget)[0] if both else None
     return m_fwd, m_bwd, m_both, out, grads
 
 
@@ -358,8 +358,8 @@ def _chunk_size_table(inp: _Inputs, n: int, k: int, d: int, budget: float, say: 
     say(f"{'chunk_size':>10s} {'fwd ms':>10s} {'fwd MiB':>10s} {'bwd ms':>10s} {'bwd MiB':>10s} {'bwd/fwd':>8s}")
     for c in (16, 32, 64, 128, 256):
         fwd, bwd = _forms(c)["causal chunked"]
-        m_fwd, out_c = measure(lambda fwd=fwd: fwd(inp), budget)
-        m_bwd, _ = measure(lambda bwd=bwd, out_c=out_c: bwd(inp, out_c), budget)
+        m_fwd, out_c = _measure(lambda fwd=fwd: fwd(inp), budget)
+        m_bwd, _ = _measure(lambda bwd=bwd, out_c=out_c: bwd(inp, out_c), budget)
         say(f"{c:>10d} {1e3 * m_fwd.seconds:>10.1f} {m_fwd.peak_bytes / _MIB:>10.1f} "
             f"{1e3 * m_bwd.seconds:>10.1f} {m_bwd.peak_bytes / _MIB:>10.1f} {m_bwd.seconds / m_fwd.seconds:>8.2f}")
 

@@ -4,5 +4,7 @@ import sys
 
 from . import main
 
+__all__: list[str] = []
+
 if __name__ == "__main__":  # imported (pkgutil.walk_packages), it runs nothing
     sys.exit(main())

@@ -55,7 +55,8 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["EXIT_USAGE", "add_check_parser", "run_check", "load_implementation", "main"]
+__all__ = ["EXIT_USAGE", "EXIT_LOAD", "EXIT_INTERRUPTED", "DEFAULT_REPRO", "add_check_parser", "run_check",
+           "load_implementation", "main"]
 
 #: Exit status of a usage error (argparse's own 2 would collide with "passed, but a request was skipped").
 EXIT_USAGE = 4

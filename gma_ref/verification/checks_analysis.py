@@ -14,8 +14,10 @@ from .checks_gradients import GRAD_TOL, as_numpy_fn, worst_vjp_error
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 
-F32 = {"float64": 1e-12, "float32": 2e-5}
-MC = {"float64": 1.0, "float32": 1.0}
+__all__: list[str] = []
+
+_F32 = {"float64": 1e-12, "float32": 2e-5}
+_MC = {"float64": 1.0, "float32": 1.0}
 
 
 # ----------------------------------------------------------------------------- §4.3 Theorem 1
@@ -56,7 +58,7 @@ def _gamma4(ctx: Context) -> np.ndarray:
 
 @register("Eq. 24", "§5.4", "gma_ref.diagnostics.head_average",
           "γ̄ = mean over heads, and Eqs. 25–28 (usage, normalised entropies, R_max) vs NumPy/SciPy",
-          tolerance=F32, tests=("tests/diagnostics/test_equations.py",))
+          tolerance=_F32, tests=("tests/diagnostics/test_equations.py",))
 def _eq24_28(ctx: Context) -> float:
     g = _gamma4(ctx)
     bar = g.mean(axis=1).reshape(-1, 4)
@@ -75,7 +77,7 @@ def _eq24_28(ctx: Context) -> float:
 
 @register("Eq. 33", "§5.4", "gma_ref.diagnostics.mutual_information",
           "hard assignments, counts, purity, weighted purity, MI and NMI (Eqs. 29–34) vs Counter-based tallies",
-          tolerance=F32, tests=("tests/diagnostics/test_equations.py",))
+          tolerance=_F32, tests=("tests/diagnostics/test_equations.py",))
 def _eq29_34(ctx: Context) -> float:
     g = ctx.simplex(60, 4)
     cats = ctx.rng.integers(0, 3, size=60)
@@ -142,7 +144,7 @@ def _eq37(ctx: Context) -> float:
 
 @register("Eq. 36", "§6", "gma_ref.extensions.posterior_mean_log_priors",
           "posterior-mean priors a_k/Σa fed to Eq. 3 give π-weighted responsibilities equal to a SciPy computation",
-          tolerance=F32, tests=("tests/extensions/test_equations.py",))
+          tolerance=_F32, tests=("tests/extensions/test_equations.py",))
 def _eq36(ctx: Context) -> float:
     from .. import posterior as resp
 
@@ -158,7 +160,7 @@ def _eq36(ctx: Context) -> float:
 
 
 @register("Eq. 38", "§6", "gma_ref.extensions.stick_breaking_priors",
-          "stick-breaking π_k = v_k Π_{l<k}(1 − v_l): loop equality, Σπ + remainder = 1", tolerance=F32,
+          "stick-breaking π_k = v_k Π_{l<k}(1 − v_l): loop equality, Σπ + remainder = 1", tolerance=_F32,
           tests=("tests/extensions/test_equations.py",))
 def _eq38(ctx: Context) -> float:
     v = ctx.rounded(ctx.rng.random(6))
@@ -169,7 +171,7 @@ def _eq38(ctx: Context) -> float:
 
 @register("Eq. 39", "§6", "gma_ref.extensions.moe_gates",
           "GMA-MoE gates equal ρ_h N(r|ν_h,Λ_h)/Σ_l ρ_l N(r|ν_l,Λ_l) with scipy.stats.multivariate_normal",
-          tolerance=F32, tests=("tests/extensions/test_equations.py",))
+          tolerance=_F32, tests=("tests/extensions/test_equations.py",))
 def _eq39(ctx: Context) -> float:
     r, nu = ctx.normal(5, 2), ctx.normal(3, 2)
     lam = ctx.rounded(0.5 + ctx.rng.random((3, 2)))
@@ -182,7 +184,7 @@ def _eq39(ctx: Context) -> float:
 
 @register("Eq. 41", "§6", "gma_ref.extensions.moe_sparse_mixture",
           "dense mixture Σ_h γ_ih E_h (Eq. 40) by loops; top-r with r = H equals dense; r = 1 picks the argmax",
-          tolerance=F32, tests=("tests/extensions/test_equations.py",))
+          tolerance=_F32, tests=("tests/extensions/test_equations.py",))
 def _eq40_41(ctx: Context) -> float:
     gates, experts = ctx.simplex(5, 3), ctx.normal(3, 5, 2)
     dense_ref = np.stack([sum(gates[i, h] * experts[h, i] for h in range(3)) for i in range(5)])

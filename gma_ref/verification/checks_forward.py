@@ -18,8 +18,10 @@ from .. import induced as aff
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 
-F32 = {"float64": 1e-12, "float32": 2e-5}
-LOOSE = {"float64": 1e-10, "float32": 1e-4}
+__all__: list[str] = []
+
+_F32 = {"float64": 1e-12, "float32": 2e-5}
+_LOOSE = {"float64": 1e-10, "float32": 1e-4}
 
 
 
@@ -54,7 +56,7 @@ def _causal_loop(gq: np.ndarray, gk: np.ndarray, v: np.ndarray, eps: float) -> n
 
 
 @register("Eq. 2", "§3.2", "gma_ref.posterior.log_gaussian_density",
-          "log N(x|μ_k,Σ_k) equals scipy.stats.multivariate_normal.logpdf", tolerance=F32,
+          "log N(x|μ_k,Σ_k) equals scipy.stats.multivariate_normal.logpdf", tolerance=_F32,
           tests=("tests/posterior/test_equations.py",))
 def _eq2(ctx: Context) -> float:
     means, variances, _ = _mixture(ctx, 4, 3)
@@ -65,7 +67,7 @@ def _eq2(ctx: Context) -> float:
 
 
 @register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
-          "Γ equals π_k N_k / Σ_l π_l N_l computed with SciPy", tolerance=F32,
+          "Γ equals π_k N_k / Σ_l π_l N_l computed with SciPy", tolerance=_F32,
           tests=("tests/posterior/test_equations.py",))
 def _eq3(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 5, 3)
@@ -75,7 +77,7 @@ def _eq3(ctx: Context) -> float:
 
 
 @register("Eq. 3", "§3.2", "gma_ref.posterior.responsibilities",
-          "rows of Γ are non-negative and sum to 1 (max |Σ_k γ_ik − 1|)", tolerance=F32,
+          "rows of Γ are non-negative and sum to 1 (max |Σ_k γ_ik − 1|)", tolerance=_F32,
           tests=("tests/posterior/test_equations.py",))
 def _eq3_simplex(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 6, 4)
@@ -86,7 +88,7 @@ def _eq3_simplex(ctx: Context) -> float:
 
 @register("Eq. 3b", "§4.1", "gma_ref.posterior.responsibilities",
           "stays on the simplex 1e6 std devs from every mean and for d_r = 1024 (densities underflow)",
-          tolerance=F32, tests=("tests/posterior/test_equations.py",))
+          tolerance=_F32, tests=("tests/posterior/test_equations.py",))
 def _eq3b_extreme(ctx: Context) -> float:
     errs = []
     for d_r, far in ((1024, 1.0), (3, 1e6)):
@@ -101,7 +103,7 @@ def _eq3b_extreme(ctx: Context) -> float:
 
 
 @register("Eq. 16", "§4.1", "gma_ref.posterior.scores",
-          "s_ik = log π_k − (d_r/2)log 2π − ½log|Σ_k| − ½ Mahalanobis², by an explicit loop", tolerance=F32,
+          "s_ik = log π_k − (d_r/2)log 2π − ½log|Σ_k| − ½ Mahalanobis², by an explicit loop", tolerance=_F32,
           tests=("tests/posterior/test_equations.py",))
 def _eq16(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 3, 4)
@@ -118,7 +120,7 @@ def _eq16(ctx: Context) -> float:
 
 
 @register("Eq. 51", "App. D", "gma_ref.posterior.responsibilities",
-          "γ = softmax(s) (Eq. 3b/51): exp(log Γ) = Γ and log Γ = s − logsumexp(s)", tolerance=F32,
+          "γ = softmax(s) (Eq. 3b/51): exp(log Γ) = Γ and log Γ = s − logsumexp(s)", tolerance=_F32,
           tests=("tests/posterior/test_equations.py",))
 def _eq51(ctx: Context) -> float:
     means, variances, log_priors = _mixture(ctx, 4, 2)
@@ -131,7 +133,7 @@ def _eq51(ctx: Context) -> float:
 
 
 @register("Eq. 50", "App. D", "gma_ref.posterior.responsibilities",
-          "per-head mixtures (H,K,d_r) broadcast against (B,H,N,d_r) equal a per-head loop", tolerance=F32,
+          "per-head mixtures (H,K,d_r) broadcast against (B,H,N,d_r) equal a per-head loop", tolerance=_F32,
           tests=("tests/posterior/test_equations.py",))
 def _eq50_heads(ctx: Context) -> float:
     parts = [_mixture(ctx, 3, 2) for _ in range(2)]
@@ -143,7 +145,7 @@ def _eq50_heads(ctx: Context) -> float:
 
 
 @register("Eq. 14", "§3.6", "gma_ref.mixture.variances_from_omega",
-          "σ² = log(1+e^ω) + ε_σ ≥ ε_σ, finite for |ω| ≤ 1e4", tolerance=F32,
+          "σ² = log(1+e^ω) + ε_σ ≥ ε_σ, finite for |ω| ≤ 1e4", tolerance=_F32,
           tests=("tests/mixture/test_equations.py",))
 def _eq14(ctx: Context) -> float:
     omega = ctx.rounded(np.concatenate([ctx.rng.normal(size=(3, 4)) * 5, [[-1e4, -50.0, 50.0, 1e4]]]))
@@ -155,7 +157,7 @@ def _eq14(ctx: Context) -> float:
 
 
 @register("Eq. 15", "§3.6", "gma_ref.mixture.priors_from_logits",
-          "π = softmax(α) equals scipy.special.softmax; finite log π for |α| ≤ 1e4", tolerance=F32,
+          "π = softmax(α) equals scipy.special.softmax; finite log π for |α| ≤ 1e4", tolerance=_F32,
           tests=("tests/mixture/test_equations.py",))
 def _eq15(ctx: Context) -> float:
     alpha = ctx.rounded(np.array([1e4, -1e4, 3.0, 0.0, 1e4 - 1.0]))
@@ -170,7 +172,7 @@ def _eq15(ctx: Context) -> float:
 
 
 @register("Eq. 5", "§3.3", "gma_ref.bidirectional.write_memory",
-          "Ṽ = (Γ^K)ᵀ V and Z = (Γ^K)ᵀ 1 equal the sums of Eq. 6", tolerance=F32,
+          "Ṽ = (Γ^K)ᵀ V and Z = (Γ^K)ᵀ 1 equal the sums of Eq. 6", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _eq5(ctx: Context) -> float:
     gk, v = ctx.simplex(9, 4), ctx.normal(9, 3)
@@ -180,7 +182,7 @@ def _eq5(ctx: Context) -> float:
 
 
 @register("Eq. 7", "§3.3", "gma_ref.bidirectional.gma_bidirectional",
-          "O = Γ^Q Ṽ / (Γ^Q Z + ε) equals the double sums of Eq. 8", tolerance=F32,
+          "O = Γ^Q Ṽ / (Γ^Q Z + ε) equals the double sums of Eq. 8", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _eq7(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(7, 3), ctx.simplex(7, 3), ctx.normal(7, 2)
@@ -194,7 +196,7 @@ def _eq7(ctx: Context) -> float:
 
 
 @register("Eq. 9", "§3.3", "gma_ref.induced.attention_weights",
-          "A_ij = Σ_k γ^Q_ik γ^K_jk / (Σ_l Σ_k γ^Q_ik γ^K_lk + ε), by loops", tolerance=F32,
+          "A_ij = Σ_k γ^Q_ik γ^K_jk / (Σ_l Σ_k γ^Q_ik γ^K_lk + ε), by loops", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _eq9(ctx: Context) -> float:
     gq, gk = ctx.simplex(5, 3), ctx.simplex(6, 3)
@@ -205,7 +207,7 @@ def _eq9(ctx: Context) -> float:
 
 
 @register("Eq. 9b (§4.2)", "§4.2", "gma_ref.induced.attention_weights",
-          "rows of A sum to u_i/(u_i+ε) with u = Γ^Q Z (and to 1 when ε = 0)", tolerance=F32,
+          "rows of A sum to u_i/(u_i+ε) with u = Γ^Q Z (and to 1 when ε = 0)", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _eq9b_rows(ctx: Context) -> float:
     gq, gk = ctx.simplex(8, 4), ctx.simplex(8, 4)
@@ -218,7 +220,7 @@ def _eq9b_rows(ctx: Context) -> float:
 
 
 @register("Eq. 10", "§3.3", "gma_ref.bidirectional.gma_bidirectional",
-          "latent output equals A V with A materialized (ε included)", tolerance=F32,
+          "latent output equals A V with A materialized (ε included)", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _eq10(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(12, 5), ctx.simplex(12, 5), ctx.normal(12, 4)
@@ -229,7 +231,7 @@ def _eq10(ctx: Context) -> float:
 
 
 @register("Eq. 11", "§3.3", "gma_ref.induced.affinity",
-          "Ã_ij = ⟨γ^Q_i, γ^K_j⟩, by loops", tolerance=F32, tests=("tests/bidirectional/test_equations.py",))
+          "Ã_ij = ⟨γ^Q_i, γ^K_j⟩, by loops", tolerance=_F32, tests=("tests/bidirectional/test_equations.py",))
 def _eq11(ctx: Context) -> float:
     gq, gk = ctx.simplex(4, 3), ctx.simplex(5, 3)
     ref = np.array([[float(np.dot(gq[i], gk[j])) for j in range(5)] for i in range(4)])
@@ -252,14 +254,14 @@ def _eq23(ctx: Context) -> float:
 
 @register("Eq. 6b", "§3.5", "gma_ref.causal.gma_causal_prefix",
           "prefix memories Ṽ^(i), Z^(i) by cumulative sums: output equals explicit prefix loops (Eq. 8b)",
-          tolerance=F32, tests=("tests/causal/test_equations.py",))
+          tolerance=_F32, tests=("tests/causal/test_equations.py",))
 def _eq6b(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
     return _rel(causal.gma_causal_prefix(ctx.arr(gq), ctx.arr(gk), ctx.arr(v), 1e-3), _causal_loop(gq, gk, v, 1e-3))
 
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_streaming",
-          "streaming (state K×d_v + K, step by step) equals the explicit prefix loops", tolerance=F32,
+          "streaming (state K×d_v + K, step by step) equals the explicit prefix loops", tolerance=_F32,
           tests=("tests/causal/test_equations.py",))
 def _eq8b_stream(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
@@ -268,7 +270,7 @@ def _eq8b_stream(ctx: Context) -> float:
 
 
 @register("Eq. 8b", "§3.5", "gma_ref.causal.gma_causal_chunked",
-          "chunked (C = 4, N = 11: chunks do not divide N) equals the explicit prefix loops", tolerance=F32,
+          "chunked (C = 4, N = 11: chunks do not divide N) equals the explicit prefix loops", tolerance=_F32,
           tests=("tests/causal/test_equations.py",))
 def _eq8b_chunk(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(11, 3), ctx.simplex(11, 3), ctx.normal(11, 2)
@@ -277,7 +279,7 @@ def _eq8b_chunk(ctx: Context) -> float:
 
 
 @register("Eq. 9b (§3.5)", "§3.5", "gma_ref.induced.attention_weights",
-          "causal weights: zero above the diagonal, rows sum to u_i/(u_i+ε) over the prefix", tolerance=F32,
+          "causal weights: zero above the diagonal, rows sum to u_i/(u_i+ε) over the prefix", tolerance=_F32,
           tests=("tests/causal/test_equations.py",))
 def _eq9b_causal(ctx: Context) -> float:
     gq, gk = ctx.simplex(7, 3), ctx.simplex(7, 3)
@@ -288,7 +290,7 @@ def _eq9b_causal(ctx: Context) -> float:
 
 
 @register("Eq. 10b", "§3.5", "gma_ref.induced.gma_materialized",
-          "masked A V (materialized) equals the chunked latent form", tolerance=F32,
+          "masked A V (materialized) equals the chunked latent form", tolerance=_F32,
           tests=("tests/causal/test_equations.py",))
 def _eq10b(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(10, 4), ctx.simplex(10, 4), ctx.normal(10, 3)
@@ -342,7 +344,7 @@ def _eq44(ctx: Context) -> float:
 
 
 @register("Eq. 46", "App. B", "gma_ref.bidirectional.write_memory",
-          "(Γ^Q(Γ^K)ᵀ)V equals Γ^Q((Γ^K)ᵀV) (associativity, Eqs. 42, 45–47)", tolerance=F32,
+          "(Γ^Q(Γ^K)ᵀ)V equals Γ^Q((Γ^K)ᵀV) (associativity, Eqs. 42, 45–47)", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _eq46(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(9, 3), ctx.simplex(9, 3), ctx.normal(9, 4)
@@ -351,7 +353,7 @@ def _eq46(ctx: Context) -> float:
 
 
 @register("App. C", "App. C.2–C.3", "gma_ref.induced.read_weights",
-          "O_i = Σ_k α_ik M_k exactly with ε > 0, and Σ_k α_ik = 1", tolerance=F32,
+          "O_i = Σ_k α_ik M_k exactly with ε > 0, and Σ_k α_ik = 1", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _appc(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(8, 4), ctx.simplex(8, 4), ctx.normal(8, 3)
@@ -364,7 +366,7 @@ def _appc(ctx: Context) -> float:
 
 
 @register("App. E.4", "App. E.4", "gma_ref.bidirectional.gma_cross",
-          "cross-attention with N_q ≠ N_k equals the materialized N_q×N_k form; N_k = 0 gives 0", tolerance=F32,
+          "cross-attention with N_q ≠ N_k equals the materialized N_q×N_k form; N_k = 0 gives 0", tolerance=_F32,
           tests=("tests/bidirectional/test_equations.py",))
 def _appe4(ctx: Context) -> float:
     gq, gk, v = ctx.simplex(5, 3), ctx.simplex(9, 3), ctx.normal(9, 2)
@@ -376,7 +378,7 @@ def _appe4(ctx: Context) -> float:
 
 
 @register("App. E.1", "App. E.1–E.2", "gma_ref.baselines.softmax_attention",
-          "Eq. 1 softmax attention (causal mask of E.1; cross-attention of E.2) equals SciPy softmax", tolerance=F32,
+          "Eq. 1 softmax attention (causal mask of E.1; cross-attention of E.2) equals SciPy softmax", tolerance=_F32,
           tests=("tests/baselines/test_equations.py",))
 def _eq1(ctx: Context) -> float:
     q, k, v = ctx.normal(6, 4), ctx.normal(6, 4), ctx.normal(6, 3)
@@ -407,7 +409,7 @@ def _heads_oracle(host: dict[str, np.ndarray], x: np.ndarray, eps: float, eps_si
 
 @register("Eq. 4", "§3.3", "gma_ref.layer.gma_layer",
           "multi-head layer (projections, per-head mixtures, concat, W_O) equals an explicit NumPy loop",
-          tolerance=LOOSE, tests=("tests/layer/test_equations.py",))
+          tolerance=_LOOSE, tests=("tests/layer/test_equations.py",))
 def _eq4(ctx: Context) -> float:
     p = layer.init_layer_params(6, 2, 3, 2, 3, seed=int(ctx.rng.integers(1 << 30)), xp=ctx.xp, dtype=ctx.dtype)
     host = {f: to_numpy(a) for f, a in p.arrays().items()}
@@ -419,7 +421,7 @@ def _eq4(ctx: Context) -> float:
 
 @register("Gates", "ext.", "gma_ref.layer.gma_layer",
           "gated layer: each head times σ(X W_G,h + b_G,h) (elementwise) or σ(X u_h + c_h) (head-wise) before "
-          "W_O, equals the loop of Eq. 4 with the gate applied by SciPy's expit", tolerance=LOOSE,
+          "W_O, equals the loop of Eq. 4 with the gate applied by SciPy's expit", tolerance=_LOOSE,
           tests=("tests/layer/test_gates.py",))
 def _gates_forward(ctx: Context) -> float:
     errs = []

@@ -19,8 +19,10 @@ from .. import posterior as resp
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 
+__all__ = ["GRAD_TOL", "worst_vjp_error", "as_numpy_fn"]
+
 GRAD_TOL = {"float64": 1e-7, "float32": 2e-3}
-EXACT = {"float64": 1e-12, "float32": 1e-5}
+_EXACT = {"float64": 1e-12, "float32": 1e-5}
 
 
 def _fd(
@@ -102,7 +104,7 @@ def _eq18(ctx: Context) -> float:
 
 
 @register("Eq. 18", "§4.1", "gma_ref.posterior.scores_cotangent",
-          "Σ_k δ_ik = 0 for every token (max |row sum| / max |δ|)", tolerance=EXACT, kind="gradient",
+          "Σ_k δ_ik = 0 for every token (max |row sum| / max |δ|)", tolerance=_EXACT, kind="gradient",
           tests=("tests/across_modules/test_gradients.py",))
 def _eq18_rows(ctx: Context) -> float:
     g, cot = ctx.simplex(7, 4), ctx.normal(7, 4)
@@ -179,7 +181,7 @@ def _chunk_grad(ctx: Context) -> float:
 
 @register("Eq. 10b", "§3.5", "gma_ref.induced.gma_materialized_backward",
           "gradients through the materialized N×N form equal the latent/chunked ones (bidirectional and causal)",
-          tolerance=EXACT, kind="gradient", tests=("tests/across_modules/test_gradients.py",))
+          tolerance=_EXACT, kind="gradient", tests=("tests/across_modules/test_gradients.py",))
 def _mat_vs_latent(ctx: Context) -> float:
     args = [ctx.arr(a) for a in _core_case(ctx, 9, 9)]
     cot = ctx.arr(ctx.normal(9, 2))
@@ -218,7 +220,7 @@ def _eq63(ctx: Context) -> float:
 
 
 @register("Eq. 64", "App. D.3", "gma_ref.attention.gma_attention_backward",
-          "Σ_m ∂L/∂α_m = 0 (relative to max |∂L/∂α|)", tolerance=EXACT, kind="gradient",
+          "Σ_m ∂L/∂α_m = 0 (relative to max |∂L/∂α|)", tolerance=_EXACT, kind="gradient",
           tests=("tests/across_modules/test_gradients.py",))
 def _eq64(ctx: Context) -> float:
     args = _attention_case(ctx, 6, 6)

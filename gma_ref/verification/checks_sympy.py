@@ -20,6 +20,8 @@ from .. import posterior as resp
 from .registry import Context, register, to_numpy
 from .registry import relative_error as _rel
 
+__all__ = ["SYMPY_TOL", "sympy_comparisons", "gate_comparisons"]
+
 #: The lambdified sympy gradients evaluate exponentials directly (not in log space) and the mixture
 #: gradients are small differences of larger terms, so they carry up to ~1e-11 relative rounding
 #: (measured: worst 6.9e-12 over 60 random points).
