@@ -6,3 +6,5 @@ Nothing a candidate's check runs imports this package. The kernels
 import only the vocabulary and the declaration; :mod:`~gma_ref.testing.calibration.measure` runs them
 over the cases with τ = 1.
 """
+
+__all__: list[str] = []

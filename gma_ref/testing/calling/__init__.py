@@ -8,3 +8,5 @@ messages between the oracle and its worker), :mod:`~gma_ref.testing.calling.work
 the candidate's side) and :mod:`~gma_ref.testing.calling.isolation` (the oracle's handle on it).
 Of the oracle, these import only the vocabulary and the declaration.
 """
+
+__all__: list[str] = []

@@ -35,6 +35,7 @@ __all__ = [
     "device_name",
     "noncontiguous",
     "reference_namespace",
+    "snapshot",
 ]
 
 # --------------------------------------------------------------------------- dtypes and devices

@@ -36,7 +36,7 @@ from .capture import printable
 from .probes import Probed
 from .wire import WorkerLost, read_reply, send_request
 
-__all__ = ["IsolatedCandidate", "LoadError", "WorkerLost", "IMPORT_TIMEOUT_S", "describe_exit"]
+__all__ = ["IsolatedCandidate", "LoadError", "WorkerLost", "IMPORT_TIMEOUT_S", "describe_exit", "declaration_from_data"]
 
 #: Seconds the worker may take to import the implementation (unless the caller gives another limit).
 IMPORT_TIMEOUT_S: float = 120.0

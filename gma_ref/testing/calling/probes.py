@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 
 from ..names import DEVICES, NAMESPACES
 
-__all__ = ["Probed", "probe_flushes_subnormals", "probe_tf32_products", "x64_problem"]
+__all__ = ["Probed", "probe_flushes_subnormals", "probe_tf32_products", "x64_problem", "tf32_rounded",
+           "jax_x64_missing"]
 
 _PROBE_DTYPES = ("float32", "float64")
 

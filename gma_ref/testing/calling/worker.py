@@ -108,14 +108,14 @@ class Worker:
     def start(self, req: dict[str, Any]) -> None:
         sys.path[:] = list(req["sys_path"])
         pickled = req.get("pickled")
-        impl, exc = attempt(lambda: pickle.loads(pickled) if pickled is not None
+        impl, exc = _attempt(lambda: pickle.loads(pickled) if pickled is not None
                             else load_implementation(req["target"]))
         if exc is not None:
             self.reply({"op": "load_error", "detail": f"{type(exc).__name__}: {_safe(exc)}"})
             return
         self.impl = impl
         data, why = declaration_data(impl)
-        advice, _ = attempt(lambda: suggest_declaration(impl) if data is None and why is None else None)
+        advice, _ = _attempt(lambda: suggest_declaration(impl) if data is None and why is None else None)
         self.reply({"op": "ready", "declaration": data, "declaration_error": why, "advice": advice,
                     "name": _safe(getattr(impl, "__qualname__", None) or type(impl).__name__),
                     "has_vjp": getattr(impl, "gma_vjp", None) is not None})
@@ -136,7 +136,7 @@ class Worker:
         self.reply({"op": "configured", "vjp": self.vjp is not None, "why": why})
 
     def has_dtype(self, req: dict[str, Any]) -> None:
-        found, exc = attempt(lambda: candidate_dtype(req["namespace"], req["dtype"]) is not None)
+        found, exc = _attempt(lambda: candidate_dtype(req["namespace"], req["dtype"]) is not None)
         self.reply({"op": "dtype", "found": found is True,
                     "why": None if exc is None else f"{type(exc).__name__}: {_safe(exc)}"})
 
@@ -145,10 +145,10 @@ class Worker:
         matrix products are TF32, here in the worker."""
         from .probes import jax_x64_missing, probe_flushes_subnormals, probe_tf32_products
 
-        x64, exc = attempt(lambda: jax_x64_missing(req["namespace"], req["dtype"]))
-        flushes, exc2 = (None, None) if x64 is not None or exc is not None else attempt(
+        x64, exc = _attempt(lambda: jax_x64_missing(req["namespace"], req["dtype"]))
+        flushes, exc2 = (None, None) if x64 is not None or exc is not None else _attempt(
             lambda: probe_flushes_subnormals(req["namespace"], req["device"], req["dtype"]))
-        tf32, exc3 = (None, None) if x64 is not None or req["dtype"] != "float32" else attempt(
+        tf32, exc3 = (None, None) if x64 is not None or req["dtype"] != "float32" else _attempt(
             lambda: probe_tf32_products(req["namespace"], req["device"], req["dtype"]))
         bad, bad_tf32 = exc or exc2, exc3
         self.reply({"op": "probed", "x64": x64, "flushes": flushes is True, "tf32": tf32 is True,
@@ -166,7 +166,7 @@ class Worker:
             with np.errstate(over="ignore", invalid="ignore"):  # a value beyond the range: refused by the oracle
                 return {n: to_candidate(req["arrays"][n], self.namespace, req["dtype"], req["device"]) for n in names}
 
-        cand, exc = attempt(round_all)
+        cand, exc = _attempt(round_all)
         if exc is not None:
             self.reply({"op": "prepared", "error": _failure(exc)})
             return
@@ -188,7 +188,7 @@ class Worker:
         inputs = self.cand
         if req["layout"] == "noncontiguous":
             inputs = {n: None if a is None else noncontiguous(a, self.namespace) for n, a in self.cand.items()}
-        got, exc = attempt(lambda: split_result(call_impl(self.impl, inputs, req["opts"], self.names),
+        got, exc = _attempt(lambda: split_result(call_impl(self.impl, inputs, req["opts"], self.names),
                                                 self.returns_state))
         mutated, changed = self._mutated()
         if exc is not None:
@@ -206,7 +206,7 @@ class Worker:
                 raise ReturnedError(f"vjp: expected a dict of gradients {{'d_q': ...}}, got a {type(grads).__name__}")
             return {str(k): g for k, g in grads.items()}
 
-        grads, exc = attempt(call)
+        grads, exc = _attempt(call)
         mutated, changed = self._mutated()
         if exc is not None:
             self.reply({"op": "vjp", "error": _failure(exc), "mutated": mutated}, changed)
@@ -216,7 +216,7 @@ class Worker:
         self.reply({"op": "vjp", "keys": keys, "mutated": mutated}, hosts + changed)
 
 
-def attempt(fn: Any) -> tuple[Any, BaseException | None]:
+def _attempt(fn: Any) -> tuple[Any, BaseException | None]:
     """``(fn(), None)`` or ``(None, exc)`` for anything ``fn`` raises, ``KeyboardInterrupt`` included.
 
     In the worker nothing the candidate raises stops the check: Ctrl-C reaches the oracle (the

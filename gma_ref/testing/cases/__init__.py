@@ -6,3 +6,5 @@
 :mod:`~gma_ref.testing.cases.power` (the default set's detection power against the fault model).
 These import only the vocabulary (:mod:`~gma_ref.testing.names`).
 """
+
+__all__: list[str] = []

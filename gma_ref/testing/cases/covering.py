@@ -17,16 +17,16 @@ from typing import Any
 
 __all__ = ["pairwise_cover", "uncovered_pairs"]
 
-Row = dict[str, Any]
-Pair = tuple[tuple[str, Any], tuple[str, Any]]
+_Row = dict[str, Any]
+_Pair = tuple[tuple[str, Any], tuple[str, Any]]
 
 
-def _all_pairs(axes: Mapping[str, Sequence[Any]]) -> list[Pair]:
+def _all_pairs(axes: Mapping[str, Sequence[Any]]) -> list[_Pair]:
     names = list(axes)
     return [((a, x), (b, y)) for a, b in combinations(names, 2) for x in axes[a] for y in axes[b]]
 
 
-def uncovered_pairs(axes: Mapping[str, Sequence[Any]], rows: Sequence[Mapping[str, Any]]) -> list[Pair]:
+def uncovered_pairs(axes: Mapping[str, Sequence[Any]], rows: Sequence[Mapping[str, Any]]) -> list[_Pair]:
     """The pairs ``((axis_a, value), (axis_b, value))`` of ``axes`` that no row of ``rows`` holds.
 
     With a single axis, the "pairs" are its values alone, as ``((axis, value), (axis, value))``.
@@ -53,9 +53,9 @@ def _validate(axes: Mapping[str, Sequence[Any]], budget: float | None, cost: Any
         raise ValueError(f"budget must be None or a number >= 0, got {budget!r}")
 
 
-def pairwise_cover(axes: Mapping[str, Sequence[Any]], *, cost: Callable[[Row], float] | None = None,
+def pairwise_cover(axes: Mapping[str, Sequence[Any]], *, cost: Callable[[_Row], float] | None = None,
                    budget: float | None = None, max_cost: float | None = None,
-                   overhead: float | None = None, start: Sequence[Mapping[str, Any]] = ()) -> list[Row]:
+                   overhead: float | None = None, start: Sequence[Mapping[str, Any]] = ()) -> list[_Row]:
     """Rows (dicts axis → value) in which every pair of values of two different axes occurs at least once.
 
     Greedy and deterministic (no randomness; the same ``axes`` give the same rows): each row
@@ -83,7 +83,7 @@ def pairwise_cover(axes: Mapping[str, Sequence[Any]], *, cost: Callable[[Row], f
     base = {n: axes[n][0] for n in names}
     cheap = {n: min(axes[n], key=lambda v, n=n: (price({**base, n: v}), axes[n].index(v))) for n in names}
 
-    def completed(part: Row) -> Row:
+    def completed(part: _Row) -> _Row:
         return {n: part.get(n, cheap[n]) for n in names}
 
     uncovered = set(_all_pairs(axes))
@@ -96,12 +96,12 @@ def pairwise_cover(axes: Mapping[str, Sequence[Any]], *, cost: Callable[[Row], f
         uncovered = {p for p in uncovered if seed_cost[p] <= max_cost}
     position = {p: i for i, p in enumerate(_all_pairs(axes))}
     order = sorted(uncovered, key=lambda p: (-seed_cost[p], position[p]))
-    rows: list[Row] = []
+    rows: list[_Row] = []
     seeds: list[Any] = [dict(r) for r in start] + order
     for seed in seeds:
         if not isinstance(seed, dict) and seed not in uncovered:
             continue
-        row: Row = dict(seed)
+        row: _Row = dict(seed)
         limit = max(price(completed(row)), budget if budget is not None else float("inf"))
         for name in names:
             if name in row:
@@ -124,6 +124,6 @@ def pairwise_cover(axes: Mapping[str, Sequence[Any]], *, cost: Callable[[Row], f
     return rows
 
 
-def _key(names: list[str], x: tuple[str, Any], y: tuple[str, Any]) -> Pair:
+def _key(names: list[str], x: tuple[str, Any], y: tuple[str, Any]) -> _Pair:
     """The pair ``(x, y)`` in the axis order of ``names``."""
     return (x, y) if names.index(x[0]) < names.index(y[0]) else (y, x)

@@ -74,6 +74,11 @@ __all__ = [
     "generate_layer_cases",
     "admissible_size",
     "constrain_case",
+    "INTERACTION_CHUNKS",
+    "FULL_SIZE_AXES",
+    "FULL_LOOP_AXES",
+    "TILING_CHUNK",
+    "TILING_BUDGET",
 ]
 
 _SHORT = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}

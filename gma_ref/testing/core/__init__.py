@@ -8,3 +8,5 @@ tolerances), :mod:`~gma_ref.testing.core.long` (long cases and their O(N)-memory
 :mod:`~gma_ref.testing.core.case_runner` (one case checked). The reference evaluates the reader's
 functions of :mod:`gma_ref` only, never the fast path it may be asked to judge.
 """
+
+__all__: list[str] = []

@@ -46,12 +46,12 @@ class ReportLike(Protocol):
     def failed_cases(self) -> list[str]: ...
 
 __all__ = ["diagnose", "requested_but_skipped", "case_regime", "case_variant", "case_attributes",
-           "separating_conjunction", "MAX_CONJUNCTION"]
+           "separating_conjunction", "MAX_CONJUNCTION", "ReportLike"]
 
 #: Regimes that stress precision and range (the default set's edge regimes).
-HARD_REGIMES: tuple[str, ...] = tuple(r for r in REGIMES if r != "normal")
+_HARD_REGIMES: tuple[str, ...] = tuple(r for r in REGIMES if r != "normal")
 #: Relative spread within which worst-element ratios count as "one constant".
-FACTOR_SPREAD = 1e-3
+_FACTOR_SPREAD = 1e-3
 
 _SIZES = re.compile(r"-B(\d+)-H(\d+)-N(\d+)(?:x\d+)?-K\d+-(?:dm\d+-)?dr\d+-dv(\d+)-")
 
@@ -59,7 +59,7 @@ _SIZES = re.compile(r"-B(\d+)-H(\d+)-N(\d+)(?:x\d+)?-K\d+-(?:dm\d+-)?dr\d+-dv(\d
 def case_regime(case_id: str) -> str:
     """The regime named in a case id (``'normal'`` when none is)."""
     parts = case_id.split("-")
-    return next((p for p in parts if p in HARD_REGIMES), "normal")
+    return next((p for p in parts if p in _HARD_REGIMES), "normal")
 
 
 def case_variant(case_id: str) -> str | None:
@@ -117,8 +117,8 @@ def _constant_factor(f: _Facts) -> str | None:
         return None
     ratios = sorted(by_tensor.values())
     mid = ratios[len(ratios) // 2]
-    if mid == 0 or not all(abs(x - mid) <= FACTOR_SPREAD * abs(mid) for x in ratios) \
-            or abs(mid - 1.0) <= FACTOR_SPREAD:
+    if mid == 0 or not all(abs(x - mid) <= _FACTOR_SPREAD * abs(mid) for x in ratios) \
+            or abs(mid - 1.0) <= _FACTOR_SPREAD:
         return None
     return (f"every failing tensor is the reference times {mid:.6g} at its worst element: a stray constant "
             "factor (a scale, a normalisation, a factor 2 or a sign) applied to the result")
@@ -192,15 +192,15 @@ def diagnose(report: ReportLike) -> list[str]:
 #: The most attributes a separating conjunction may join (:func:`separating_conjunction`).
 MAX_CONJUNCTION = 3
 #: The tile sizes whose crossing (and remainder) is an attribute of K, d_r, d_v and N.
-ATTRIBUTE_TILES: tuple[int, ...] = (8, 16, 32, 64)
+_ATTRIBUTE_TILES: tuple[int, ...] = (8, 16, 32, 64)
 #: What to look at when the causal or the cross variant alone fails with wrong numbers.
-VARIANT_CAUSES: dict[str, str] = {
+_VARIANT_CAUSES: dict[str, str] = {
     "causal": "the causal mask (key j visible to query i iff j <= i), the state carried between chunks (a chunk "
               "boundary, the prefix sums of V~ and Z) or the running mass",
     "cross": "N_q != N_k there: a loop bound, shape or stride taken from the queries for the keys",
 }
 #: The checks' metrics of a call that returned no result (it raised, exited, crashed, hung or ran out of memory).
-CALL_LOST = ("raised", "crashed", "timeout", "exited", "memory")
+_CALL_LOST = ("raised", "crashed", "timeout", "exited", "memory")
 
 _CASE_ID = re.compile(r"^(?:layer-)?(?P<variant>bidirectional|causal|cross)-B(?P<b>\d+)-H(?P<h>\d+)-N(?P<nq>\d+)"
                       r"(?:x(?P<nk>\d+))?-K(?P<k>\d+)-(?:dm\d+-)?dr(?P<dr>\d+)-dv(?P<dv>\d+)-(?P<dt>[a-z0-9]+)"
@@ -228,7 +228,7 @@ def _atoms(failing: list[dict[str, Any]]) -> list[tuple[str, Callable[[dict[str,
             ("more than one chunk of 64", lambda a: a["variant"] == "causal" and a["N_q"] > 64),
             ("more than one chunk of its chunk size", lambda a: a["chunk"] > 0 and a["N_q"] > a["chunk"])]
     for x in ("K", "d_r", "d_v"):
-        for t in ATTRIBUTE_TILES:
+        for t in _ATTRIBUTE_TILES:
             out.append((f"{x} > {t}", lambda a, x=x, t=t: a[x] > t))
             out.append((f"{x} > {t} with {x} mod {t} ≠ 0", lambda a, x=x, t=t: a[x] > t and a[x] % t != 0))
             out.append((f"{x} > {t} with {x} mod {t} > 1", lambda a, x=x, t=t: a[x] > t and a[x] % t > 1))
@@ -237,7 +237,7 @@ def _atoms(failing: list[dict[str, Any]]) -> list[tuple[str, Callable[[dict[str,
                 r = rems.pop()
                 out.append((f"{x} > {t} with {x} mod {t} = {r}", lambda a, x=x, t=t, r=r: a[x] > t and a[x] % t == r))
         out.append((f"{x} = 1", lambda a, x=x: a[x] == 1))
-    for t in ATTRIBUTE_TILES:
+    for t in _ATTRIBUTE_TILES:
         out.append((f"N > {t}", lambda a, t=t: max(a["N_q"], a["N_k"]) > t))
     out.append(("N = 1", lambda a: min(a["N_q"], a["N_k"]) == 1))
     out += [(f"regime {r}", lambda a, r=r: a["regime"] == r) for r in REGIMES]
@@ -283,14 +283,14 @@ def _conjunction_line(f: _Facts) -> str | None:
     if terms is None:
         return None
     counts = f"({len(failing)} of {len(failing)} failing, 0 of {len(passing)} passing)"
-    lost = [r for r in f.failures if r.check == "call" and r.metric in CALL_LOST]
+    lost = [r for r in f.failures if r.check == "call" and r.metric in _CALL_LOST]
     if lost:
         kinds = "/".join(sorted({r.metric for r in lost}))
         return (f"every failing case has {' and '.join(terms)} {counts}; {len({r.case_id for r in lost})} of them "
                 f"returned no result ({kinds}): nothing is known of the arithmetic there")
     said = f"every failing case has {' and '.join(terms)} {counts}"
     variant = terms[0].removeprefix("variant ") if len(terms) == 1 and terms[0].startswith("variant ") else None
-    return said + (f": {VARIANT_CAUSES[variant]}" if variant in VARIANT_CAUSES else "")
+    return said + (f": {_VARIANT_CAUSES[variant]}" if variant in _VARIANT_CAUSES else "")
 
 
 def requested_but_skipped(report: ReportLike) -> list[str]:

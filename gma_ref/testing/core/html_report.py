@@ -27,7 +27,7 @@ TENSOR_ORDER: tuple[str, ...] = ("out", "d_q", "d_k", "d_v", "d_means", "d_omega
                                  "mass", "d_x", "d_y", "d_w_q", "d_w_k", "d_w_v", "d_w_o", "d_gate_w", "d_gate_b")
 
 #: The log10 of the smallest ratio with a colour of its own (smaller ratios share it).
-LOG_FLOOR: float = -4.0
+_LOG_FLOOR: float = -4.0
 _CELL_W, _CELL_H, _LABEL_W, _HEAD_H = 104, 16, 7, 28  # px; _LABEL_W: per character of the longest case id
 
 
@@ -52,7 +52,7 @@ class Cell:
             return "#8b0000" if self.failed else "#ffffff"
         if self.ratio > 1 or self.failed:
             return "#d7191c"
-        t = 1.0 if self.ratio <= 0 else min(max(math.log10(self.ratio) / LOG_FLOOR, 0.0), 1.0)
+        t = 1.0 if self.ratio <= 0 else min(max(math.log10(self.ratio) / _LOG_FLOOR, 0.0), 1.0)
         lo, hi = (255, 255, 191), (44, 123, 182)  # at the threshold; far below it
         return "#" + "".join(f"{round(a + (b - a) * t):02x}" for a, b in zip(lo, hi, strict=True))
 
@@ -136,7 +136,7 @@ def _legend(x: int, y: int) -> str:
     """The colour scale under the heatmap: 10^-4 … 1 on a log scale, then above the threshold, failed, ended."""
     parts = []
     for k in range(9):
-        ratio = 10 ** (LOG_FLOOR * (1 - k / 8))
+        ratio = 10 ** (_LOG_FLOOR * (1 - k / 8))
         parts.append(f'<rect x="{x + 14 * k}" y="{y}" width="14" height="10" fill="{Cell(ratio).colour}"/>')
     parts.append(f'<text x="{x}" y="{y + 22}" class="legend">1e-4</text>')
     parts.append(f'<text x="{x + 112}" y="{y + 22}" class="legend">1 (threshold)</text>')

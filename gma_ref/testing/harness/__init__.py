@@ -8,3 +8,5 @@
 (declared properties confirmed), :mod:`~gma_ref.testing.harness.assertions` (``assert_gma_close``),
 :mod:`~gma_ref.testing.harness.pytest_plugin` and :mod:`~gma_ref.testing.harness.triton_interpreter`.
 """
+
+__all__: list[str] = []

@@ -60,11 +60,11 @@ from ..core.report import Report, Skip
 from ..declaration import Declaration, declaration_of
 from .runner import check
 
-__all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "check_explore",
-           "read_xfail_file", "worker_for", "merged_report"]
+__all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "check_explore", "read_xfail_file",
+           "worker_for", "merged_report", "GmaCaseItem", "GmaExploreItem", "pytest_addoption", "pytest_configure"]
 
 #: Name of the collector node: item ids are ``gma-ref::<case id>``.
-NODE_NAME = "gma-ref"
+_NODE_NAME = "gma-ref"
 
 
 @dataclass(frozen=True)
@@ -389,7 +389,7 @@ class _GmaSession:
         impl, cases = self._cases()
         xfail_file = config.getoption("gma_xfail")
         known = read_xfail_file(xfail_file) if xfail_file else set()
-        parent = _GmaCollector.from_parent(session, name=NODE_NAME, nodeid=NODE_NAME)
+        parent = _GmaCollector.from_parent(session, name=_NODE_NAME, nodeid=_NODE_NAME)
         seen: dict[str, int] = {}
         added: list[pytest.Item] = []
         for c in cases:
@@ -495,7 +495,7 @@ class GmaCaseItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{NODE_NAME}::{self.name}"
+        return self.path, None, f"{_NODE_NAME}::{self.name}"
 
 
 class GmaExploreItem(pytest.Item):
@@ -519,4 +519,4 @@ class GmaExploreItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{NODE_NAME}::{self.name}"
+        return self.path, None, f"{_NODE_NAME}::{self.name}"

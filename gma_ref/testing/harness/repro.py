@@ -37,7 +37,7 @@ from ..core.case_runner import evaluate_case
 from ..core.report import rerun_command
 from ..declaration import Declaration
 
-__all__ = ["CaseFile", "load_case_file", "write_reproducer", "shrink_case", "shrink_and_write"]
+__all__ = ["CaseFile", "load_case_file", "write_reproducer", "shrink_case", "shrink_and_write", "SHRINK_BUDGET_S"]
 
 #: At most this many seconds are spent shrinking one failing case.
 SHRINK_BUDGET_S: float = 30.0

@@ -58,7 +58,7 @@ from .declared import TF32_CHECK_ID
 from .placement import Placement, candidate_name, place
 
 __all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "EXIT_INTERRUPTED",
-           "check_writable_dir", "say_in_process"]
+           "check_writable_dir", "say_in_process", "SHRINK_TOTAL_S"]
 
 
 def check(
@@ -552,19 +552,19 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
 
 
 #: The chunk sizes a kernel that keeps its own chunk is shown the coverage of (``Report.envelope``).
-OWN_CHUNKS: tuple[int, ...] = (16, 32, 64)
+_OWN_CHUNKS: tuple[int, ...] = (16, 32, 64)
 
 
 def _own_chunk_envelope(envelope: dict[str, int], case_list: list[Case]) -> dict[str, int]:
     """``envelope`` for a kernel that keeps its own chunk size (``accepts_chunk_size=False``): instead of the
     cases' chunks (which it never sees), ``own_chunks_C`` — the most chunks of C tokens a causal case runs
     through — and ``own_chunks_C_bh``, the same among the causal cases with B > 1 and H > 1, for each C of
-    :data:`OWN_CHUNKS`."""
+    :data:`_OWN_CHUNKS`."""
     out = {k: v for k, v in envelope.items() if k != "chunks"}
     causal = [c for c in case_list if c.causal]
     if not causal:
         return out
-    for size in OWN_CHUNKS:
+    for size in _OWN_CHUNKS:
         out[f"own_chunks_{size}"] = max(-(-c.n_q // size) for c in causal)
         out[f"own_chunks_{size}_bh"] = max((-(-c.n_q // size) for c in causal if c.batch > 1 and c.heads > 1),
                                            default=0)

@@ -75,8 +75,8 @@ from ..cases.sets import Case, case_arrays
 from ..declaration import Declaration
 from ..names import INPUT_NAMES
 
-__all__ = ["LENGTHS", "WIDTHS", "MEMORY_EXPONENT_MAX", "MEMORY_BUDGET", "Point", "Sweep", "fit_exponent",
-           "run_sweeps"]
+__all__ = ["LENGTHS", "WIDTHS", "MEMORY_EXPONENT_MAX", "MEMORY_BUDGET", "Point", "Sweep", "fit_exponent", "run_sweeps",
+           "NOISE_FLOOR"]
 
 #: Sequence lengths of the length sweep (cut at ``n_max``).
 LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536)

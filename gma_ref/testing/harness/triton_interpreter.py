@@ -49,6 +49,9 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["WORKAROUNDS", "EMULATIONS", "Undo", "first_config_autotuning", "tensor_loop_variables", "bf16_dot",
+           "bf16_rounding_casts", "bf16_value_arithmetic", "emulate_tf32_dot", "APPLY", "interpreter_workarounds"]
+
 WORKAROUNDS = ("autotune", "loop_tensors", "bf16_dot", "bf16_casts", "bf16_arithmetic")
 EMULATIONS = ("tf32",)
 
