@@ -341,12 +341,13 @@ def latent_vjp(
     gamma_q: Array, gamma_k: Array, v: Array, d_out: Array, eps: float, out: Array | None, check_finite: bool,
     out_name: str = "saved", out_instead: str = "saved=None to recompute it",
 ) -> GMAGrad:
-    """:func:`gma_bidirectional_backward`, for a caller that keeps the saved output under another name.
+    """:func:`gma_bidirectional_backward` for a caller that keeps the saved output under another name.
 
-    ``out`` is the forward's output (``None``: recomputed), checked as ``saved`` is there; ``out_name`` names it
-    in the messages and ``out_instead`` is the remedy they suggest, so that a caller holding the output elsewhere
-    (:func:`gma_ref.attention.gma_attention_backward`: ``saved.out``) reports it under that name. Returns and
-    raises as :func:`gma_bidirectional_backward`.
+    Takes the arguments of :func:`gma_bidirectional_backward`, all positional: ``eps`` and ``check_finite`` as
+    there; ``out``, the forward's output ``(..., N_q, d_v)`` (``None``: recomputed), checked as ``saved`` is
+    there. ``out_name`` names it in the messages and ``out_instead`` is the remedy they suggest, so that a caller
+    holding the output elsewhere (:func:`gma_ref.attention.gma_attention_backward`: ``saved.out``) reports it under
+    that name. Returns the :class:`GMAGrad` of :func:`gma_bidirectional_backward`, and raises as it does.
     """
     xp = namespace(gamma_q=gamma_q, gamma_k=gamma_k, v=v, d_out=d_out, **{out_name: out})
     eps = check_routing_inputs(xp, gamma_q, gamma_k, v, eps, check_finite)

@@ -315,9 +315,11 @@ def responsibilities(
 
 
 def softmax_scores(s: Array) -> tuple[Array, Array]:
-    """(Γ, log Γ) of the scores ``s`` ``(..., N, K)`` (Eq. 3b = Eq. 51), max-subtracted; no checks.
+    """(Γ, log Γ) of the scores ``s`` (Eq. 3b = Eq. 51): the softmax over the K components, max-subtracted.
 
-    The step :func:`responsibilities` and the fast path (:mod:`gma_ref.fast.matmul_scores`) share.
+    ``s`` ``(..., N, K)`` (e.g. from :func:`scores`) → Γ and log Γ, both ``(..., N, K)`` in the dtype of ``s``.
+    No checks of its own: the step :func:`responsibilities` (which validates its inputs) and the fast path
+    (:mod:`gma_ref.fast.matmul_scores`) share it.
     """
     xp = namespace(s=s)
     # [eq:3+3b+51]
