@@ -19,7 +19,7 @@ the list's); were they to differ, every fault would get the whole default check 
 
 Writes the table between the markers of docs/oracle/fault-model.md and gma_ref/testing/cases/detection_power.json
 (the number of faults, the number killed in each dtype, and the fingerprint of the default case set:
-the SHA-256 of the newline-joined sorted case ids of the float32 and float64 default case sets).
+the SHA-256 of the sorted definitions of every case of the float32 and float64 default case sets).
 """
 
 from __future__ import annotations
@@ -89,11 +89,13 @@ def measure(fault_ids: list[str] | None = None, processes: int = 2) -> dict[str,
     """The first killing case of every fault (``fault_ids``: those only) in each dtype, and the case set's
     fingerprint: ``{'kills': {fault id: {dtype: case id or 'survives'}}, 'case_set': …, 'cases': {dtype: n}}``."""
     t0 = time.perf_counter()
-    ids: list[str] = []
+    measured_cases: list[Case] = []
     counts = {}
     for dtype in DTYPES:
         _CASES[dtype], ran = default_case_list(dtype)
-        ids += ran
+        if _CASES[dtype] is None:
+            raise RuntimeError(f"the {dtype} default check ran other cases than default_cases() lists: {ran}")
+        measured_cases += _CASES[dtype]
         counts[dtype] = len(ran)
     tasks = [(f, d) for f in (fault_ids or [f.fault_id for f in FAULTS]) for d in DTYPES]
     with multiprocessing.get_context("fork").Pool(processes) as pool:
@@ -101,7 +103,7 @@ def measure(fault_ids: list[str] | None = None, processes: int = 2) -> dict[str,
     kills: dict[str, dict[str, str]] = {}
     for fault_id, dtype, case_id in found:
         kills.setdefault(fault_id, {})[dtype] = case_id
-    return {"kills": kills, "case_set": case_set_fingerprint(ids), "cases": counts,
+    return {"kills": kills, "case_set": case_set_fingerprint(measured_cases), "cases": counts,
             "case_by_case": [d for d in DTYPES if _CASES[d] is not None], "seconds": round(time.perf_counter() - t0, 1)}
 
 

@@ -287,7 +287,7 @@ def _check(impl: Any, declaration: Declaration | None, explicit: list[Case] | No
     if file_case is not None:
         _explain_file_case(report, file_case, case_set.file, case_list)
     elif report.mode == "attention" and case_set.scale == "short":
-        report.detection = detection_text([c.case_id for c in case_list], report.dtype)
+        report.detection = detection_text(case_list, report.dtype)
     opts = {"vjp": the_vjp, "device": report.device, "xp": xp, "tolerance": what["tolerance"],
             "full_traceback": run.full_traceback, "arrays": None if file_case is None else file_case.arrays}
     shrinker = _Shrinker(impl, decl, repro, report, opts, timeout) if repro is not None and file_case is None else None
