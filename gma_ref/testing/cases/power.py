@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
-from collections.abc import Sequence
 from typing import Any
 
 from .sets import Case, default_cases
