@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gma_ref.testing import check  # noqa: E402
+from gma_ref.testing import CaseSet, check  # noqa: E402
 from gma_ref.testing.calibration.emulated_long import LongKernel  # noqa: E402
 from gma_ref.testing.calibration.measure import calibrate_long  # noqa: E402
 
@@ -90,16 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|---|---|")
         for dtype in dtypes:
             t0 = time.perf_counter()
-            good = check(LongKernel(dtype), scale="long", n_max=args.n_max, contract=False)
-            short = check(LongKernel(dtype), tiling=False)
+            good = check(LongKernel(dtype), contract=False, cases=CaseSet(scale="long", n_max=args.n_max))
+            short = check(LongKernel(dtype), cases=CaseSet(tiling=False))
             print(f"| LongKernel (correct) | {dtype} | {len(good.failed_cases())}/{len(good.case_ids)} | "
                   f"{worst(good):.3g} | {worst(short):.3g} | {time.perf_counter() - t0:.0f} s |", flush=True)
             for cls in LONG_BUGS:
                 if dtype not in cls.hidden_in:
                     continue
                 t0 = time.perf_counter()
-                rep = check(cls(dtype), scale="long", n_max=args.n_max, contract=False)
-                short = check(cls(dtype), tiling=False)
+                rep = check(cls(dtype), contract=False, cases=CaseSet(scale="long", n_max=args.n_max))
+                short = check(cls(dtype), cases=CaseSet(tiling=False))
                 print(f"| {cls.__name__} | {dtype} | {len(rep.failed_cases())}/{len(rep.case_ids)} | {worst(rep):.3g} "
                       f"| {worst(short):.3g} | {time.perf_counter() - t0:.0f} s |", flush=True)
     return 0

@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gma_ref.testing import check  # noqa: E402
+from gma_ref.testing import CaseSet, check  # noqa: E402
 from gma_ref.testing.calibration.emulated import NumpyKernel  # noqa: E402
 from gma_ref.testing.calibration.measure import Calibration, calibrate  # noqa: E402
 from gma_ref.testing.calibration.rounding_family import FAMILY  # noqa: E402
@@ -64,8 +64,8 @@ def grain_multiple(dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"),
     saved = compare.GRAIN_MULTIPLE
 
     def measure(pairs):
-        return {(cls, d): worst_ratio(check(cls(d), dtype=d, grad=True, n_cases=n_cases, contract=False,
-                                                tiling=False))
+        return {(cls, d): worst_ratio(check(cls(d), dtype=d, grad=True, contract=False,
+                                            cases=CaseSet(n_generated=n_cases, tiling=False)))
                 for cls, d in pairs}
 
     pending = [(cls, d) for cls in FAMILY for d in dtypes]
@@ -172,7 +172,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         for cls in (*FLOAT32_BUGS, *FLOAT64_BUGS, FlaNormaliseBackward, *CONTROLS):
             k = cls()
-            r = check(k, dtype=k.storage, grad=True, tiling=False)
+            r = check(k, dtype=k.storage, grad=True, cases=CaseSet(tiling=False))
             ratios = [x.value / x.threshold for x in r.results if x.metric in ("norm", "elem") and x.threshold]
             first = next((f"{x.case_id} {x.check} {x.tensor} {x.metric}" for x in r.failures), "-")
             kind = "control" if cls in CONTROLS else "bug"

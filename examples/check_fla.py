@@ -50,7 +50,7 @@ import sys
 import time
 from typing import Any
 
-from gma_ref.testing import Declaration, check
+from gma_ref.testing import CaseSet, Declaration, check
 
 FLA_EPS = 1e-10  # fla's fixed denominator stabiliser
 FLA_CHUNK = 64  # the chunk length of fla's naive chunk reference
@@ -174,10 +174,11 @@ def run(device: str = "cpu", kernels: tuple[str, ...] | None = None, dtypes: tup
             where = os.path.join(repro, name) if repro else None
             # The 29 edge cases (the figures of the oracle guide); fla's kernels take any N, K, d and heads.
             rows.append((name, dtype, "short", check(impl, dtype=dtype, grad=True, repro=where, name=target(name),
-                                                     tiling=False)))
+                                                     cases=CaseSet(tiling=False))))
             if long:
-                rows.append((name, dtype, "long", check(impl, dtype=dtype, scale="long", n_max=n_max,
-                                                        grad=long_grad and name != "naive_recurrent")))
+                rows.append((name, dtype, "long", check(impl, dtype=dtype,
+                                                        grad=long_grad and name != "naive_recurrent",
+                                                        cases=CaseSet(scale="long", n_max=n_max))))
             if verbose:
                 print(rows[-1][3].format())
     return rows

@@ -56,7 +56,7 @@ from contextlib import ExitStack, contextmanager, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from gma_ref.testing import check  # noqa: E402
+from gma_ref.testing import CaseSet, check  # noqa: E402
 from gma_ref.testing.harness.triton_interpreter import WORKAROUNDS, interpreter_workarounds  # noqa: E402
 
 KERNELS = ("chunk", "fused_chunk", "fused_recurrent")
@@ -197,13 +197,14 @@ def run(kernels: tuple[str, ...] = KERNELS, dtypes: tuple[str, ...] = ("float32"
                 # every workaround, no TF32 emulation, fla's own backward.
                 plain = workarounds == WORKAROUNDS and not tf32 and not reordered
                 # The edge cases alone: the interpreter runs a kernel hundreds of times slower than a GPU.
-                rows.append((name, dtype, "short", check(impl, dtype=dtype, grad=True, repro=where, tiling=False,
-                                                         case_file=case_file, name=target(name) if plain else None)))
+                rows.append((name, dtype, "short", check(impl, dtype=dtype, grad=True, repro=where,
+                                                         name=target(name) if plain else None,
+                                                         cases=CaseSet(tiling=False, file=case_file))))
                 if verbose:
                     print(rows[-1][3].format(), flush=True)
                 if long and name in LONG_KERNELS and case_file is None:
-                    rows.append((name, dtype, "long", check(impl, dtype=dtype, grad=long_grad, scale="long",
-                                                            n_max=LONG_N)))
+                    rows.append((name, dtype, "long", check(impl, dtype=dtype, grad=long_grad,
+                                                            cases=CaseSet(scale="long", n_max=LONG_N))))
                     if verbose:
                         print(rows[-1][3].format(), flush=True)
     return rows

@@ -26,7 +26,7 @@ import argparse
 import math
 import sys
 
-from gma_ref.testing import Declaration, check
+from gma_ref.testing import CaseSet, Declaration, check
 
 
 def cuda_gma(q, k, v, means, omega, prior_logits, *, causal, eps, eps_sigma):
@@ -78,8 +78,8 @@ def main() -> int:
         return 0
     status = 0
     for dtype in args.dtype or ["float32", "bfloat16"]:
-        report = check(cuda_gma, dtype=dtype, device="cuda", grad=True, n_cases=args.cases,
-                       name="examples/check_torch_cuda.py:cuda_gma")
+        report = check(cuda_gma, dtype=dtype, device="cuda", grad=True,
+                       name="examples/check_torch_cuda.py:cuda_gma", cases=CaseSet(n_generated=args.cases))
         print(report.to_json() if args.json else report.format())
         status = max(status, report.exit_code)
     return status

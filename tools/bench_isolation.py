@@ -51,7 +51,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from gma_ref.testing import check
+    from gma_ref.testing import RunOptions, check
     from gma_ref.testing.calling.worker import load_implementation
 
     tmp = Path(tempfile.mkdtemp())
@@ -65,9 +65,9 @@ def main() -> int:
     for label, target, opts in candidates:
         impl = load_implementation(target)
         times: dict[str, list[float]] = {"in": [], "iso": []}
-        n_cases = len(check(impl, in_process=True, **opts).case_ids)  # warm-up, and the case count
+        n_cases = len(check(impl, run=RunOptions(in_process=True), **opts).case_ids)  # warm-up, and the case count
         for _ in range(args.repeats):
-            times["in"].append(_time(lambda impl=impl, opts=opts: check(impl, in_process=True, **opts)))
+            times["in"].append(_time(lambda impl=impl, opts=opts: check(impl, run=RunOptions(in_process=True), **opts)))
             times["iso"].append(_time(lambda target=target, opts=opts: check(target, **opts)))
         t_in, t_iso = statistics.median(times["in"]), statistics.median(times["iso"])
         print(f"{label:<38} {n_cases:>5} {t_in:>13.2f} {t_iso:>11.2f} {t_iso / t_in:>6.2f}")

@@ -9,8 +9,8 @@ Usage (from the repository root, with ``pip install -e ".[test]"``)::
 
 For every fault of tests/support/fault_model.py and each of float32 and float64, the faulty
 :class:`~tests.support.tiled_kernel.TiledKernel` is run through the oracle's default case list in order, one
-``gma_ref.testing.check(kernel, dtype=…, grad=True, cases=[case], in_process=True)`` at a time (the project's
-own kernels run in this process; the contract checks on the first case of each variant, where the default
+``gma_ref.testing.check(kernel, dtype=…, grad=True, cases=[case], run=RunOptions(in_process=True))`` at a time
+(the project's own kernels run in this process; the contract checks on the first case of each variant, where the default
 check runs them), and the first case with a failure is
 recorded; a fault that no case fails gets the whole default check ``check(kernel, dtype=…, grad=True)``
 and is recorded as surviving only if that passes too. The case list is the one ``check`` runs by default,
@@ -19,7 +19,7 @@ the list's); were they to differ, every fault would get the whole default check 
 
 Writes the table between the markers of docs/oracle/fault-model.md and gma_ref/testing/cases/detection_power.json
 (the number of faults, the number killed in each dtype, and the fingerprint of the default case set:
-the SHA-256 of the newline-joined sorted case ids of the float32 and float64 default case sets).
+the SHA-256 of the sorted definitions of every case of the float32 and float64 default case sets).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gma_ref.testing import Case, check, default_cases  # noqa: E402
+from gma_ref.testing import Case, RunOptions, check, default_cases  # noqa: E402
 from gma_ref.testing.cases.power import case_set_fingerprint  # noqa: E402
 from tests.support.fault_model import FAULTS, faulty  # noqa: E402
 from tests.support.tiled_kernel import TiledKernel  # noqa: E402
@@ -60,7 +60,7 @@ def default_case_list(dtype: str) -> tuple[list[Case] | None, list[str]]:
     listed; the ids of the cases it ran). Runs the correct tiled kernel's default check; ``RuntimeError`` if
     that fails (the fault model would be measured against a false alarm)."""
     with contextlib.redirect_stderr(io.StringIO()):  # in-process: the project's own kernels, no worker each call
-        report = check(TiledKernel(dtype), dtype=dtype, grad=True, in_process=True)
+        report = check(TiledKernel(dtype), dtype=dtype, grad=True, run=RunOptions(in_process=True))
     if not report.passed:
         raise RuntimeError(f"the correct tiled kernel fails the default {dtype} check:\n{report.format()}")
     listed = default_cases(dtype=dtype, tiling=True)
@@ -77,11 +77,11 @@ def first_kill(task: tuple[str, str]) -> tuple[str, str, str]:
         seen: set[str] = set()
         for case in cases or ():
             report = check(kernel, dtype=dtype, grad=True, cases=[case], contract=case.variant not in seen,
-                           in_process=True)
+                           run=RunOptions(in_process=True))
             seen.add(case.variant)
             if report.failures:
                 return fault_id, dtype, case.case_id
-        report = check(kernel, dtype=dtype, grad=True, in_process=True)
+        report = check(kernel, dtype=dtype, grad=True, run=RunOptions(in_process=True))
     return fault_id, dtype, report.failures[0].case_id if report.failures else SURVIVES
 
 
@@ -89,11 +89,13 @@ def measure(fault_ids: list[str] | None = None, processes: int = 2) -> dict[str,
     """The first killing case of every fault (``fault_ids``: those only) in each dtype, and the case set's
     fingerprint: ``{'kills': {fault id: {dtype: case id or 'survives'}}, 'case_set': …, 'cases': {dtype: n}}``."""
     t0 = time.perf_counter()
-    ids: list[str] = []
+    measured_cases: list[Case] = []
     counts = {}
     for dtype in DTYPES:
         _CASES[dtype], ran = default_case_list(dtype)
-        ids += ran
+        if _CASES[dtype] is None:
+            raise RuntimeError(f"the {dtype} default check ran other cases than default_cases() lists: {ran}")
+        measured_cases += _CASES[dtype]
         counts[dtype] = len(ran)
     tasks = [(f, d) for f in (fault_ids or [f.fault_id for f in FAULTS]) for d in DTYPES]
     with multiprocessing.get_context("fork").Pool(processes) as pool:
@@ -101,7 +103,7 @@ def measure(fault_ids: list[str] | None = None, processes: int = 2) -> dict[str,
     kills: dict[str, dict[str, str]] = {}
     for fault_id, dtype, case_id in found:
         kills.setdefault(fault_id, {})[dtype] = case_id
-    return {"kills": kills, "case_set": case_set_fingerprint(ids), "cases": counts,
+    return {"kills": kills, "case_set": case_set_fingerprint(measured_cases), "cases": counts,
             "case_by_case": [d for d in DTYPES if _CASES[d] is not None], "seconds": round(time.perf_counter() - t0, 1)}
 
 

@@ -165,14 +165,14 @@ def measure_attention() -> dict[str, Any]:
 
 
 def measure_attention_bugs() -> dict[str, Any]:
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from tests.support.planted_impls import CONTROLS, FLOAT32_BUGS, FLOAT64_BUGS
 
     rows = []
     for cls in (*FLOAT32_BUGS, *FLOAT64_BUGS, *CONTROLS):
         row = {"implementation": cls.__name__, "kind": "control" if cls in CONTROLS else "bug"}
         for dtype in DTYPES:
-            row[dtype] = outcome(check(cls(dtype), dtype=dtype, grad=True, tiling=False))
+            row[dtype] = outcome(check(cls(dtype), dtype=dtype, grad=True, cases=CaseSet(tiling=False)))
         print(f"  {cls.__name__}: " + ", ".join(f"{d} {row[d]['failed']}/{row[d]['checked']} {row[d]['worst']:.3g}"
                                                 for d in DTYPES), flush=True)
         rows.append(row)
@@ -180,7 +180,7 @@ def measure_attention_bugs() -> dict[str, Any]:
 
 
 def measure_family() -> dict[str, Any]:
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from gma_ref.testing.calibration.measure import calibrate
     from gma_ref.testing.calibration.rounding_family import FAMILY
     from gma_ref.testing.core import compare
@@ -200,16 +200,16 @@ def measure_family() -> dict[str, Any]:
             worst = {}
             for cls in FAMILY if m in FAMILY_MULTIPLES else ():
                 for d in FAMILY_DTYPES:
-                    r = check(cls(d), dtype=d, grad=True, n_cases=200, contract=False, tiling=False)
+                    r = check(cls(d), dtype=d, grad=True, contract=False, cases=CaseSet(n_generated=200, tiling=False))
                     worst[f"{cls.__name__} {d}"] = {**outcome(r), "failing_cases": r.failed_cases()}
-            fla = {d: outcome(check(FlaNormaliseBackward(d), dtype=d, grad=True, tiling=False))
+            fla = {d: outcome(check(FlaNormaliseBackward(d), dtype=d, grad=True, cases=CaseSet(tiling=False)))
                    for d in ("float32", "float64")}
             sweep.append({"m": m, "family": worst, "fla_like": fla})
             print(f"  m = {m:g}: family {max((w['worst'] for w in worst.values()), default=0):.3g}, "
                   f"fla-like {fla['float32']['worst']:.3g} / {fla['float64']['worst']:.3g}", flush=True)
     finally:
         compare.GRAIN_MULTIPLE = saved
-    margins = {f"{cls.__name__} {d}": outcome(check(cls(d), dtype=d, grad=True, tiling=False))
+    margins = {f"{cls.__name__} {d}": outcome(check(cls(d), dtype=d, grad=True, cases=CaseSet(tiling=False)))
                for cls in FAMILY for d in FAMILY_DTYPES}
     return {**provenance({"generated": 200, "multiples": MULTIPLES, "family_multiples": FAMILY_MULTIPLES}),
             "rows": rows, "sweep": sweep, "margins": margins,
@@ -217,7 +217,7 @@ def measure_family() -> dict[str, Any]:
 
 
 def measure_layer() -> dict[str, Any]:
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from gma_ref.testing.calibration.emulated_layer import NumpyLayer
     from gma_ref.testing.core.compare import LAYER_TOLERANCES, TOLERANCES
     from tests.support.planted_impls import LAYER_BUGS, LAYER_CONTROLS
@@ -234,7 +234,7 @@ def measure_layer() -> dict[str, Any]:
     for cls in (*LAYER_BUGS, *LAYER_CONTROLS):
         row = {"implementation": cls.__name__, "kind": "control" if cls in LAYER_CONTROLS else "bug"}
         for dtype in ("float32", "float16", "bfloat16"):
-            row[dtype] = outcome(check(cls(dtype), dtype=dtype, grad=True, tiling=False))
+            row[dtype] = outcome(check(cls(dtype), dtype=dtype, grad=True, cases=CaseSet(tiling=False)))
         bugs.append(row)
         print(f"  {cls.__name__}: float32 {row['float32']['failed']}/{row['float32']['checked']} "
               f"{row['float32']['worst']:.3g}", flush=True)
@@ -244,7 +244,7 @@ def measure_layer() -> dict[str, Any]:
 
 
 def measure_gated() -> dict[str, Any]:
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from gma_ref.testing.calibration.emulated_layer import NumpyLayer
     from gma_ref.testing.core.compare import LAYER_TOLERANCES
     from tests.support.planted_impls import GATE_BUGS
@@ -257,11 +257,11 @@ def measure_gated() -> dict[str, Any]:
                                     N_LAYER_CASES[dtype])
             row["gate"] = gate
             rows.append(row)
-    default = {f"{gate} {d}": outcome(check(NumpyLayer(d, gate=gate), dtype=d, grad=True, tiling=False))
+    default = {f"{gate} {d}": outcome(check(NumpyLayer(d, gate=gate), dtype=d, grad=True, cases=CaseSet(tiling=False)))
                for gate in gates for d in DTYPES}
     bugs = []
     for cls, gate, tensor in GATE_BUGS:
-        r = check(cls("float32", gate=gate), dtype="float32", grad=True, tiling=False)
+        r = check(cls("float32", gate=gate), dtype="float32", grad=True, cases=CaseSet(tiling=False))
         on_tensor = max((x.value / x.threshold for x in r.results
                          if x.tensor == tensor and x.metric in ("norm", "elem") and finite(x.value)), default=0.0)
         bugs.append({"implementation": cls.__name__, "doc": (cls.__doc__ or "").strip(), "gate": gate,
@@ -301,7 +301,7 @@ def measure_long() -> dict[str, Any]:
 
 
 def measure_long_bugs() -> dict[str, Any]:
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from gma_ref.testing.calibration.emulated_long import LongKernel
     from tests.support.planted_long import LONG_BUGS
     from tests.testing.core.test_long import _ci_cases
@@ -313,7 +313,7 @@ def measure_long_bugs() -> dict[str, Any]:
                 continue
             make = (lambda d=dtype: LongKernel(d)) if cls is None else (lambda d=dtype, k=cls: k(d))
             long = outcome(check(make(), cases=_ci_cases(dtype), contract=False))
-            short_report = check(make(), tiling=False)
+            short_report = check(make(), cases=CaseSet(tiling=False))
             short = {**outcome(short_report), "failing_cases": short_report.failed_cases()}
             rows.append({"implementation": "LongKernel (correct)" if cls is None else cls.__name__, "dtype": dtype,
                          "long": long, "short": short})
@@ -346,23 +346,23 @@ def measure_timings() -> dict[str, Any]:
     """Wall-clock times of the default checks (contract checks included, as the CLI runs them) and of a CLI run."""
     import subprocess
 
-    from gma_ref.testing import check, default_cases
+    from gma_ref.testing import CaseSet, check, default_cases
     from gma_ref.testing.calibration.emulated import NumpyKernel
     from gma_ref.testing.calibration.emulated_layer import NumpyLayer
 
     load = os.getloadavg()[0]
     runs: list[tuple[str, Callable[[], Any]]] = [
-        ("NumpyKernel float32, default cases", lambda: check(NumpyKernel("float32"), tiling=False)),
+        ("NumpyKernel float32, default cases", lambda: check(NumpyKernel("float32"), cases=CaseSet(tiling=False))),
         ("NumpyKernel float32, the default set (tiling and interaction cases)", lambda: check(NumpyKernel("float32"))),
         ("NumpyKernel float64, the default set (tiling and interaction cases)", lambda: check(NumpyKernel("float64"))),
-        ("NumpyLayer float32, default layer cases", lambda: check(NumpyLayer("float32"), tiling=False)),
+        ("NumpyLayer float32, default layer cases", lambda: check(NumpyLayer("float32"), cases=CaseSet(tiling=False))),
     ]
     if has_torch():
         from tests.support.planted_impls import make_torch_impl
 
         for d in ("float32", "bfloat16"):
             runs.append((f"PyTorch implementation {d}, default cases",
-                         lambda d=d: check(make_torch_impl(), dtype=d, tiling=False)))
+                         lambda d=d: check(make_torch_impl(), dtype=d, cases=CaseSet(tiling=False))))
     rows = []
     for name, run in runs:
         t0 = time.perf_counter()

@@ -73,15 +73,17 @@ def sizes(case_id: str) -> dict[str, str]:
 
 def reproducer(path: str, tmp: str, impl: Any, check: Any, fixed: Any = None) -> dict[str, Any]:
     """A written reproducer as the page shows it: its command, case, failing lines and ratios when re-run."""
+    from gma_ref.testing import CaseSet
+
     text = Path(path[:-4] + ".txt").read_text(encoding="utf-8")
     lines = text.splitlines()
     failing = lines[lines.index("failing checks:") + 1:]
     case_id = Path(path).stem
     out = {"command": lines[0].replace(tmp + os.sep, "repro/"), "case": case_id, "sizes": sizes(case_id),
-           "failing": [ln for ln in failing if ln.strip()], "ratio": ratio(check(impl, case_file=path))}
+           "failing": [ln for ln in failing if ln.strip()], "ratio": ratio(check(impl, cases=CaseSet(file=path)))}
     if fixed is not None:
         with fixed():
-            out["ratio_reordered"] = ratio(check(impl, case_file=path))
+            out["ratio_reordered"] = ratio(check(impl, cases=CaseSet(file=path)))
     return out
 
 

@@ -319,18 +319,11 @@ def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: st
         except ValueError as exc:
             return EXIT_LOAD, _failure(args, EXIT_LOAD, f"cannot read the case file {args.case_file}", exc)
     try:
+        cases, run = _case_set(args), _run_options(args)  # a bad value is a usage error, as check's own are
         report = check(
             impl, _declaration(args, impl), variants=tuple(args.variant) if args.variant else None,
-            dtype=args.dtype, device=args.device, grad=args.grad, n_cases=args.cases, seed=args.seed,
-            contract=getattr(args, "contract", True), name=args.target, mode=getattr(args, "mode", None),
-            timeout=getattr(args, "timeout", 0.0) or None, full_traceback=getattr(args, "traceback", False),
-            repro=repro, case_file=getattr(args, "case_file", None), tiling=getattr(args, "tiling", True),
-            explore=getattr(args, "explore", None),
-            in_process=True if getattr(args, "in_process", False) else None,
-            keep_going=getattr(args, "keep_going", False), budget=getattr(args, "budget", None),
-            progress=None if getattr(args, "quiet", False) else _Progress(),
-            scale="scaling" if getattr(args, "scaling", False) else "long" if getattr(args, "long", False)
-            else "short")
+            dtype=args.dtype, device=args.device, grad=args.grad, mode=getattr(args, "mode", None),
+            cases=cases, contract=getattr(args, "contract", True), name=args.target, repro=repro, run=run)
     except Interrupted as exc:
         report = exc.report
     except (TypeError, ValueError) as exc:
@@ -344,6 +337,28 @@ def _run_loaded(args: argparse.Namespace, impl: Any, repro: str | None, note: st
     _write_html(args, report)
     verbose = args.verbose or getattr(args, "scaling", False)  # a scaling report is its sweeps' tables
     return report.exit_code, report.to_json() if args.json else report.format(verbose=verbose)
+
+
+def _case_set(args: argparse.Namespace) -> Any:
+    """The :class:`~gma_ref.testing.CaseSet` of ``--cases``, ``--seed``, ``--no-tiling``, ``--long``/``--scaling``,
+    ``--explore`` and ``--case-file``. Raises as ``CaseSet`` does for a bad value."""
+    from ..testing import CaseSet
+
+    scale = "scaling" if getattr(args, "scaling", False) else "long" if getattr(args, "long", False) else "short"
+    return CaseSet(n_generated=args.cases, seed=args.seed, tiling=getattr(args, "tiling", True), scale=scale,
+                   explore=getattr(args, "explore", None), file=getattr(args, "case_file", None))
+
+
+def _run_options(args: argparse.Namespace) -> Any:
+    """The :class:`~gma_ref.testing.RunOptions` of ``--in-process``, ``--timeout`` (0: none), ``--keep-going``,
+    ``--budget``, ``--traceback`` and ``--quiet`` (no progress line). Raises as ``RunOptions`` does."""
+    from ..testing import RunOptions
+
+    return RunOptions(in_process=True if getattr(args, "in_process", False) else None,
+                      timeout=getattr(args, "timeout", 0.0) or None, budget=getattr(args, "budget", None),
+                      keep_going=getattr(args, "keep_going", False),
+                      progress=None if getattr(args, "quiet", False) else _Progress(),
+                      full_traceback=getattr(args, "traceback", False))
 
 
 def _write_html(args: argparse.Namespace, report: Any) -> None:

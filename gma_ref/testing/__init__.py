@@ -14,6 +14,12 @@ Quick use (see docs/kernel-authors.md, and the reference in docs/oracle/)::
 
 or from the shell: ``gma-ref check mypkg.mymod:my_gma --dtype float32 --grad``.
 
+The options say what is checked (``dtype=``, ``variants=``, ``grad=`` …), which cases (``cases=``: a list
+of :class:`Case`, or a :class:`CaseSet` such as ``CaseSet(n_generated=20, seed=3)``) and how the run goes
+(``run=RunOptions(timeout=60, budget=600)``)::
+
+    check(my_gma, dtype="float32", cases=CaseSet(scale="long"), run=RunOptions(keep_going=True))
+
 The package's folders are its layers, each importing only from those below it (the order is in
 :mod:`~gma_ref.testing.names`): the vocabulary (:mod:`~gma_ref.testing.names`) and what a kernel
 declares (:mod:`~gma_ref.testing.declaration`); what is checked (:mod:`gma_ref.testing.cases`); how a
@@ -32,18 +38,21 @@ from .core.case_runner import CaseOutcome, NotCheckable, evaluate_case
 from .core.report import CheckResult, Interrupted, Report, Skip
 from .declaration import Declaration
 from .harness.assertions import assert_gma_close
+from .harness.options import CaseSet, RunOptions
 from .harness.repro import CaseFile, load_case_file
 from .harness.runner import assert_conforms, check
 
 __all__ = [
     "Case",
     "CaseFile",
+    "CaseSet",
     "CaseOutcome",
     "CheckResult",
     "Declaration",
     "Interrupted",
     "NotCheckable",
     "Report",
+    "RunOptions",
     "Skip",
     "assert_conforms",
     "assert_gma_close",

@@ -26,6 +26,7 @@ it, and no folder from one above it (``tests/testing/test_import_layers.py`` enf
         report               CheckResult, Skip, Report
         case_runner          checking one case (an outcome, or "not checkable")
     harness/                 running a whole check
+        options              check's options grouped: which cases (CaseSet), how the run goes (RunOptions)
         repro, assertions,   shrinking and case files; assert_gma_close; the complexity check; declared
         scaling, declared,   properties confirmed (a fixed ε); where a candidate passed as an object runs (a
         placement, bounds    worker process whenever it can); when a run stops (a repeated hang or crash,

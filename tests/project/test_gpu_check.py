@@ -62,11 +62,11 @@ def test_dry_run_with_a_gpu_lists_every_step(tmp_path):
 
 def test_the_gpu_candidate_is_a_correct_gma(tmp_path):
     """The long and scaling steps' candidate (gma_ref on CuPy arrays) passes the oracle when handed NumPy arrays."""
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
 
     _run(tmp_path, 'if [ "$1" = "-L" ]; then echo "GPU 0: x"; fi', "--dry-run")
     ns: dict = {}
     exec((tmp_path / "out" / "gpu_candidates.py").read_text(), ns)
     fn = ns["cupy_gma"]
     decl = replace(fn.gma_declaration, namespace="numpy", devices=("cpu",))
-    assert check(fn, decl, dtype="float64", tiling=False).passed
+    assert check(fn, decl, dtype="float64", cases=CaseSet(tiling=False)).passed

@@ -310,23 +310,24 @@ def _close(fresh: float, committed: float) -> bool:
 def test_a_fresh_run_of_one_row_of_each_planted_bug_table(figures_tool, measured) -> None:
     """One row per table, re-run now (a few seconds): the failed cases and the largest error / threshold within
     5 % of the committed run."""
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from tests.support.planted_impls import GATE_BUGS, LayerOutputWeightGradFirstBatch, StrictCausalMask
     from tests.support.planted_long import TileOffByOne
     from tests.testing.core.test_long import _ci_cases
 
     row = next(r for r in measured["attention-bugs"]["rows"] if r["implementation"] == "StrictCausalMask")
-    fresh = figures_tool.outcome(check(StrictCausalMask("float32"), dtype="float32", grad=True, tiling=False))
+    fresh = figures_tool.outcome(check(StrictCausalMask("float32"), dtype="float32", grad=True,
+                                       cases=CaseSet(tiling=False)))
     assert fresh["failed"] == row["float32"]["failed"] and _close(fresh["worst"], row["float32"]["worst"])
 
     row = next(r for r in measured["layer"]["bugs"] if r["implementation"] == "LayerOutputWeightGradFirstBatch")
     fresh = figures_tool.outcome(check(LayerOutputWeightGradFirstBatch("float32"), dtype="float32", grad=True,
-                                       tiling=False))
+                                       cases=CaseSet(tiling=False)))
     assert fresh["failed"] == row["float32"]["failed"] and _close(fresh["worst"], row["float32"]["worst"])
 
     cls, gate, tensor = GATE_BUGS[2]
     row = measured["gated"]["bugs"][2]
-    report = check(cls("float32", gate=gate), dtype="float32", grad=True, tiling=False)
+    report = check(cls("float32", gate=gate), dtype="float32", grad=True, cases=CaseSet(tiling=False))
     on_tensor = max(r.value / r.threshold for r in report.results
                     if r.tensor == tensor and r.metric in ("norm", "elem"))
     assert len(report.failed_cases()) == row["failed"] and _close(on_tensor, row["worst_on_tensor"])

@@ -63,6 +63,7 @@ ORACLE_SURFACE = {
     "Declaration", "check", "assert_conforms", "assert_gma_close", "Report", "CheckResult", "Skip", "Interrupted",
     "evaluate_case", "CaseOutcome", "NotCheckable", "Case", "default_cases", "default_layer_cases",
     "generate_cases", "generate_layer_cases", "load_case_file", "CaseFile", "torch_autograd", "jax_vjp",
+    "CaseSet", "RunOptions",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.testing import Declaration, check
+from gma_ref.testing import CaseSet, Declaration, check
 
 
 def test_declaration_validates_constraints():
@@ -24,9 +24,9 @@ def test_constrained_kernel_passes_through_its_declaration_alone():
     """A kernel with a fixed eps and shape multiples fails every case undeclared and passes once it declares them."""
     from ..support.planted_impls import ConstrainedKernel, constrained_kernel
 
-    undeclared = check(ConstrainedKernel("float32"), grad=True, tiling=False)
+    undeclared = check(ConstrainedKernel("float32"), grad=True, cases=CaseSet(tiling=False))
     assert not undeclared.passed and all(r.metric == "raised" for r in undeclared.failures)
-    report = check(constrained_kernel(), grad=True, tiling=False)
+    report = check(constrained_kernel(), grad=True, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
     assert {c.split("-")[0] for c in report.case_ids} == {"bidirectional", "causal", "cross"}
     assert any("tiny_eps" in c for c in report.case_ids) and any("far" in c for c in report.case_ids)

@@ -32,8 +32,9 @@ LAYERS: dict[str, float] = {
     "calling.wire": 6, "calling.worker": 7, "calling.isolation": 7,
     "core.conditioning": 8, "core.reference": 9, "core.compare": 10,
     "core.long": 11, "core.diagnosis": 11, "core.html_report": 11, "core.report": 12, "core.case_runner": 13,
-    "harness.repro": 14, "harness.assertions": 14, "harness.scaling": 14, "harness.declared": 14,
-    "harness.placement": 14, "harness.bounds": 14, "harness.explore": 14.5, "harness.runner": 15,
+    "harness.options": 13.5, "harness.repro": 14, "harness.assertions": 14, "harness.scaling": 14,
+    "harness.declared": 14, "harness.placement": 14, "harness.bounds": 14, "harness.explore": 14.5,
+    "harness.runner": 15,
     "harness.pytest_plugin": 16, "harness.triton_interpreter": 16,
     "calibration.emulated": 2, "calibration.emulated_layer": 3, "calibration.emulated_long": 3,
     "calibration.rounding_family": 3, "calibration.measure": 14,
@@ -139,7 +140,7 @@ def test_a_check_does_not_import_the_calibration_kernels():
             "from tests.support.tiled_kernel import TiledKernel\n"
             "cases = t.default_cases()[:2]\n"
             "assert t.check(TiledKernel('float32'), cases=cases).passed\n"
-            "assert t.check(TiledKernel('float32'), cases=cases, in_process=True).passed\n"
+            "assert t.check(TiledKernel('float32'), cases=cases, run=t.RunOptions(in_process=True)).passed\n"
             "print(sorted(m for m in sys.modules if m.startswith('gma_ref.testing.calibration')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=PACKAGE.parents[1])

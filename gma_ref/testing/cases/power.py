@@ -5,7 +5,8 @@ catalogue of generic faults of tiled kernels — tail loops, tile pointers, carr
 masks, index slips, reductions, constants, missing gradient paths — each applied to a
 correct tiled kernel. ``tools/fault_power.py`` runs the default check on every faulty kernel
 in float32 and float64 and writes the counts to ``detection_power.json`` beside this module,
-with a fingerprint of the case set they were measured on. :func:`detection_text` turns
+with a fingerprint of the case set they were measured on (every field of every case: sizes, regime,
+ε, ε_σ, chunk, seed, dtype). :func:`detection_text` turns
 that file into the words of a report's summary line, and says so when the cases a check
 runs are not the set that was measured. The fault model itself is test material of the
 project's and never on a candidate's import path: only its counts ship.
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .sets import default_cases
+from .sets import Case, default_cases
 
 __all__ = ["DETECTION_FILE", "MEASURED_DTYPES", "case_set_fingerprint", "default_set_fingerprint",
            "measured_power", "detection_text"]
@@ -30,16 +32,19 @@ DETECTION_FILE = "detection_power.json"
 MEASURED_DTYPES: tuple[str, ...] = ("float32", "float64")
 
 
-def case_set_fingerprint(case_ids: list[str]) -> str:
-    """SHA-256 (hex) of the newline-joined sorted ``case_ids``: the same set of cases, the same fingerprint."""
-    return hashlib.sha256("\n".join(sorted(case_ids)).encode()).hexdigest()
+def case_set_fingerprint(cases: Sequence[Case]) -> str:
+    """SHA-256 (hex) of the sorted definitions of ``cases`` (the ``repr`` of each :class:`Case`, every field).
+
+    The same cases in any order give the same fingerprint; a case more, or one field of one case
+    changed (an ε, a size, a seed), gives another.
+    """
+    return hashlib.sha256("\n".join(sorted(repr(c) for c in cases)).encode()).hexdigest()
 
 
 @lru_cache(maxsize=1)
 def default_set_fingerprint() -> str:
     """The fingerprint of the default attention cases of every dtype of :data:`MEASURED_DTYPES`, together."""
-    ids = [c.case_id for d in MEASURED_DTYPES for c in default_cases(dtype=d, tiling=True)]
-    return case_set_fingerprint(ids)
+    return case_set_fingerprint([c for d in MEASURED_DTYPES for c in default_cases(dtype=d, tiling=True)])
 
 
 @lru_cache(maxsize=1)
@@ -54,10 +59,10 @@ def measured_power() -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "faults" in data else None
 
 
-def detection_text(case_ids: list[str], dtype: str) -> str:
-    """The summary line's words on detection power for a check of ``dtype`` over the cases ``case_ids``.
+def detection_text(cases: Sequence[Case], dtype: str) -> str:
+    """The summary line's words on detection power for a check of ``dtype`` over ``cases``.
 
-    ``'detection power 131/133 faults of the fault model'`` when ``case_ids`` are the default
+    ``'detection power 131/133 faults of the fault model'`` when ``cases`` are the default
     attention cases of ``dtype`` and the figure was measured on the current default set;
     otherwise what is known instead (not measured for this dtype, for this case set, or for
     the current default set). ``''`` when no figure ships.
@@ -69,7 +74,7 @@ def detection_text(case_ids: list[str], dtype: str) -> str:
         return f"detection power not measured in {dtype} (only {' and '.join(MEASURED_DTYPES)})"
     if data.get("case_set") != default_set_fingerprint():
         return "detection power not measured for the current default case set"
-    if list(case_ids) != [c.case_id for c in default_cases(dtype=dtype, tiling=True)]:
+    if list(cases) != default_cases(dtype=dtype, tiling=True):
         return (f"detection power not measured for this case set (the default set kills "
                 f"{data[dtype]['killed']}/{data['faults']} faults of the fault model)")
     return f"detection power {data[dtype]['killed']}/{data['faults']} faults of the fault model"

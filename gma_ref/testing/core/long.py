@@ -1,6 +1,6 @@
 """Long-sequence mode of the harness: long cases, an O(N)-memory float64 reference, the sum-length term.
 
-``check(impl, scale="long")`` (``gma-ref check --long``) runs the cases of
+``check(impl, cases=CaseSet(scale="long"))`` (``gma-ref check --long``) runs the cases of
 :func:`long_cases` — N ∈ {4096, 32768, 131072} (longer up to ``n_max``), K up to
 256, d_r and d_v up to 128, B·H > 1, every variant — against
 :func:`long_reference`, which never forms an N_q × N_k array: the output and the

@@ -41,12 +41,12 @@ def rerun_command(name: str, path: str) -> str:
     (``package.module:attribute``) gives ``gma-ref check name --case-file path``. Any other name —
     a callable checked in this process is named by its ``__qualname__``, which ``gma-ref check``
     cannot load (it would exit 3) — gives the Python call that re-runs the file with the same
-    object, ``check(impl, case_file=path)``; ``check(..., name="package.module:attribute")`` names
+    object, ``check(impl, cases=CaseSet(file=path))``; ``check(..., name="package.module:attribute")`` names
     a target for the command line instead.
     """
     if _TARGET.fullmatch(name):
         return f"gma-ref check {name} --case-file {path}"
-    return f"check(impl, case_file={path!r})  # impl: {name}, a callable with no module:attribute target"
+    return f"check(impl, cases=CaseSet(file={path!r}))  # impl: {name}, a callable with no module:attribute target"
 
 
 @dataclass
@@ -184,9 +184,9 @@ class Report:
     advice: list[str] = field(default_factory=list)
     #: One report per dtype when the run checked several (:func:`combine_reports`); empty for a one-dtype run.
     parts: list[Report] = field(default_factory=list)
-    #: The search beyond the case set (``check(..., explore=SECONDS)``, :mod:`~gma_ref.testing.harness.explore`):
-    #: ``budget_s``, ``elapsed_s``, ``seed``, ``tried``, ``dtypes`` and, when it found one, ``failure``
-    #: (``case_id``, ``case_file``, ``test_file``); empty when no search ran.
+    #: The search beyond the case set (``check(..., cases=CaseSet(explore=SECONDS))``,
+    #: :mod:`~gma_ref.testing.harness.explore`): ``budget_s``, ``elapsed_s``, ``seed``, ``tried``, ``dtypes`` and,
+    #: when it found one, ``failure`` (``case_id``, ``case_file``, ``test_file``); empty when no search ran.
     explored: dict[str, Any] = field(default_factory=dict)
     #: The detection power of the case set against the project's fault model, in words
     #: (:func:`~gma_ref.testing.cases.power.detection_text`); empty when not known (layer, long and scaling checks).
@@ -391,7 +391,8 @@ def _own_chunks_text(envelope: dict[str, int]) -> str:
 
 
 def _explore_lines(explored: dict[str, Any]) -> list[str]:
-    """The report's lines on the search beyond the case set (``check(..., explore=SECONDS)``); ``[]`` without one."""
+    """The report's lines on the search beyond the case set (``check(..., cases=CaseSet(explore=SECONDS))``);
+    ``[]`` without one."""
     if not explored:
         return []
     head = (f"explore: {explored['tried']} case(s) beyond the set in {explored['elapsed_s']:.1f} s of "

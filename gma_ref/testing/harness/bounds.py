@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from ..core.report import CheckResult
+from .options import require_flag, require_seconds
 
 __all__ = ["RunBounds", "STOP_AFTER"]
 
@@ -35,17 +36,16 @@ class RunBounds:
 
     Raises
     ------
+    TypeError
+        ``keep_going`` is not a bool, or ``budget`` is not ``None`` or a number (a bool is not).
     ValueError
-        ``budget`` is not ``None`` or a positive number, or ``keep_going`` is not a bool.
+        ``budget`` is not a finite number of seconds > 0.
     """
 
     def __init__(self, keep_going: bool = False, budget: float | None = None,
-                 hint: str = "--keep-going or keep_going=True") -> None:
-        if not isinstance(keep_going, bool):
-            raise ValueError(f"keep_going must be True or False, got {keep_going!r}")
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                                   or not 0 < budget < float("inf")):
-            raise ValueError(f"budget must be None or a finite number of seconds > 0, got {budget!r}")
+                 hint: str = "--keep-going or RunOptions(keep_going=True)") -> None:
+        require_flag("keep_going", keep_going)
+        require_seconds("budget", budget, finite=True)
         self.keep_going, self.budget, self.hint = keep_going, budget, hint
         self.start = time.monotonic()
         self.streak: list[tuple[str, str]] = []  # (case id, how it ended) of the latest cases that hung or crashed

@@ -1,6 +1,6 @@
 """Search beyond the case set: hypothesis draws cases, a failure is shrunk and written as a case file and a test.
 
-``check(impl, explore=SECONDS)`` (``gma-ref check --explore SECONDS``, the plugin's
+``check(impl, cases=CaseSet(explore=SECONDS))`` (``gma-ref check --explore SECONDS``, the plugin's
 ``--gma-explore SECONDS``) runs, after the cases, :func:`explore`: hypothesis draws attention
 cases over
 
@@ -19,7 +19,7 @@ the machine. The first failure is shrunk by hypothesis to its smallest shape —
 case) — and written into the reproducer directory as
 
 * ``<case id>.npz`` — the case file (:func:`~gma_ref.testing.harness.repro.write_reproducer`), which
-  ``check(impl, case_file=...)`` and ``gma-ref check ... --case-file`` run;
+  ``check(impl, cases=CaseSet(file=...))`` and ``gma-ref check ... --case-file`` run;
 * ``test_<case id>.py`` — a pytest test that checks the kernel on that case file and asserts it
   passes, ready to paste into the kernel's own tests (with the case file beside it).
 
@@ -239,10 +239,10 @@ def test_file_text(case: Case, case_file: str, name: str, target: str | None, fa
     return (f'"""The case {case.case_id}, found by gma-ref\'s search beyond the case set and shrunk:\n'
             f'{sizes}.\n\nKeep {case_file_name} beside this file.\n"""\n\n'
             f"# It failed with:\n{shown}# Re-run it alone: {rerun_command(name, case_file)}\n\n"
-            "from pathlib import Path\n\nfrom gma_ref.testing import check\n\n"
+            "from pathlib import Path\n\nfrom gma_ref.testing import CaseSet, check\n\n"
             f"{how}\nCASE_FILE = Path(__file__).with_name({case_file_name!r})\n\n\n"
             f"def test_{_identifier(case.case_id)}() -> None:\n"
             f'    """The kernel passes the case {case.case_id}."""\n'
             '    assert IMPL is not None, "set IMPL to the kernel to check"\n'
-            "    report = check(IMPL, case_file=str(CASE_FILE))\n"
+            "    report = check(IMPL, cases=CaseSet(file=CASE_FILE))\n"
             "    assert report.passed, report.format()\n")

@@ -58,7 +58,8 @@ from ..cases.sets import (
 from ..core.long import LONG_SIZES, long_cases
 from ..core.report import Report, Skip
 from ..declaration import Declaration, declaration_of
-from .runner import check
+from .options import RunOptions
+from .runner import check, search_beyond
 
 __all__ = ["GmaCase", "GmaCaseFailed", "gma_case_list", "gma_cases", "check_case", "check_explore", "read_xfail_file",
            "worker_for", "merged_report", "GmaCaseItem", "GmaExploreItem", "pytest_addoption", "pytest_configure"]
@@ -127,7 +128,7 @@ def gma_case_list(impl: Callable[..., Any], declaration: Declaration | None = No
                                                             long=long, n_cases=n_cases, seed=seed, n_max=n_max,
                                                             tiling=tiling, in_process=in_process))
     probe = check(impl if in_process else worker_for(impl), declaration, cases=[], variants=variants, dtype=dtype,
-                  device=device, grad=grad, mode=mode, in_process=True if in_process else None)
+                  device=device, grad=grad, mode=mode, run=RunOptions(in_process=True if in_process else None))
     refused = [f"{s.what}: {s.reason}" for s in probe.skipped if s.requested]
     if refused:
         raise ValueError("cannot check as requested:\n  " + "\n  ".join(refused))
@@ -165,7 +166,7 @@ def _every_dtype(impl: Callable[..., Any], declaration: Declaration | None, dtyp
     for dtype in dtypes:
         probe = check(impl if options["in_process"] else worker_for(impl), declaration, cases=[],
                       variants=options["variants"], dtype=dtype, device=options["device"], grad=options["grad"],
-                      mode=options["mode"], in_process=True if options["in_process"] else None)
+                      mode=options["mode"], run=RunOptions(in_process=True if options["in_process"] else None))
         lacking = [s.reason for s in probe.skipped
                    if s.what == f"dtype {dtype}" and s.reason.startswith(f"{probe.declaration.namespace} has no")]
         if lacking:
@@ -177,17 +178,17 @@ def _every_dtype(impl: Callable[..., Any], declaration: Declaration | None, dtyp
 
 
 def check_explore(impl: Callable[..., Any], seconds: float, *, declaration: Declaration | None = None,
-                  repro: str | None = None, **options: Any) -> Report:
-    """Search beyond the case set for ``seconds`` (``check(impl, cases=[], explore=seconds, ...)``); returns the
-    report when nothing was found.
+                  repro: str | None = None, seed: int = 0, run: RunOptions | None = None, **options: Any) -> Report:
+    """Search beyond the case set for ``seconds``, seeded by ``seed``, without running the cases
+    (:func:`~gma_ref.testing.harness.runner.search_beyond`); returns the report when nothing was found.
 
-    ``options`` are :func:`gma_ref.testing.check`'s (``dtype``, ``variants``, ``seed``, ``grad``, ``timeout``
-    …); the failure found is written to ``repro`` (default ``gma-ref-repro``). Raises :class:`GmaCaseFailed`
-    with the search's lines and the failing case's checks when it found a failure, and as ``check`` does
-    for a bad option.
+    ``options`` are :func:`gma_ref.testing.check`'s keywords of what is checked (``dtype``, ``variants``,
+    ``grad``, ``name`` …), ``run`` its :class:`~gma_ref.testing.RunOptions` (``timeout`` …); the failure found
+    is written to ``repro`` (default ``gma-ref-repro``). Raises :class:`GmaCaseFailed` with the search's lines
+    and the failing case's checks when it found a failure, and as ``check`` does for a bad option.
     """
     __tracebackhide__ = True
-    report = check(impl, declaration, cases=[], explore=seconds, repro=repro, **options)
+    report = search_beyond(impl, declaration, seconds=seconds, seed=seed, run=run, repro=repro, **options)
     failure = report.explored.get("failure")
     if failure:
         raise GmaCaseFailed(f"the search beyond the case set found {failure['case_id']}\n" + report.format())
@@ -263,9 +264,9 @@ def check_case(impl: Callable[..., Any], case: GmaCase, *, repro: str | None = N
         from .placement import place
 
         name = place(impl).name
+    run = RunOptions(timeout=timeout, full_traceback=full_traceback, in_process=True if in_process else None)
     report = check(cand, case.declaration, cases=[c], variants=(c.variant,), dtype=c.dtype, device=case.device,
-                   grad=case.grad, mode=case.mode, contract=case.contract, repro=repro, timeout=timeout, name=name,
-                   full_traceback=full_traceback, in_process=True if in_process else None)
+                   grad=case.grad, mode=case.mode, contract=case.contract, repro=repro, name=name, run=run)
     if not any(r.case_id == c.case_id for r in report.results) and not report.failures:
         reasons = [s.reason for s in report.skipped if s.what == f"case {c.case_id}"]
         if reasons:
@@ -339,7 +340,7 @@ class _GmaSession:
         budget = config.getoption("gma_budget")
         try:
             self.bounds = RunBounds(bool(config.getoption("gma_keep_going")), budget, hint="--gma-keep-going")
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise pytest.UsageError(f"--gma-budget: {exc}") from None
         self.reports: list[Report] = []
         self.total = 0  # case items collected
@@ -510,7 +511,7 @@ class GmaExploreItem(pytest.Item):
         opt = self.config.getoption
         check_explore(self.impl, self.seconds, repro=opt("gma_repro"), name=self.target, dtype=opt("gma_dtype"),
                       device=opt("gma_device"), grad=opt("gma_grad"), variants=opt("gma_variant"),
-                      seed=opt("gma_seed"), timeout=opt("gma_timeout") or None)
+                      seed=opt("gma_seed"), run=RunOptions(timeout=opt("gma_timeout") or None))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         """The search's report (no Python traceback) when it found a failure."""

@@ -13,9 +13,9 @@ declaration. The smallest failing case is written as
 * ``DIR/<case_id>.txt`` — the same, readable, starting with the one-line command
   (:func:`~gma_ref.testing.core.report.rerun_command`): ``gma-ref check mod:fn --case-file
   DIR/<case_id>.npz`` when the implementation is named by a target the command line can
-  import, else the Python call ``check(impl, case_file=...)``.
+  import, else the Python call ``check(impl, cases=CaseSet(file=...))``.
 
-:func:`load_case_file` reads it back; ``check(impl, case_file=path)`` runs exactly
+:func:`load_case_file` reads it back; ``check(impl, cases=CaseSet(file=path))`` runs exactly
 that case. The file needs nothing but NumPy to read.
 """
 

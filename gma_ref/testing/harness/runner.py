@@ -22,7 +22,8 @@ Whatever the implementation does not declare is skipped and listed in
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..calling.adapters import (
@@ -55,14 +56,15 @@ from ..core.report import EXIT_INTERRUPTED, CheckResult, Interrupted, Report, Sk
 from ..declaration import suggest_declaration
 from .bounds import RunBounds
 from .declared import TF32_CHECK_ID
+from .options import CaseSet, RunOptions
 from .placement import Placement, candidate_name, place
 
-__all__ = ["CheckResult", "Skip", "Report", "Interrupted", "check", "assert_conforms", "EXIT_INTERRUPTED",
-           "check_writable_dir", "say_in_process", "SHRINK_TOTAL_S"]
+__all__ = ["CheckResult", "Skip", "Report", "Interrupted", "CaseSet", "RunOptions", "check", "assert_conforms",
+           "search_beyond", "EXIT_INTERRUPTED", "check_writable_dir", "say_in_process", "SHRINK_TOTAL_S"]
 
 
 def check(
-    impl: Callable[..., Any],
+    impl: Callable[..., Any] | str,
     declaration: Declaration | None = None,
     *,
     vjp: Callable[..., dict[str, Any]] | None = None,
@@ -70,28 +72,22 @@ def check(
     dtype: str | None = None,
     device: str | None = None,
     grad: bool | None = None,
-    cases: Sequence[Case] | None = None,
-    n_cases: int = 0,
-    seed: int = 0,
+    mode: str | None = None,
+    cases: Sequence[Case] | CaseSet | None = None,
     contract: bool = True,
     tolerance: Tolerance | None = None,
     name: str | None = None,
-    mode: str | None = None,
-    scale: str = "short",
-    n_max: int | None = None,
-    timeout: float | None = None,
-    progress: Callable[[int, int, str, float], None] | None = None,
-    full_traceback: bool = False,
     repro: str | None = None,
-    case_file: str | None = None,
-    in_process: bool | None = None,
-    import_timeout: float | None = None,
-    tiling: bool = True,
-    explore: float | None = None,
-    keep_going: bool = False,
-    budget: float | None = None,
+    run: RunOptions | None = None,
 ) -> Report:
     """Check ``impl`` against the float64 reference over a case set; returns a :class:`Report`.
+
+    The keywords say what is checked (``vjp``, ``variants``, ``dtype``, ``device``, ``grad``, ``mode``,
+    ``contract``, ``tolerance``, ``name``, ``repro``), which cases (``cases``: an explicit list, or a
+    :class:`~gma_ref.testing.harness.options.CaseSet`) and how the run goes (``run``: a
+    :class:`~gma_ref.testing.harness.options.RunOptions`)::
+
+        check(my_gma, dtype="float32", cases=CaseSet(n_generated=20, seed=3), run=RunOptions(timeout=60))
 
     Parameters
     ----------
@@ -111,10 +107,10 @@ def check(
         Default: ``impl.gma_declaration``, else ``Declaration()`` (NumPy, float32,
         every variant, no gradients) — noted in the report.
     vjp : callable, optional
-        ``vjp(q, k, v, means, omega, prior_logits, d_out, **options) -> {'d_q': …, …}``.
+        What is checked. ``vjp(q, k, v, means, omega, prior_logits, d_out, **options) -> {'d_q': …, …}``.
         Default: ``impl.gma_vjp``, else :func:`torch_autograd` / :func:`jax_vjp` by namespace.
     variants, dtype, device, grad
-        What to check; default: every variant, every declared dtype, the first declared
+        What is checked; default: every variant, every declared dtype, the first declared
         device, gradients if declared. Requested but undeclared items are skipped,
         listed, and make :attr:`Report.exit_code` 2. With several declared dtypes and no
         ``dtype``, each dtype is a run of its own and the report combines them
@@ -122,150 +118,184 @@ def check(
         dtype, each with its own summary line; the combined report passes when every part does).
         A declared dtype the framework lacks here (bfloat16 without ``ml_dtypes``) is a skip of its
         part, not a failure. A scaling check and a case file run one dtype.
-    cases : sequence of Case, optional
-        Explicit cases (their dtype is replaced by ``dtype``); default
-        :func:`default_cases` plus ``n_cases`` :func:`generate_cases`.
+    mode : ``'attention'`` or ``'layer'``, optional
+        What is checked; default: the declared mode. ``'layer'`` checks a multi-head layer
+        ``impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma)``
+        over :func:`~gma_ref.testing.cases.sets.default_layer_cases` (plus ``CaseSet.n_generated``
+        :func:`~gma_ref.testing.cases.sets.generate_layer_cases`), gradients
+        ``d_x``, ``d_y`` (cross), ``d_w_q`` … ``d_prior_logits``. A mode that differs from the
+        declared one is skipped (requested), so nothing is checked and the run fails.
+    cases : sequence of Case, CaseSet or None
+        Which cases. A sequence: exactly these cases (their dtype replaced by the one under test; those
+        of other variants or of the other mode left out). A
+        :class:`~gma_ref.testing.harness.options.CaseSet`: the default set of the mode, with what it adds or
+        selects instead (generated cases, the seed, the tiling cases, the long cases or the scaling check,
+        a search beyond the set, a case file). ``None`` (default): ``CaseSet()``, the default set.
     contract : bool
         Also run the determinism and non-contiguous-input checks (first case of each variant), and
         confirm a declared fixed ε before the cases (:func:`~gma_ref.testing.harness.declared.confirm_fixed_eps`:
         a result ``declared-eps``, or a skip saying why it is not confirmed).
     tolerance : Tolerance, optional
         Override the calibrated τ (for experiments; the CLI never does).
-    mode : ``'attention'`` or ``'layer'``, optional
-        Default: the declared mode. ``'layer'`` checks a multi-head layer
-        ``impl(x, y, w_q, w_k, w_v, w_o, means, omega, prior_logits, *, causal, eps, eps_sigma)``
-        over :func:`~gma_ref.testing.cases.sets.default_layer_cases` (plus ``n_cases``
-        :func:`~gma_ref.testing.cases.sets.generate_layer_cases`), gradients
-        ``d_x``, ``d_y`` (cross), ``d_w_q`` … ``d_prior_logits``. A mode that differs from the
-        declared one is skipped (requested), so nothing is checked and the run fails.
-    scale : ``'short'``, ``'long'`` or ``'scaling'``
-        ``'long'``: the long-sequence cases of :func:`~gma_ref.testing.core.long.long_cases`
-        (N up to ``n_max``, else the declared ``n_max``, else 131072) against the O(N)-memory reference, with
-        the sum-length term in ν (docs/oracle/long-sequences.md). Ignored when ``cases`` is given.
-        ``'scaling'``: no accuracy check; the growth of peak memory and time with N (up to ``n_max``) and
-        with the width K = d_v, each size in a child process, fitted and judged on memory
-        (:mod:`~gma_ref.testing.harness.scaling`, docs/oracle/scaling.md).
-    timeout : float, optional
-        Seconds one case (all its calls) may take. A case that takes longer fails ("timeout").
-        Isolated: the worker is killed and a fresh one runs the next case. In-process: the
-        remaining cases are not run (listed as skipped), and the stuck call is abandoned in a
-        daemon thread. Default: no limit.
-    progress : callable, optional
-        ``progress(done, total, case_id, elapsed_s)`` after every case.
-    full_traceback : bool
-        Report the whole traceback of a raising call (default: the exception and
-        the deepest frame of the caller's own code).
+    name : str, optional
+        What the report calls the implementation (default: the target, or the callable's qualified name).
     repro : str, optional
         A directory: every failing case (up to three) is shrunk while it still
         fails and written there as a self-contained reproducer
         (:func:`gma_ref.testing.harness.repro.write_reproducer`); the paths are in
-        :attr:`Report.reproducers`.
-    case_file : str, optional
-        Run exactly the case of a reproducer file (``.npz`` from ``repro``):
-        its inputs, options and, unless given here, its dtype, variant and grad.
-    tiling : bool
-        Add the tiling cases to the default attention set (:func:`~gma_ref.testing.cases.sets.tiling_cases`:
-        sizes straddling the usual tile sizes, up to 8 heads and 4 batch entries, ε_σ up to 0.3).
-        On by default, as in ``gma-ref check`` and the pytest plugin (``--no-tiling``,
-        ``--gma-no-tiling``); ``False`` checks the edge cases alone. Ignored when ``cases`` is given.
-    in_process : bool, optional
-        ``True`` runs the implementation in this process (for debugging; a target is imported
-        here); ``False`` insists on a worker (``ValueError`` when it cannot load the callable);
-        ``None`` (default): a worker whenever it can. A scaling check, and a callable with a
-        separate ``vjp=``, always run here (a scaling check runs each size in a child process).
-    import_timeout : float, optional
-        Seconds the worker may take to import the target (default
-        :data:`~gma_ref.testing.calling.isolation.IMPORT_TIMEOUT_S`).
-    explore : float, optional
-        Seconds of search beyond the case set after the cases (:func:`~gma_ref.testing.harness.explore.explore`):
-        shapes, regimes and the checked dtypes drawn by hypothesis (deterministic under ``seed``), each
-        candidate run as the cases are (in the worker when isolated). A failure is shrunk and written as a
-        case file and a pytest test into ``repro`` (default ``gma-ref-repro``); its checks join the report,
-        which then fails, and :attr:`Report.explored` says what was searched. Needs hypothesis
-        (``ImportError`` naming it otherwise); not with ``scale='scaling'`` or ``case_file``.
-    keep_going : bool
-        Run every case even after two consecutive cases ended in ``timeout`` or in the same crash
-        (default: the run stops there, and the cases after are listed as not run, with the reason;
-        :class:`~gma_ref.testing.harness.bounds.RunBounds`).
-    budget : float, optional
-        Seconds the whole run may take: a case gets at most what is left, and once it is spent the
-        remaining cases are listed as not run. A run that stopped early has :attr:`Report.stopped`
-        set and does not pass.
+        :attr:`Report.reproducers`. A search beyond the set (``CaseSet.explore``) writes its failure there.
+    run : RunOptions, optional
+        How the run goes: in a worker process or here, the time limits of a case, of the import and of the
+        whole run, whether it stops after repeated hangs or crashes, progress, tracebacks
+        (:class:`~gma_ref.testing.harness.options.RunOptions`). Default: ``RunOptions()``.
+
+    Returns
+    -------
+    Report
+        Every check's result, what was skipped and why, and the verdict (:attr:`Report.passed`,
+        :attr:`Report.exit_code`).
 
     Raises
     ------
     TypeError
-        ``impl`` is neither a target string nor callable, or ``declaration`` is not a :class:`Declaration`.
+        ``impl`` is neither a target string nor callable, ``declaration`` is not a :class:`Declaration`,
+        ``cases`` is neither ``None``, a ``CaseSet`` nor a sequence of :class:`Case`, or ``run`` is neither
+        ``None`` nor a ``RunOptions``.
     ImportError
         The target cannot be imported (:class:`~gma_ref.testing.calling.isolation.LoadError` when isolated:
-        it raised, the worker died, or the import overran ``import_timeout``). A callable the worker
-        fails to load is not an error: it runs in this process, saying why.
+        it raised, the worker died, or the import overran ``RunOptions.import_timeout``). A callable the worker
+        fails to load is not an error: it runs in this process, saying why. A search beyond the set without
+        hypothesis installed.
     ValueError
-        An unknown variant, dtype, device or mode name, or ``n_cases`` < 0, or
-        ``timeout`` <= 0, or ``budget`` <= 0, or a ``repro`` directory that cannot be written, or a case file
-        that cannot be read or whose inputs are not finite at the dtype — all before any case runs.
+        An unknown variant, dtype, device or mode name, ``RunOptions(in_process=False)`` for a callable a worker
+        cannot load, ``vjp=`` with an isolated target, a ``repro`` directory that cannot be written, or a case
+        file that cannot be read or whose inputs are not finite at the dtype — all before any case runs.
     Interrupted
         A ``KeyboardInterrupt`` during the run (a subclass of it): its ``.report`` holds
         the cases finished before, with :attr:`Report.interrupted` set.
 
+    Notes
+    -----
     Whatever the implementation raises (``SystemExit`` included) or returns, and
     whatever goes wrong in the harness while it handles that, is a labelled failure
     in the report, never an exception of ``check``. What the implementation prints
     during a case is captured and listed in :attr:`Report.candidate_output`.
     """
-    options = {k: v for k, v in locals().items() if k not in ("impl", "declaration")}
+    explicit, case_set = _split_cases(cases)
+    what = {"vjp": vjp, "variants": variants, "dtype": dtype, "device": device, "grad": grad, "mode": mode,
+            "contract": contract, "tolerance": tolerance, "name": name, "repro": repro}
+    return _check(impl, declaration, explicit, case_set, _run_options(run), what)
+
+
+def search_beyond(impl: Callable[..., Any] | str, declaration: Declaration | None = None, *,
+                  cases: Sequence[Case] = (), seconds: float, seed: int = 0, run: RunOptions | None = None,
+                  **what: Any) -> Report:
+    """:func:`check` of exactly ``cases`` (none by default), then ``seconds`` of search beyond them seeded by
+    ``seed`` (as ``CaseSet(explore=seconds, seed=seed)`` does after the default set).
+
+    ``what`` are :func:`check`'s keywords of what is checked (``dtype``, ``variants``, ``grad``, ``repro``,
+    ``name`` …). The pytest plugin's search item runs the search alone this way, its cases being items of
+    their own. Raises as :func:`check` does, and as :class:`~gma_ref.testing.harness.options.CaseSet` does for
+    ``seconds`` and ``seed``.
+    """
+    unknown = sorted(set(what) - set(_WHAT_DEFAULTS))
+    if unknown:
+        raise TypeError(f"search_beyond() got unexpected keyword argument(s) {unknown}; it takes check()'s "
+                        f"keywords of what is checked: {sorted(_WHAT_DEFAULTS)}")
+    if isinstance(cases, CaseSet):
+        raise TypeError("search_beyond() takes a sequence of Case as cases (the search replaces the case set), got a "
+                        "CaseSet")
+    explicit, _ = _split_cases(cases)
+    return _check(impl, declaration, explicit, CaseSet(seed=seed, explore=seconds), _run_options(run),
+                  dict(_WHAT_DEFAULTS, **what))
+
+
+#: :func:`check`'s keywords of what is checked, with their defaults (``search_beyond`` fills what it is not given).
+_WHAT_DEFAULTS: dict[str, Any] = {"vjp": None, "variants": None, "dtype": None, "device": None, "grad": None,
+                                  "mode": None, "contract": True, "tolerance": None, "name": None, "repro": None}
+
+
+def _split_cases(cases: Any) -> tuple[list[Case] | None, CaseSet]:
+    """``check``'s ``cases``: (the explicit cases or ``None``, the case set); ``TypeError`` for anything else."""
+    if cases is None:
+        return None, CaseSet()
+    if isinstance(cases, CaseSet):
+        return None, cases
+    expected = "cases must be None, a CaseSet or a sequence of Case"
+    if isinstance(cases, (str, bytes, dict)) or not isinstance(cases, Iterable):
+        raise TypeError(f"{expected}, got {type(cases).__name__} {cases!r:.60}")
+    explicit = list(cases)
+    for i, c in enumerate(explicit):
+        if not isinstance(c, Case):
+            raise TypeError(f"{expected}, got {type(c).__name__} {c!r:.60} at index {i}")
+    return explicit, CaseSet()
+
+
+def _run_options(run: Any) -> RunOptions:
+    """``check``'s ``run``: ``RunOptions()`` for ``None``; ``TypeError`` for anything but a RunOptions."""
+    if run is None:
+        return RunOptions()
+    if not isinstance(run, RunOptions):
+        raise TypeError(f"run must be None or a RunOptions, got {type(run).__name__} {run!r:.60}")
+    return run
+
+
+def _check(impl: Any, declaration: Declaration | None, explicit: list[Case] | None, case_set: CaseSet,
+           run: RunOptions, what: dict[str, Any]) -> Report:
+    """:func:`check` with its options resolved: ``explicit`` cases (``None``: those of ``case_set``), ``what``
+    the keywords of what is checked. A target or a placeable callable comes back here in its worker."""
     if isinstance(impl, str):
-        return _check_target(impl, declaration, options)
+        return _check_target(impl, declaration, explicit, case_set, run, what)
     why_here = None
     if callable(impl) and not isinstance(impl, IsolatedCandidate):
-        placed = _placement(impl, vjp, in_process, scale)
+        placed = _placement(impl, what["vjp"], run.in_process, case_set.scale)
         why_here = placed.why_not
         if placed.isolable:
-            got = _check_placed(placed, declaration, options)
+            got = _check_placed(placed, declaration, explicit, case_set, run, what)
             if isinstance(got, Report):
                 return got
             why_here = got
     t0 = time.perf_counter()
-    _validate_request(impl, declaration, variants, dtype, device, mode, n_cases, timeout)
-    bounds = RunBounds(keep_going, budget)
-    if scale not in ("short", "long", "scaling"):
-        raise ValueError(f"scale must be 'short', 'long' or 'scaling', got {scale!r}")
-    _validate_explore(explore, scale, case_file)
-    if dtype is None and scale != "scaling" and case_file is None:
+    variants, dtype, grad, repro = what["variants"], what["dtype"], what["grad"], what["repro"]
+    _validate_request(impl, declaration, variants, dtype, what["device"], what["mode"])
+    if dtype is None and case_set.scale != "scaling" and case_set.file is None:
         each = _declared_dtypes(impl, declaration)
         if len(each) > 1:
-            options = {k: v for k, v in locals().items() if k in _CHECK_OPTIONS}
-            return _check_each_dtype(impl, declaration, each, options)
+            return _check_each_dtype(impl, declaration, each, explicit, case_set, run, what)
+    bounds = RunBounds(run.keep_going, run.budget)  # this dtype's run: its budget counts from here
     if repro is not None:
         check_writable_dir(repro, "repro")
     file_case = None
-    if case_file is not None:
+    if case_set.file is not None:
         from .repro import load_case_file
 
-        file_case = load_case_file(case_file)
+        file_case = load_case_file(case_set.file)
         dtype = dtype or file_case.case.dtype
         variants = variants if variants is not None else (file_case.case.variant,)
         grad = file_case.grad if grad is None else grad
-        cases = [file_case.case]
-    report, decl, active, xp, the_vjp = _plan(impl, declaration, vjp, variants, dtype, device, grad, mode, name)
+        explicit = [file_case.case]
+    report, decl, active, xp, the_vjp = _plan(impl, declaration, what["vjp"], variants, dtype, what["device"], grad,
+                                              what["mode"], what["name"])
     report.isolated = isinstance(impl, IsolatedCandidate)
     if why_here is not None:
         say_in_process(report, why_here)
-    if scale == "scaling":
-        return _scaling(impl, decl, report, variants, the_vjp, the_vjp is not None, n_max or decl.n_max, timeout, t0)
-    case_list = _case_list(report, decl, active, cases, n_cases, seed, scale, n_max, file_case is not None,
-                           tiling)
+    timeout = run.timeout
+    if case_set.scale == "scaling":
+        return _scaling(impl, decl, report, variants, the_vjp, the_vjp is not None, case_set.n_max or decl.n_max,
+                        timeout, t0)
+    case_list = _case_list(report, decl, active, explicit, case_set, file_case is not None)
     if file_case is not None:
-        _explain_file_case(report, file_case, case_file, case_list)
-    elif report.mode == "attention" and scale == "short":
-        report.detection = detection_text([c.case_id for c in case_list], report.dtype)
-    opts = {"vjp": the_vjp, "device": report.device, "xp": xp, "tolerance": tolerance,
-            "full_traceback": full_traceback, "arrays": None if file_case is None else file_case.arrays}
+        _explain_file_case(report, file_case, case_set.file, case_list)
+    elif report.mode == "attention" and case_set.scale == "short":
+        report.detection = detection_text(case_list, report.dtype)
+    opts = {"vjp": the_vjp, "device": report.device, "xp": xp, "tolerance": what["tolerance"],
+            "full_traceback": run.full_traceback, "arrays": None if file_case is None else file_case.arrays}
     shrinker = _Shrinker(impl, decl, repro, report, opts, timeout) if repro is not None and file_case is None else None
+    contract = what["contract"]
     try:
         if not contract or file_case is not None or _confirm_declared(report, impl, decl, active, case_list, opts,
                                                                       timeout):
-            _run_cases(report, impl, decl, case_list, opts, contract, timeout, progress, shrinker, t0, bounds)
+            _run_cases(report, impl, decl, case_list, opts, contract, timeout, run.progress, shrinker, t0, bounds)
     except KeyboardInterrupt as exc:
         report.interrupted = True
         report.interrupt_status = getattr(exc, "status", EXIT_INTERRUPTED)
@@ -276,28 +306,26 @@ def check(
         raise Interrupted(report) from None
     if shrinker is not None:
         shrinker.summarise()
-    if explore:
-        _explore(report, impl, decl, active, opts, seed, explore, repro, timeout)
+    if case_set.explore:
+        _explore(report, impl, decl, active, opts, case_set.seed, case_set.explore, repro, timeout)
     report.elapsed_s = time.perf_counter() - t0
     return report
 
 
-def _check_target(target: str, declaration: Declaration | None, options: dict[str, Any]) -> Report:
+def _check_target(target: str, declaration: Declaration | None, explicit: list[Case] | None, case_set: CaseSet,
+                  run: RunOptions, what: dict[str, Any]) -> Report:
     """:func:`check` of a ``'package.module:function'`` target: in a worker process unless asked otherwise."""
-    in_process = options.pop("in_process")
-    import_timeout = options.pop("import_timeout")
-    options["name"] = options["name"] or target
-    if in_process or options["scale"] == "scaling":
+    what = dict(what, name=what["name"] or target)
+    if run.in_process or case_set.scale == "scaling":
         from ..calling.worker import load_implementation
 
-        return check(load_implementation(target), declaration, in_process=in_process or None, **options)
-    if options["vjp"] is not None:
+        return _check(load_implementation(target), declaration, explicit, case_set,
+                      replace(run, in_process=run.in_process or None), what)
+    if what["vjp"] is not None:
         raise ValueError("vjp= cannot be combined with an isolated target: attach it to the implementation as "
-                         "gma_vjp (or pass in_process=True)")
-    if import_timeout is not None and not (isinstance(import_timeout, (int, float)) and import_timeout > 0):
-        raise ValueError(f"import_timeout must be None or a number of seconds > 0, got {import_timeout!r}")
-    with IsolatedCandidate(target, import_timeout=import_timeout or IMPORT_TIMEOUT_S) as cand:
-        return check(cand, declaration, **options)
+                         "gma_vjp (or pass run=RunOptions(in_process=True))")
+    with IsolatedCandidate(target, import_timeout=run.import_timeout or IMPORT_TIMEOUT_S) as cand:
+        return _check(cand, declaration, explicit, case_set, run, what)
 
 
 def _placement(impl: Callable[..., Any], vjp: Any, in_process: bool | None, scale: str) -> Placement:
@@ -314,18 +342,16 @@ def _placement(impl: Callable[..., Any], vjp: Any, in_process: bool | None, scal
     return placed
 
 
-def _check_placed(placed: Placement, declaration: Declaration | None, options: dict[str, Any]) -> Report | str:
+def _check_placed(placed: Placement, declaration: Declaration | None, explicit: list[Case] | None,
+                  case_set: CaseSet, run: RunOptions, what: dict[str, Any]) -> Report | str:
     """:func:`check` of a callable in a worker process: the report, or why the worker could not load it."""
-    options = dict(options, in_process=None, name=options["name"] or placed.name)
-    import_timeout = options.pop("import_timeout")
-    if import_timeout is not None and not (isinstance(import_timeout, (int, float)) and import_timeout > 0):
-        raise ValueError(f"import_timeout must be None or a number of seconds > 0, got {import_timeout!r}")
+    what = dict(what, name=what["name"] or placed.name)
     try:
-        cand = placed.candidate(import_timeout or IMPORT_TIMEOUT_S)
+        cand = placed.candidate(run.import_timeout or IMPORT_TIMEOUT_S)
     except LoadError as exc:
         return f"the worker process could not load it: {str(exc).removeprefix(f'cannot load {placed.name}: ')}"
     with cand:
-        return check(cand, declaration, **options)
+        return _check(cand, declaration, explicit, case_set, replace(run, in_process=None), what)
 
 
 def say_in_process(report: Report, why: str) -> None:
@@ -414,8 +440,6 @@ def _frameworks_as_they_are(report: Report, decl: Declaration, active: tuple[str
     """JAX float64 without x64 is one skip naming ``jax_enable_x64``; a framework that flushes subnormals
     (probed on the device, in the candidate's process) gets the tolerance of ``flush_subnormals=True``, one whose
     float32 products are TF32 that of ``tf32=True``, each with a note (:func:`_tf32_products`)."""
-    from dataclasses import replace
-
     probed = impl.probe(decl.namespace, device, dtype) if isinstance(impl, IsolatedCandidate) \
         else _probe_here(decl, device, dtype)
     if probed.x64 is not None:
@@ -459,8 +483,6 @@ def _probe_here(decl: Declaration, device: str, dtype: str) -> Any:
 def _tf32_products(report: Report, decl: Declaration, device: str, probed: Any) -> Declaration:
     """A float32 check: TF32 products probed and not declared get the tolerance of ``tf32=True``, with a note; a
     declared ``tf32=True`` that the probe contradicts (exact float32 products) is a failed check, stated."""
-    from dataclasses import replace
-
     where = f"{decl.namespace} on {device}"
     if probed.tf32_failed is not None:
         report.notes.append(f"could not probe {where} for TF32 products ({probed.tf32_failed}); the tolerance is "
@@ -510,10 +532,11 @@ def _plan_vjp(report: Report, impl: Callable[..., Any], decl: Declaration, vjp: 
 
 
 def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases: Sequence[Case] | None,
-               n_cases: int, seed: int, scale: str, n_max: int | None, from_file: bool,
-               tiling: bool = False) -> list[Case]:
-    """The cases to run: given ones (in the dtype under test), or the default (and generated, long) sets."""
+               case_set: CaseSet, from_file: bool) -> list[Case]:
+    """The cases to run: given ones (in the dtype under test), or those ``case_set`` names (the default set and
+    its generated cases, or the long cases)."""
     dtype, layer = report.dtype, report.mode == "layer"
+    seed, scale, tiling = case_set.seed, case_set.scale, case_set.tiling
     explicit = cases is not None
     if not decl.returns_state and not layer:
         report.not_checked.append("returned state (memory, mass)")
@@ -523,7 +546,7 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
                                    requested=True))
         return []
     if cases is None and scale == "long":
-        cases = long_cases(active, dtype=dtype, seed=seed, n_max=n_max or decl.n_max or LONG_SIZES[-1])
+        cases = long_cases(active, dtype=dtype, seed=seed, n_max=case_set.n_max or decl.n_max or LONG_SIZES[-1])
     if cases is None:
         if layer:
             defaults, generate = default_layer_cases, generate_layer_cases
@@ -533,8 +556,8 @@ def _case_list(report: Report, decl: Declaration, active: tuple[str, ...], cases
 
             generate = generate_cases
         case_list = defaults(active, dtype=dtype, seed=seed) if active else []
-        if n_cases and active:
-            case_list += generate(n_cases, variants=active, dtype=dtype, seed=seed + 1)
+        if case_set.n_generated and active:
+            case_list += generate(case_set.n_generated, variants=active, dtype=dtype, seed=seed + 1)
     else:
         case_list = [c.with_dtype(dtype) for c in cases if c.variant in active and c.is_layer == layer]
     if layer and not from_file:  # the declared output gate (None: ungated) for every layer case
@@ -817,8 +840,9 @@ class _Shrinker:
                                      f"(budget {SHRINK_TOTAL_S:g} s per run, {SHRINK_BUDGET_S:g} s per case{over})")
 
 
-def _validate_request(impl: Any, declaration: Any, variants: Any, dtype: Any, device: Any, mode: Any,
-                      n_cases: Any, timeout: Any) -> None:
+def _validate_request(impl: Any, declaration: Any, variants: Any, dtype: Any, device: Any, mode: Any) -> None:
+    """``TypeError`` or ``ValueError`` for what :func:`check` is asked to check (the case set and the run's options
+    validate themselves: :mod:`~gma_ref.testing.harness.options`)."""
     from ..calling.adapters import MODES
     from ..cases.sets import DTYPES
 
@@ -838,10 +862,6 @@ def _validate_request(impl: Any, declaration: Any, variants: Any, dtype: Any, de
         raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
     if mode is not None and mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if isinstance(n_cases, bool) or not isinstance(n_cases, int) or n_cases < 0:
-        raise ValueError(f"n_cases must be an int >= 0, got {n_cases!r}")
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be None or a number of seconds > 0, got {timeout!r}")
 
 
 def _constrain(case_list: list[Case], decl: Declaration, report: Report) -> list[Case]:
@@ -864,18 +884,35 @@ def _constrain(case_list: list[Case], decl: Declaration, report: Report) -> list
     return out
 
 
-def assert_conforms(impl: Callable[..., Any], declaration: Declaration | None = None, **kwargs: Any) -> Report:
-    """:func:`check`, raising ``AssertionError`` with the readable report on any failure; returns the report."""
-    report = check(impl, declaration, **kwargs)
+def assert_conforms(
+    impl: Callable[..., Any] | str,
+    declaration: Declaration | None = None,
+    *,
+    vjp: Callable[..., dict[str, Any]] | None = None,
+    variants: Sequence[str] | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    grad: bool | None = None,
+    mode: str | None = None,
+    cases: Sequence[Case] | CaseSet | None = None,
+    contract: bool = True,
+    tolerance: Tolerance | None = None,
+    name: str | None = None,
+    repro: str | None = None,
+    run: RunOptions | None = None,
+) -> Report:
+    """:func:`check` with the same arguments, raising ``AssertionError`` with the readable report on any failure;
+    returns the report.
+
+    Raises
+    ------
+    AssertionError
+        The report does not pass (:meth:`Report.raise_if_failed`).
+    """
+    report = check(impl, declaration, vjp=vjp, variants=variants, dtype=dtype, device=device, grad=grad, mode=mode,
+                   cases=cases, contract=contract, tolerance=tolerance, name=name, repro=repro, run=run)
     report.raise_if_failed()
     return report
-
-
-#: The keyword options of :func:`check` that a run of one dtype of a multi-dtype check receives.
-_CHECK_OPTIONS: tuple[str, ...] = (
-    "vjp", "variants", "device", "grad", "cases", "n_cases", "seed", "contract", "tolerance", "name", "mode", "scale",
-    "n_max", "timeout", "progress", "full_traceback", "repro", "in_process", "import_timeout", "tiling", "explore",
-    "keep_going", "budget")
 
 
 def _declared_dtypes(impl: Any, declaration: Declaration | None) -> tuple[str, ...]:
@@ -885,23 +922,24 @@ def _declared_dtypes(impl: Any, declaration: Declaration | None) -> tuple[str, .
 
 
 def _check_each_dtype(impl: Any, declaration: Declaration | None, dtypes: tuple[str, ...],
-                      options: dict[str, Any]) -> Report:
+                      explicit: list[Case] | None, case_set: CaseSet, run: RunOptions, what: dict[str, Any]) -> Report:
     """:func:`check` once per dtype, combined (:func:`~gma_ref.testing.core.report.combine_reports`).
 
     A dtype the framework lacks here is a skip of its part that was not requested (the declaration asked for
-    it, not the caller). A search beyond the set, and a budget, give an equal share of their seconds to every
-    dtype. An
-    interrupt in one dtype raises :class:`Interrupted` with the parts run so far.
+    it, not the caller). A search beyond the set (``case_set.explore``) and a budget (``run.budget``) give an
+    equal share of their seconds to every dtype. An interrupt in one dtype raises :class:`Interrupted` with the
+    parts run so far.
     """
     from ..core.report import combine_reports
 
-    for share in ("explore", "budget"):  # seconds for the whole run: an equal share to each dtype
-        if options.get(share):
-            options = dict(options, **{share: options[share] / len(dtypes)})
+    if case_set.explore:  # seconds for the whole run: an equal share to each dtype
+        case_set = replace(case_set, explore=case_set.explore / len(dtypes))
+    if run.budget:
+        run = replace(run, budget=run.budget / len(dtypes))
     parts: list[Report] = []
     for dtype in dtypes:
         try:
-            part = check(impl, declaration, dtype=dtype, **options)
+            part = _check(impl, declaration, explicit, case_set, run, dict(what, dtype=dtype))
         except Interrupted as exc:
             parts.append(exc.report)
             raise Interrupted(combine_reports(parts)) from None
@@ -919,18 +957,6 @@ def _check_each_dtype(impl: Any, declaration: Declaration | None, dtypes: tuple[
                            "tried": sum(e["tried"] for e in explored),
                            "dtypes": [d for e in explored for d in e["dtypes"]], "failure": failure}
     return report
-
-
-def _validate_explore(explore: Any, scale: str, case_file: str | None) -> None:
-    """``ValueError`` for an ``explore`` that is not a number of seconds > 0, or one combined with what it cannot."""
-    if explore is None:
-        return
-    if isinstance(explore, bool) or not isinstance(explore, (int, float)) or not 0 < explore < float("inf"):
-        raise ValueError(f"explore must be None or a finite number of seconds > 0, got {explore!r}")
-    if scale == "scaling" or case_file is not None:
-        what = "scale='scaling'" if scale == "scaling" else "case_file"
-        raise ValueError(f"explore={explore!r} cannot be combined with {what}: the search runs beside the short "
-                         "or long cases")
 
 
 def _explore(report: Report, impl: Callable[..., Any], decl: Declaration, active: tuple[str, ...],

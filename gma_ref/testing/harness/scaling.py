@@ -6,7 +6,7 @@ The paper's claims for one GMA of B·H heads (§3.4, Eq. 12 and the storage coun
   and with no product term N·K·d_v: linear in the width w when K = d_v = w grow together;
 * **work** O(N K (d_r + d_v)) — linear in N; between w¹ and w² in the width (K·d_v = w²).
 
-:func:`run_scaling` (``check(impl, scale="scaling")``, ``gma-ref check ... --scaling``) runs the
+:func:`run_scaling` (``check(impl, cases=CaseSet(scale="scaling"))``, ``gma-ref check ... --scaling``) runs the
 candidate in two sweeps, each size in a **fresh child process** (``multiprocessing`` *spawn*):
 
 * *length*: N = 1024, 2048, …, up to ``n_max`` (default 65536; the declared ``Declaration.n_max``

@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gma_ref.testing import Declaration, check
+from gma_ref.testing import CaseSet, Declaration, check
 from gma_ref.testing.calibration.rounding_family import FAMILY, FlushToZeroKernel, InducedWeightsKernel
 from gma_ref.testing.core.compare import GRAIN_MULTIPLE, SMALLEST_NORMAL, SUBNORMAL_SPACING, compare_tensor, granularity
 
@@ -61,7 +61,7 @@ def test_induced_weights_kernel_needs_the_granularity_term(dtype):
     saved = compare.GRAIN_MULTIPLE
     try:
         compare.GRAIN_MULTIPLE = 0.0
-        report = check(InducedWeightsKernel(dtype), dtype=dtype, grad=True, tiling=False)
+        report = check(InducedWeightsKernel(dtype), dtype=dtype, grad=True, cases=CaseSet(tiling=False))
     finally:
         compare.GRAIN_MULTIPLE = saved
     assert not report.passed
@@ -78,7 +78,7 @@ def test_flush_to_zero_needs_its_declaration(dtype):
     kernel = FlushToZeroKernel(dtype)
     assert kernel.gma_declaration.flush_subnormals is True
     report = check(kernel, replace(kernel.gma_declaration, flush_subnormals=False), dtype=dtype, grad=True,
-                   tiling=False)
+                   cases=CaseSet(tiling=False))
     assert not report.passed and all("tiny_grad" in c for c in report.failed_cases()), report.format()
     assert _worst(report) > 10
 
@@ -86,7 +86,7 @@ def test_flush_to_zero_needs_its_declaration(dtype):
 def test_fla_like_normalise_backward_is_flagged_by_orders_of_magnitude():
     """Amplified underflow (fla's −Σ(do·o)/D² with the unnormalised o, D ≈ 6e-9): the default float32 check
     fails it by more than 100× the threshold (measured 210×), in the tiny_grad case only."""
-    report = check(FlaNormaliseBackward("float32"), grad=True, tiling=False)
+    report = check(FlaNormaliseBackward("float32"), grad=True, cases=CaseSet(tiling=False))
     assert not report.passed and report.exit_code == 1
     assert report.failed_cases() and all("tiny_grad" in c for c in report.failed_cases())
     assert _worst(report) >= 100.0, _worst(report)

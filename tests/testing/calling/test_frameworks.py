@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.testing import Declaration, check, default_cases
+from gma_ref.testing import CaseSet, Declaration, check, default_cases
 from gma_ref.testing.calling.probes import probe_flushes_subnormals
 
 from ...support.oracle_helpers import K32 as _K
@@ -76,7 +76,7 @@ def test_jax_float64_without_x64_is_one_clear_error():
     before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", False)
     try:
-        report = check(make_jax_gma(), dtype="float64", tiling=False)
+        report = check(make_jax_gma(), dtype="float64", cases=CaseSet(tiling=False))
     finally:
         jax.config.update("jax_enable_x64", before)
     assert not report.results and report.exit_code == 1
@@ -142,7 +142,7 @@ def test_an_isolated_jax_kernel_is_probed_in_its_worker(tmp_path, monkeypatch):
 def test_torch_correct_implementation_passes(dtype):
     """A correct PyTorch implementation passes forward and autograd gradients at every dtype it has."""
     pytest.importorskip("torch")
-    report = check(make_torch_impl(), dtype=dtype, grad=True, tiling=False)
+    report = check(make_torch_impl(), dtype=dtype, grad=True, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
 
 
@@ -151,7 +151,8 @@ def test_torch_200_cases_float32_and_bfloat16():
     """The correct PyTorch implementation passes >= 200 generated cases in float32 and bfloat16."""
     pytest.importorskip("torch")
     for dtype in ("float32", "bfloat16"):
-        report = check(make_torch_impl(), dtype=dtype, grad=True, n_cases=200, contract=False, tiling=False)
+        report = check(make_torch_impl(), dtype=dtype, grad=True, contract=False,
+                       cases=CaseSet(n_generated=200, tiling=False))
         assert report.passed, report.format()
 
 
@@ -168,5 +169,5 @@ def test_cupy_reference_on_gpu():
         return cupy.asarray(_K(*host, **kw))
 
     cupy_impl.gma_declaration = Declaration(namespace="cupy", devices=("cuda",))
-    report = check(cupy_impl, tiling=False)
+    report = check(cupy_impl, cases=CaseSet(tiling=False))
     assert report.reference_backend == "cupy" and report.passed, report.format()

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from gma_ref.testing import check
+from gma_ref.testing import CaseSet, RunOptions, check
 from gma_ref.testing.calling.isolation import IsolatedCandidate, LoadError
 from gma_ref.testing.cases.sets import default_cases
 
@@ -144,7 +144,7 @@ def test_a_call_that_holds_the_gil_ends_at_the_time_limit_with_a_report(kernels)
         gil.gma_declaration = DECL
     """)
     t0 = time.monotonic()
-    report = check("k_gil:gil", cases=_cases(), timeout=1.0, contract=False)
+    report = check("k_gil:gil", cases=_cases(), contract=False, run=RunOptions(timeout=1.0))
     assert time.monotonic() - t0 < 30
     assert [r.metric for r in report.results] == ["timeout", "timeout"] and len(report.case_ids) == 2
 
@@ -155,7 +155,7 @@ def test_an_import_that_hangs_or_fails_is_a_load_error(kernels) -> None:
     (kernels / "k_broken.py").write_text("raise RuntimeError('no such kernel here')\n", encoding="utf-8")
     t0 = time.monotonic()
     with pytest.raises(LoadError, match="did not finish importing within 1 s"):
-        check("k_hang:f", import_timeout=1.0, tiling=False)
+        check("k_hang:f", cases=CaseSet(tiling=False), run=RunOptions(import_timeout=1.0))
     assert time.monotonic() - t0 < 20
     with pytest.raises(LoadError, match="RuntimeError: no such kernel here"):
         IsolatedCandidate("k_broken:f")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gma_ref.testing import check
+from gma_ref.testing import RunOptions, check
 from gma_ref.testing.calibration.emulated import NumpyKernel
 
 from ...support.fault_model import FAULTS, by_id, faulty
@@ -107,6 +107,7 @@ def test_faults_where_the_axes_meet_fail_the_default_check(fault_id, dtype):
 
     kernel = faulty(fault_id, dtype)
     for case in default_cases(dtype=dtype, tiling=True):
-        if not check(kernel, dtype=dtype, grad=True, cases=[case], contract=False, in_process=True).passed:
+        if not check(kernel, dtype=dtype, grad=True, cases=[case], contract=False,
+                     run=RunOptions(in_process=True)).passed:
             return
     pytest.fail(f"{fault_id} passes every default {dtype} case")

@@ -19,46 +19,61 @@ def measured(monkeypatch):
     return data
 
 
-def _default_ids(dtype):
-    return [c.case_id for c in default_cases(dtype=dtype, tiling=True)]
+def _default(dtype):
+    return default_cases(dtype=dtype, tiling=True)
 
 
 def test_the_fingerprint_is_the_set_not_the_order():
-    """The same ids in another order give the same fingerprint; one id more gives another."""
-    ids = _default_ids("float32")
-    assert power.case_set_fingerprint(ids) == power.case_set_fingerprint(ids[::-1])
-    assert power.case_set_fingerprint(ids) != power.case_set_fingerprint(ids + ["one-more"])
+    """The same cases in another order give the same fingerprint; one case more gives another."""
+    cases = _default("float32")
+    assert power.case_set_fingerprint(cases) == power.case_set_fingerprint(cases[::-1])
+    assert power.case_set_fingerprint(cases) != power.case_set_fingerprint(cases + cases[:1])
+
+
+@pytest.mark.parametrize("field", ["eps", "eps_sigma", "chunk_size", "seed", "n_components", "regime"])
+def test_the_fingerprint_holds_every_field_of_a_case(field):
+    """One field of one case changed (an ε not in the case id, a size, the regime) gives another fingerprint, and
+    the summary line then says the set was not measured."""
+    import dataclasses
+
+    cases = _default("float32")
+    i = next(i for i, c in enumerate(cases) if c.variant == "causal" and c.n_q > 100)
+    value = {"eps": 2e-6, "eps_sigma": 0.05, "chunk_size": 32, "seed": 99, "n_components": 3, "regime": "far"}[field]
+    changed = [*cases[:i], dataclasses.replace(cases[i], **{field: value}), *cases[i + 1:]]
+    assert power.case_set_fingerprint(changed) != power.case_set_fingerprint(cases)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(power, "measured_power", lambda: dict(MEASURED, case_set=power.default_set_fingerprint()))
+        assert power.detection_text(changed, "float32").startswith("detection power not measured for this case set")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_the_default_set_gets_its_measured_figure(measured, dtype):
     """The default set of a measured dtype: 'detection power killed/faults faults of the fault model'."""
     killed = measured[dtype]["killed"]
-    assert power.detection_text(_default_ids(dtype), dtype) == f"detection power {killed}/120 faults of the fault model"
+    assert power.detection_text(_default(dtype), dtype) == f"detection power {killed}/120 faults of the fault model"
 
 
 def test_another_case_set_is_not_given_the_default_sets_figure(measured):
     """A narrowed set (one variant) is said not to be measured, with the default set's figure beside it."""
-    ids = [c.case_id for c in default_cases(("causal",), dtype="float32", tiling=True)]
-    text = power.detection_text(ids, "float32")
+    text = power.detection_text(default_cases(("causal",), dtype="float32", tiling=True), "float32")
     assert text.startswith("detection power not measured for this case set") and "119/120" in text
 
 
 def test_a_dtype_outside_the_measured_ones_is_named(measured):
-    assert power.detection_text(_default_ids("float16"), "float16") == (
+    assert power.detection_text(_default("float16"), "float16") == (
         "detection power not measured in float16 (only float32 and float64)")
 
 
 def test_a_figure_of_another_case_set_is_not_printed(monkeypatch):
     """A figure whose fingerprint is not the current default set's is not printed as the current one."""
     monkeypatch.setattr(power, "measured_power", lambda: dict(MEASURED, case_set="0" * 64))
-    assert power.detection_text(_default_ids("float32"), "float32") == (
+    assert power.detection_text(_default("float32"), "float32") == (
         "detection power not measured for the current default case set")
 
 
 def test_no_shipped_figure_prints_nothing(monkeypatch):
     monkeypatch.setattr(power, "measured_power", lambda: None)
-    assert power.detection_text(_default_ids("float32"), "float32") == ""
+    assert power.detection_text(_default("float32"), "float32") == ""
 
 
 def test_the_shipped_file_is_readable_and_counts_every_measured_dtype():
@@ -83,9 +98,9 @@ def test_the_summary_line_and_the_json_carry_it(measured):
 def test_the_default_fingerprint_is_that_of_both_measured_dtypes_default_sets():
     """default_set_fingerprint is the fingerprint of the float32 and float64 default sets with the tiling and
     interaction cases (not the set without them), and the shipped figure was measured on it."""
-    ids = _default_ids("float32") + _default_ids("float64")
-    assert power.default_set_fingerprint() == power.case_set_fingerprint(ids)
-    narrow = [c.case_id for d in ("float32", "float64") for c in default_cases(dtype=d)]
+    cases = _default("float32") + _default("float64")
+    assert power.default_set_fingerprint() == power.case_set_fingerprint(cases)
+    narrow = [c for d in ("float32", "float64") for c in default_cases(dtype=d)]
     assert power.default_set_fingerprint() != power.case_set_fingerprint(narrow)
     assert power.measured_power()["case_set"] == power.default_set_fingerprint()
 
@@ -102,4 +117,4 @@ def test_a_measured_dtype_missing_from_the_file_is_named(monkeypatch):
     """A figure without float64's count says float64 was not measured."""
     data = {"faults": 120, "float32": {"killed": 119}, "case_set": power.default_set_fingerprint()}
     monkeypatch.setattr(power, "measured_power", lambda: data)
-    assert power.detection_text(_default_ids("float64"), "float64").startswith("detection power not measured in")
+    assert power.detection_text(_default("float64"), "float64").startswith("detection power not measured in")

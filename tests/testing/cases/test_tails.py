@@ -84,3 +84,22 @@ def test_interaction_cases_are_in_the_default_set_and_unique():
     assert len(ids) == len(set(ids))
     assert {c.case_id for c in interaction_cases()} <= set(ids)
     assert not {c.case_id for c in interaction_cases()} & {c.case_id for c in default_cases(tiling=False)}
+
+
+def test_the_smallest_tile_and_size_are_accepted():
+    """A tile of 4 and a size of 1 are the smallest allowed (below them: ValueError)."""
+    assert remainder_class(1, 4) is None  # no full tile yet
+    assert remainder_class(4, 4) == "0" and remainder_class(7, 4) == "t-1"
+
+
+def test_about_half_is_three_to_five_eighths_of_the_tile():
+    """With tiles of 16, remainders 6 to 10 are about half; 5 and 11, just outside 3t/8 .. 5t/8, are no class."""
+    assert [remainder_class(16 + r, 16) for r in (5, 6, 10, 11)] == [None, "half", "half", None]
+
+
+def test_the_rows_are_those_the_shipped_detection_power_was_measured_on():
+    """The interaction rows are part of the default set whose detection power ships: a row changed (a size, an ε,
+    B or H) is a default set the fault model was not run on, until tools/fault_power.py measures it again."""
+    from gma_ref.testing.cases import power
+
+    assert power.measured_power()["case_set"] == power.default_set_fingerprint()

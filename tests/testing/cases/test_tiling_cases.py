@@ -8,7 +8,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from gma_ref.testing import Declaration, check
+from gma_ref.testing import CaseSet, Declaration, check
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.cases.covering import pairwise_cover, uncovered_pairs
 from gma_ref.testing.cases.sets import (
@@ -158,10 +158,10 @@ def test_declared_limits_cutting_the_envelope_are_printed():
     from dataclasses import replace
 
     last = check(kernel, replace(kernel.gma_declaration, n_max=64), grad=False,
-                 variants=("bidirectional",), tiling=False).format().splitlines()[-1]
+                 variants=("bidirectional",), cases=CaseSet(tiling=False)).format().splitlines()[-1]
     assert "limited by" not in last and "envelope N<=63" in last  # the default set reaches N = 63
     last = check(kernel, replace(kernel.gma_declaration, n_max=32), grad=False,
-                 variants=("bidirectional",), tiling=False).format().splitlines()[-1]
+                 variants=("bidirectional",), cases=CaseSet(tiling=False)).format().splitlines()[-1]
     assert "; limited by the declaration: n_max = 32 (default N up to 63)" in last and "N<=32" in last
     assert last.split("; ")[-1].startswith("detection power not measured for ")  # a narrowed set, not the default
 

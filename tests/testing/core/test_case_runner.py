@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from gma_ref.testing import CaseOutcome, Declaration, NotCheckable, check, default_cases, evaluate_case
+from gma_ref.testing import CaseOutcome, CaseSet, Declaration, NotCheckable, check, default_cases, evaluate_case
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.cases.sets import Case
 from gma_ref.testing.core.case_runner import NonFiniteInputError, resolve_vjp
@@ -642,7 +642,7 @@ def test_mutating_inputs_fails():
         v *= 2
         return out
 
-    report = check(_wrap(mutating), variants=("bidirectional",), tiling=False)
+    report = check(_wrap(mutating), variants=("bidirectional",), cases=CaseSet(tiling=False))
     assert any(r.metric == "unmutated-forward" and not r.passed for r in report.results)
 
 
@@ -653,15 +653,17 @@ def test_nan_output_fails_even_if_norm_small():
         out[(0,) * out.ndim] = np.nan
         return out
 
-    report = check(_wrap(nan_one), variants=("cross",), tiling=False)
+    report = check(_wrap(nan_one), variants=("cross",), cases=CaseSet(tiling=False))
     assert any(r.metric == "finite" and not r.passed for r in report.results)
 
 
 def test_wrong_dtype_and_shape_fail():
     """Returning float64 for float32 inputs, or a transposed output, fails the contract."""
-    r1 = check(_wrap(lambda *a, **kw: _K(*a, **kw).astype(np.float64)), variants=("causal",), tiling=False)
+    r1 = check(_wrap(lambda *a, **kw: _K(*a, **kw).astype(np.float64)), variants=("causal",),
+               cases=CaseSet(tiling=False))
     assert any(r.metric == "dtype" and not r.passed for r in r1.results)
-    r2 = check(_wrap(lambda *a, **kw: np.swapaxes(_K(*a, **kw), -1, -2)), variants=("bidirectional",), tiling=False)
+    r2 = check(_wrap(lambda *a, **kw: np.swapaxes(_K(*a, **kw), -1, -2)), variants=("bidirectional",),
+               cases=CaseSet(tiling=False))
     assert any(r.metric == "shape" and not r.passed for r in r2.results)
 
 
@@ -674,9 +676,9 @@ def test_nondeterminism_fails_unless_declared():
         out = _K(*a, **kw)
         return out if state["n"] % 2 else np.nextafter(out, np.float32(np.inf))
 
-    r = check(_wrap(flaky), variants=("bidirectional",), tiling=False)
+    r = check(_wrap(flaky), variants=("bidirectional",), cases=CaseSet(tiling=False))
     assert any(x.check == "determinism" and not x.passed for x in r.results)
-    r2 = check(_wrap(flaky, deterministic=False), variants=("bidirectional",), tiling=False)
+    r2 = check(_wrap(flaky, deterministic=False), variants=("bidirectional",), cases=CaseSet(tiling=False))
     det = [x for x in r2.results if x.check == "determinism"]
     assert det and all(x.passed for x in det) and "differ" in det[0].detail
 
@@ -688,7 +690,7 @@ def test_noncontiguous_inputs_must_work():
             raise ValueError("q must be contiguous")
         return _K(q, *rest, **kw)
 
-    report = check(_wrap(contiguous_only), variants=("bidirectional",), tiling=False)
+    report = check(_wrap(contiguous_only), variants=("bidirectional",), cases=CaseSet(tiling=False))
     assert any(r.check == "layout" and not r.passed for r in report.results)
 
 
@@ -697,7 +699,7 @@ def test_raising_implementation_is_reported():
     def boom(*a, **kw):
         raise RuntimeError("kernel launch failed")
 
-    report = check(_wrap(boom), variants=("cross",), tiling=False)
+    report = check(_wrap(boom), variants=("cross",), cases=CaseSet(tiling=False))
     assert not report.passed and "kernel launch failed" in report.format()
 
 
@@ -709,13 +711,13 @@ def test_returned_state_is_checked():
         memory, mass = kq.write(gk, vv)
         return kq(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma), memory, mass
 
-    assert check(_wrap(with_state, returns_state=True), tiling=False).passed
+    assert check(_wrap(with_state, returns_state=True), cases=CaseSet(tiling=False)).passed
 
     def bad_state(*a, **kw):
         out, memory, mass = with_state(*a, **kw)
         return out, memory, mass * 1.01
 
-    r = check(_wrap(bad_state, returns_state=True), tiling=False)
+    r = check(_wrap(bad_state, returns_state=True), cases=CaseSet(tiling=False))
     assert any(x.tensor == "mass" and not x.passed for x in r.results)
 
 
@@ -731,23 +733,24 @@ def test_returned_state_as_the_cores_causal_state_type():
         out = kq(q, k, v, means, omega, prior_logits, causal=causal, eps=eps, eps_sigma=eps_sigma)
         return out, CausalState(memory, mass)
 
-    assert check(_wrap(with_state, returns_state=True), variants=("cross", "causal"), tiling=False).passed
+    assert check(_wrap(with_state, returns_state=True), variants=("cross", "causal"),
+                 cases=CaseSet(tiling=False)).passed
 
     def bad_state(*a, **kw):
         out, state = with_state(*a, **kw)
         return out, state._replace(mass=state.mass * 1.01)
 
-    r = check(_wrap(bad_state, returns_state=True), variants=("cross",), tiling=False)
+    r = check(_wrap(bad_state, returns_state=True), variants=("cross",), cases=CaseSet(tiling=False))
     assert any(x.tensor == "mass" and not x.passed for x in r.results)
     r = check(_wrap(lambda *a, **kw: (with_state(*a, **kw)[0], None), returns_state=True), variants=("cross",),
-              tiling=False)
+              cases=CaseSet(tiling=False))
     assert not r.passed and "CausalState(memory, mass)" in r.format()
 
 
 @pytest.mark.parametrize("returned", [None, 3.0, "out", [1, 2], ("a", "b")], ids=repr)
 def test_bad_return_value_is_a_labelled_failure(returned):
     """None, a non-array or a wrong tuple from the implementation is a labelled FAIL ('returned'), not a crash."""
-    report = check(_wrap(lambda *a, **kw: returned), variants=("causal",), tiling=False)
+    report = check(_wrap(lambda *a, **kw: returned), variants=("causal",), cases=CaseSet(tiling=False))
     assert not report.passed and report.exit_code == 1
     bad = [r for r in report.failures if r.metric == "returned"]
     assert bad and all(r.case_id for r in bad), report.format()
@@ -756,12 +759,13 @@ def test_bad_return_value_is_a_labelled_failure(returned):
 
 def test_wrong_state_tuple_and_bad_vjp_results_are_labelled_failures():
     """returns_state with one array, a state entry that is None, and a vjp returning None or a string all FAIL."""
-    r1 = check(_wrap(lambda *a, **kw: _K(*a, **kw), returns_state=True), variants=("cross",), tiling=False)
+    r1 = check(_wrap(lambda *a, **kw: _K(*a, **kw), returns_state=True), variants=("cross",),
+               cases=CaseSet(tiling=False))
     assert any(r.metric == "returned" and "(out, memory, mass)" in r.detail for r in r1.failures)
     r2 = check(_wrap(lambda *a, **kw: (_K(*a, **kw), None, None), returns_state=True), variants=("cross",),
-               tiling=False)
+               cases=CaseSet(tiling=False))
     assert any(r.metric == "returned" and "memory" in r.detail for r in r2.failures)
     for grads in (None, "grads", {"d_q": "x"}):
         r3 = check(_wrap(lambda *a, **kw: _K(*a, **kw), grad=True), variants=("bidirectional",),
-                   vjp=lambda *a, g=grads, **kw: g, tiling=False)
+                   vjp=lambda *a, g=grads, **kw: g, cases=CaseSet(tiling=False))
         assert any(r.metric == "returned" for r in r3.failures), r3.format()

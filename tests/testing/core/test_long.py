@@ -14,7 +14,7 @@ import array_api_compat.numpy as xp
 import numpy as np
 import pytest
 
-from gma_ref.testing import check
+from gma_ref.testing import CaseSet, check
 from gma_ref.testing.calibration.emulated_long import LongKernel
 from gma_ref.testing.cases.sets import VARIANTS, Case, case_arrays
 from gma_ref.testing.core.case_runner import evaluate_case
@@ -144,13 +144,13 @@ def test_long_cases_cover_the_sizes_and_variants() -> None:
 
 
 def test_check_rejects_an_unknown_scale() -> None:
-    """check(scale=...) accepts 'short' and 'long' only."""
+    """CaseSet(scale=...) accepts 'short', 'long' and 'scaling' only: another name is a ValueError naming scale."""
     with pytest.raises(ValueError, match="scale"):
-        check(LongKernel("float32"), scale="medium")
+        check(LongKernel("float32"), cases=CaseSet(scale="medium"))
 
 
 def test_cli_long_flag_selects_long_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`gma-ref check --long --n-max N` calls check(scale='long') with the declared n_max N."""
+    """`gma-ref check --long --n-max N` calls check(cases=CaseSet(scale='long')) with the declared n_max N."""
     import gma_ref.testing
     from gma_ref.cli import check as check_cli
 
@@ -158,11 +158,11 @@ def test_cli_long_flag_selects_long_mode(monkeypatch: pytest.MonkeyPatch) -> Non
 
     def fake_check(impl, declaration=None, **kw):
         seen.update(kw, declaration=declaration)
-        return check(impl, declaration, cases=[], **{k: v for k, v in kw.items() if k != "scale"})
+        return check(impl, declaration, **dict(kw, cases=[]))
 
     monkeypatch.setattr(gma_ref.testing, "check", fake_check)
     check_cli.main(["gma_ref.testing.calibration.emulated_long:LongKernel", "--long", "--n-max", "262144"])
-    assert seen["scale"] == "long" and seen["declaration"].n_max == 262144
+    assert seen["cases"].scale == "long" and seen["declaration"].n_max == 262144
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
@@ -184,7 +184,7 @@ def test_planted_long_bug_is_caught_at_long_n_only(bug: type, dtype: str) -> Non
 
     The correct kernel of the same dtype passes the same long cases (test_correct_long_kernel_passes).
     """
-    short = check(bug(dtype), tiling=False)
+    short = check(bug(dtype), cases=CaseSet(tiling=False))
     seen = [c for c in short.failed_cases() if not any(r in c for r in getattr(bug, "short_regimes", ()))]
     assert short.case_ids and not seen, f"{bug.__name__} visible in short {dtype} cases:\n{short.format()}"
     report = check(bug(dtype), cases=_ci_cases(dtype), contract=False)

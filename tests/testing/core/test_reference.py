@@ -24,7 +24,7 @@ from gma_ref import gma_attention, gma_attention_backward
 from gma_ref.bidirectional import write_memory
 from gma_ref.mixture import log_priors_from_logits, sigmoid, variances_from_omega
 from gma_ref.posterior import responsibilities
-from gma_ref.testing import Case, Declaration, check, default_cases
+from gma_ref.testing import Case, CaseSet, Declaration, check, default_cases
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.cases.sets import case_arrays
 from gma_ref.testing.core.compare import compare_tensor
@@ -744,7 +744,7 @@ def test_reference_runs_on_the_rounded_inputs():
         return gma_attention(*up, **kw).astype(np.float32)
 
     exact.gma_declaration = Declaration(dtypes=("float32",))
-    report = check(exact, tiling=False)
+    report = check(exact, cases=CaseSet(tiling=False))
     assert report.passed
     assert max(r.value / r.threshold for r in report.results if r.metric == "norm") < 0.1
 

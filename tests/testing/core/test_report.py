@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from gma_ref.cli.check import main as cli_main
-from gma_ref.testing import check, default_cases
+from gma_ref.testing import CaseSet, check, default_cases
 from gma_ref.testing.calibration.emulated import NumpyKernel
 
 from ...support.oracle_helpers import K32 as _K
@@ -18,7 +18,7 @@ def test_report_format_and_json():
     """The report names case, tensor, metric, worst element and index; --json is valid JSON."""
     from ...support.planted_impls import StrictCausalMask
 
-    r = check(StrictCausalMask(), variants=("causal",), grad=True, tiling=False)
+    r = check(StrictCausalMask(), variants=("causal",), grad=True, cases=CaseSet(tiling=False))
     text = r.format()
     assert "FAIL causal-B2-H3-N63-K7-dr5-dv60-f32-c16" in text and "worst [" in text
     data = json.loads(r.to_json())
@@ -47,7 +47,7 @@ def test_json_is_strict_even_with_nan_and_numpy_scalars(capsys):
     def nan_out(*a, **kw):
         return np.full_like(_K(*a, **kw), np.nan)
 
-    _strict_json(check(_wrap(nan_out), variants=("causal",), tiling=False).to_json())
+    _strict_json(check(_wrap(nan_out), variants=("causal",), cases=CaseSet(tiling=False)).to_json())
     edge = [c for c in default_cases(dtype="float64") if c.n_q == 1 and c.d_r == 128]
     _strict_json(check(NumpyKernel("float64"), cases=edge, dtype="float64", grad=True).to_json())
     assert cli_main(["no_such_module:f", "--json"]) == 3

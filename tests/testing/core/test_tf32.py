@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gma_ref.testing import Declaration, check, default_cases
+from gma_ref.testing import CaseSet, Declaration, RunOptions, check, default_cases
 from gma_ref.testing.calibration.emulated import NumpyKernel, round_to
 from gma_ref.testing.calling import probes
 from gma_ref.testing.calling.probes import probe_tf32_products, tf32_rounded
@@ -120,14 +120,16 @@ def test_tf32_tolerance_adds_the_tf32_unit_roundoff_to_float32_only():
 def test_tf32_kernel_needs_the_tf32_tolerance():
     """Undeclared, on a framework probed exact, the TF32-emulated kernel fails the float32 tolerance on the default
     cases by more than 10×: the tolerance of TF32 products is needed (the tests below show it passes that)."""
-    plain = check(_undeclared(NumpyKernel("float32", tf32=True)), dtype="float32", grad=True, tiling=False)
+    plain = check(_undeclared(NumpyKernel("float32", tf32=True)), dtype="float32", grad=True,
+                  cases=CaseSet(tiling=False))
     assert not plain.passed and _worst(plain) > 10, _worst(plain)
     assert not any("TF32" in n for n in plain.notes)
 
 
 def test_declared_tf32_passes_where_the_framework_is_tf32(tf32_framework):
     """Declared tf32=True on a framework probed TF32: passes, no note needed, the envelope says it."""
-    report = check(NumpyKernel("float32", tf32=True), dtype="float32", grad=True, tiling=False, in_process=True)
+    report = check(NumpyKernel("float32", tf32=True), dtype="float32", grad=True, cases=CaseSet(tiling=False),
+                   run=RunOptions(in_process=True))
     assert report.passed, report.format()
     assert _worst(report) < 0.5, _worst(report)
     assert any("tf32 = True (declared" in s for s in report.envelope_limits), report.envelope_limits
@@ -136,8 +138,8 @@ def test_declared_tf32_passes_where_the_framework_is_tf32(tf32_framework):
 def test_probed_tf32_sets_the_tolerance_with_a_note(tf32_framework):
     """Undeclared TF32 products found by the probe: the oracle applies the TF32 tolerance and says so, in the text
     and in the JSON; the envelope names it 'probed, not declared'."""
-    report = check(_undeclared(NumpyKernel("float32", tf32=True)), dtype="float32", grad=True, tiling=False,
-                   in_process=True)
+    report = check(_undeclared(NumpyKernel("float32", tf32=True)), dtype="float32", grad=True,
+                   cases=CaseSet(tiling=False), run=RunOptions(in_process=True))
     assert report.passed, report.format()
     note = "rounds float32 matrix products to TF32 (probed)"
     assert any(note in n for n in report.notes), report.notes
@@ -155,7 +157,7 @@ def test_probe_is_float32_only(tf32_framework):
 @pytest.mark.parametrize("bug", [EpsSigmaInsideSoftplus, MissingLogDet, StrictCausalMask])
 def test_planted_bug_still_fails_under_the_tf32_tolerance(tf32_framework, bug):
     """The looser tolerance of TF32 products still flags a planted bug in a TF32 kernel."""
-    report = check(bug("float32", tf32=True), dtype="float32", grad=True, tiling=False)
+    report = check(bug("float32", tf32=True), dtype="float32", grad=True, cases=CaseSet(tiling=False))
     assert not report.passed and _worst(report) > 1, report.format()
 
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from gma_ref.testing import Declaration, check, default_cases, load_case_file
+from gma_ref.testing import CaseSet, Declaration, RunOptions, check, default_cases, load_case_file
 from gma_ref.testing.cases.sets import case_arrays
 from gma_ref.testing.harness.repro import write_reproducer
 
@@ -59,7 +59,8 @@ def _failed_metrics(report: dict) -> set[str]:
 
 
 def _bidirectional(impl, **kw):
-    return check(impl, variants=("bidirectional",), **{"tiling": False, **kw})
+    """check of the bidirectional edge cases (no tiling cases)."""
+    return check(impl, variants=("bidirectional",), cases=CaseSet(tiling=False), **kw)
 
 
 # --------------------------------------------------------------------------- exits and exceptions
@@ -106,7 +107,7 @@ def test_keyboard_interrupt_stops_the_run_with_a_partial_report():
     """Ctrl-C (KeyboardInterrupt) still stops the run: check() raises it with the partial report; the CLI prints
     that report (JSON too) and exits 130."""
     with pytest.raises(KeyboardInterrupt) as info:
-        _bidirectional(adv.Interrupts(), in_process=True)
+        _bidirectional(adv.Interrupts(), run=RunOptions(in_process=True))
     partial = info.value.report
     assert partial.interrupted and partial.exit_code == 130 and len(partial.case_ids) == 3
     assert "INTERRUPTED" in partial.format()
@@ -234,11 +235,11 @@ def test_shrinking_starts_from_the_smallest_case_and_stops_at_a_hang(tmp_path):
     bounded step (not a whole --timeout per step) and stops shrinking for the run."""
     from ...support.planted_impls import StrictCausalMask
 
-    r = check(StrictCausalMask(), variants=("causal",), repro=str(tmp_path / "a"), tiling=False)
+    r = check(StrictCausalMask(), variants=("causal",), repro=str(tmp_path / "a"), cases=CaseSet(tiling=False))
     case = load_case_file(r.reproducers[0]).case
     assert (case.batch, case.heads, case.n_q, case.n_components, case.d_r, case.d_v) == (1, 1, 1, 1, 1, 1)
     t0 = time.perf_counter()
-    r = _bidirectional(adv.HangsWhenSmall(), timeout=120, repro=str(tmp_path / "b"))
+    r = _bidirectional(adv.HangsWhenSmall(), run=RunOptions(timeout=120), repro=str(tmp_path / "b"))
     assert time.perf_counter() - t0 < 60
     assert not r.passed and any("did not finish in time" in n for n in r.notes)
 
@@ -292,7 +293,7 @@ def test_case_file_inputs_must_stay_finite_at_the_dtype(case_file):
     path = case_file("big", q=np.full_like(case_arrays(load_case_file(case_file()).case)["q"], 1e6))
     kernel = NumpyKernel("float16")
     with pytest.raises(ValueError, match="input q is not finite after rounding to float16"):
-        check(kernel, case_file=path, dtype="float16")
+        check(kernel, dtype="float16", cases=CaseSet(file=path))
     proc = _cli("tests.support.adversarial_impls:Float16", "--case-file", path, "--dtype", "float16", "--json")
     report = _strict_json(proc.stdout)
     assert proc.returncode == 4 == report["exit_code"] and "not finite after rounding" in report["error"]

@@ -27,7 +27,8 @@ def test_two_consecutive_timeouts_stop_the_run_naming_both_cases() -> None:
     b = RunBounds()
     assert STOP_AFTER == 2 and b.after_case("a", _ended("a", "timeout")) is None
     why = b.after_case("b", _ended("b", "timeout"))
-    assert why == "2 consecutive cases ended in timeout: a and b (--keep-going or keep_going=True runs every case)"
+    assert why == ("2 consecutive cases ended in timeout: a and b (--keep-going or RunOptions(keep_going=True) runs "
+                   "every case)")
     assert b.stopped == why
 
 
@@ -56,8 +57,12 @@ def test_the_budget_bounds_each_case_and_then_stops_the_run() -> None:
     assert b.before_case(1, 3) == "the run's budget of 1e-09 s was spent after 1 of 3 cases"
 
 
-@pytest.mark.parametrize("kw, what", [({"budget": 0}, "budget"), ({"budget": float("inf")}, "budget"),
-                                      ({"budget": True}, "budget"), ({"keep_going": 1}, "keep_going")])
-def test_bad_arguments_are_refused(kw, what) -> None:
-    with pytest.raises(ValueError, match=f"{what} must be"):
+@pytest.mark.parametrize("kw, error, what", [({"budget": 0}, ValueError, "budget"),
+                                             ({"budget": float("inf")}, ValueError, "budget"),
+                                             ({"budget": True}, TypeError, "budget"),
+                                             ({"keep_going": 1}, TypeError, "keep_going")])
+def test_bad_arguments_are_refused(kw, error, what) -> None:
+    """A budget out of range is a ValueError, one of the wrong kind (a bool) or a keep_going that is not a bool a
+    TypeError; each names its argument (the checks RunOptions makes of the same fields)."""
+    with pytest.raises(error, match=f"{what} must be"):
         RunBounds(**kw)

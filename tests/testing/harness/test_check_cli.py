@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gma_ref.cli.check import main as cli_main
-from gma_ref.testing import check
+from gma_ref.testing import CaseSet, RunOptions, check
 
 from ...support.oracle_helpers import K32 as _K
 
@@ -84,7 +84,7 @@ def test_progress_callback_and_progress_line(capsys):
     from gma_ref.cli.check import _Progress
 
     calls = []
-    check(_K, variants=("causal",), progress=lambda *a: calls.append(a), tiling=False)
+    check(_K, variants=("causal",), cases=CaseSet(tiling=False), run=RunOptions(progress=lambda *a: calls.append(a)))
     assert [c[0] for c in calls] == list(range(1, 12)) and all(c[1] == 11 for c in calls)
     line = _Progress(after_s=0.0)
     line(3, 29, "causal-x", 4.2)

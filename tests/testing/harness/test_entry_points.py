@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from gma_ref.testing import Case, check, default_cases
+from gma_ref.testing import Case, RunOptions, check, default_cases
 from gma_ref.testing.harness.runner import assert_conforms
 
 from ...support import adversarial_impls as adv
@@ -128,12 +128,12 @@ def test_a_parametrised_test_of_an_object_fails_it(tmp_path: pathlib.Path, name:
 def test_a_kernel_that_holds_the_gil_stops_the_run_after_two_timeouts() -> None:
     """A kernel that never returns and holds the GIL: the first two cases end in timeout, the run stops, the third
     case is listed as not run with the reason; with keep_going every case runs (and times out)."""
-    report = check(adv.HoldsTheGil(), cases=_CASES, contract=False, timeout=1.0)
+    report = check(adv.HoldsTheGil(), cases=_CASES, contract=False, run=RunOptions(timeout=1.0))
     assert [r.metric for r in report.failures] == ["timeout", "timeout"] and report.case_ids == _IDS[:2]
     assert _not_run(json.loads(report.to_json())["skipped"]) == _IDS[2:]
     assert "2 consecutive cases ended in timeout" in report.stopped and report.exit_code == 1
     assert "stopped: 2 consecutive cases ended in timeout" in report.format()
-    kept = check(adv.HoldsTheGil(), cases=_CASES, contract=False, timeout=0.5, keep_going=True)
+    kept = check(adv.HoldsTheGil(), cases=_CASES, contract=False, run=RunOptions(timeout=0.5, keep_going=True))
     assert kept.case_ids == _IDS and not kept.stopped and len(kept.failures) == 3
 
 
@@ -141,7 +141,7 @@ def test_a_spent_budget_lists_the_rest_as_not_run_and_the_run_does_not_pass() ->
     """A budget too small for the run: the cases left are not run, and a run without a failure still fails."""
     from gma_ref.testing.calibration.emulated import NumpyKernel
 
-    report = check(NumpyKernel("float32"), cases=_CASES, contract=False, budget=1e-9, in_process=True)
+    report = check(NumpyKernel("float32"), cases=_CASES, contract=False, run=RunOptions(budget=1e-9, in_process=True))
     assert report.case_ids == [] or len(report.case_ids) < len(_IDS)
     assert "budget of 1e-09 s was spent" in report.stopped and report.exit_code == 1 and not report.passed
     assert sorted(report.case_ids + _not_run(json.loads(report.to_json())["skipped"])) == sorted(_IDS)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gma_ref.layer import GMALayerParams, gma_layer
-from gma_ref.testing import Declaration, check, default_layer_cases
+from gma_ref.testing import CaseSet, Declaration, check, default_layer_cases
 from gma_ref.testing.calibration.emulated_layer import NumpyLayer
 from gma_ref.testing.calibration.measure import calibrate
 from gma_ref.testing.cases.sets import layer_case_arrays, with_gate
@@ -110,7 +110,7 @@ def test_correct_gated_layer_passes_default_check(dtype, gate):
 def test_planted_gate_bug_is_flagged(bug, gate, tensor):
     """Each planted gate bug fails the default float32 gated layer check, on the tensor it breaks, by a wide
     factor (worst normwise error / threshold > 10; measured in docs/oracle/layer-mode.md, "Gated layers")."""
-    report = check(bug("float32", gate=gate), dtype="float32", grad=True, tiling=False)
+    report = check(bug("float32", gate=gate), dtype="float32", grad=True, cases=CaseSet(tiling=False))
     assert not report.passed
     failed = {r.tensor for r in report.results if not r.passed}
     assert tensor in failed, report.format()
@@ -132,7 +132,7 @@ class _Undeclared(NumpyLayer):
 @pytest.mark.parametrize("gate", GATES)
 def test_gated_layer_checked_without_its_gate_fails_clearly(gate):
     """A gated layer checked as ungated gets a labelled failure (the call's TypeError), not a crash."""
-    report = check(_Undeclared(gate), dtype="float32", grad=True, tiling=False)
+    report = check(_Undeclared(gate), dtype="float32", grad=True, cases=CaseSet(tiling=False))
     assert not report.passed and "gate" not in "".join(report.case_ids)
     text = report.format()
     assert "TypeError" in text and "positional arguments" in text
@@ -143,7 +143,7 @@ def test_ungated_layer_declaring_a_gate_fails_clearly(gate):
     """An ungated layer declaring a gate is called with gate_w, gate_b and fails with a labelled TypeError."""
     layer = NumpyLayer("float32")
     layer.gma_declaration = Declaration(dtypes=("float32",), grad=True, mode="layer", gate=gate)
-    report = check(layer, dtype="float32", grad=True, tiling=False)
+    report = check(layer, dtype="float32", grad=True, cases=CaseSet(tiling=False))
     assert not report.passed and all(f"-gate-{gate}-" in c for c in report.case_ids)
     assert "TypeError" in report.format() and "positional arguments" in report.format()
 
@@ -183,7 +183,7 @@ def test_torch_autograd_reads_the_declared_gate():
 
     layer.gma_declaration = Declaration(mode="layer", namespace="torch", grad=True, gate="headwise")
     layer.gma_vjp = torch_autograd(layer)
-    report = check(layer, variants=("causal", "cross"), tiling=False)
+    report = check(layer, variants=("causal", "cross"), cases=CaseSet(tiling=False))
     assert report.passed, report.format()
     assert {"d_gate_w", "d_gate_b"} <= {r.tensor for r in report.results if r.metric == "norm"}
 

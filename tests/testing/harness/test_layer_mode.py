@@ -9,7 +9,7 @@ import pytest
 
 from gma_ref.cli.check import main as cli_main
 from gma_ref.layer import GMALayerParams, gma_layer
-from gma_ref.testing import Case, Declaration, check, default_layer_cases, generate_layer_cases
+from gma_ref.testing import Case, CaseSet, Declaration, check, default_layer_cases, generate_layer_cases
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.calibration.emulated_layer import NumpyLayer
 from gma_ref.testing.calibration.measure import calibrate
@@ -80,7 +80,8 @@ def test_correct_layer_passes_200_generated_cases(dtype, n):
     """>= 200 checked layer cases per dtype pass (ill-conditioned ones, nu > NU_MAX, are listed as such)."""
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
-    report = check(NumpyLayer(dtype), dtype=dtype, grad=True, n_cases=n, contract=False, tiling=False)
+    report = check(NumpyLayer(dtype), dtype=dtype, grad=True, contract=False,
+                   cases=CaseSet(n_generated=n, tiling=False))
     assert report.passed, report.format()
     assert len(report.case_ids) >= 200
     assert all(s.reason.startswith("ill-conditioned") for s in report.skipped if s.what.startswith("case"))
@@ -103,7 +104,7 @@ def test_float64_layer_exact_on_rounded_inputs():
         return gma_layer(params, up[0], up[1], **kw).astype(np.float32)
 
     exact.gma_declaration = Declaration(mode="layer")
-    report = check(exact, tiling=False)
+    report = check(exact, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
     assert max(r.value / r.threshold for r in report.results if r.metric == "norm") < 0.1
 
@@ -112,7 +113,7 @@ def test_float64_layer_exact_on_rounded_inputs():
 def test_torch_layer_passes(dtype):
     """A correct PyTorch layer (autograd gradients through the layer-mode adapter) passes."""
     pytest.importorskip("torch")
-    report = check(make_torch_layer_impl(), dtype=dtype, grad=True, tiling=False)
+    report = check(make_torch_layer_impl(), dtype=dtype, grad=True, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
 
 
@@ -122,7 +123,7 @@ def test_torch_layer_passes(dtype):
 @pytest.mark.parametrize("bug", LAYER_BUGS, ids=lambda c: c.__name__)
 def test_default_layer_check_flags_planted_bug(bug):
     """Every planted layer bug fails the default float32 layer check by a wide margin."""
-    report = check(bug(), grad=True, tiling=False)
+    report = check(bug(), grad=True, cases=CaseSet(tiling=False))
     assert not report.passed, report.format()
     assert report.exit_code == 1
     worst = max(r.value / r.threshold for r in report.results if r.metric in ("norm", "elem") and r.threshold)
@@ -132,7 +133,7 @@ def test_default_layer_check_flags_planted_bug(bug):
 @pytest.mark.parametrize("control", LAYER_CONTROLS, ids=lambda c: c.__name__)
 def test_layer_rewrite_passes(control):
     """A correct layer written differently (one fused projection matmul, concatenation by reshape) passes."""
-    report = check(control(), grad=True, tiling=False)
+    report = check(control(), grad=True, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
 
 
@@ -150,7 +151,7 @@ def test_missing_layer_gradient_and_mutation_fail():
         return g
 
     no_wo.gma_declaration = Declaration(mode="layer", grad=True)
-    r = check(no_wo, vjp=vjp, variants=("causal",), tiling=False)
+    r = check(no_wo, vjp=vjp, variants=("causal",), cases=CaseSet(tiling=False))
     assert any(x.tensor == "d_w_o" and x.metric == "missing" and not x.passed for x in r.results)
 
     def mutating(x, *rest, **kw):
@@ -159,7 +160,7 @@ def test_missing_layer_gradient_and_mutation_fail():
         return out
 
     mutating.gma_declaration = Declaration(mode="layer")
-    r = check(mutating, variants=("cross",), tiling=False)
+    r = check(mutating, variants=("cross",), cases=CaseSet(tiling=False))
     assert any(x.metric == "unmutated-forward" and not x.passed for x in r.results)
 
 
@@ -168,7 +169,7 @@ def test_mode_mismatch_checks_nothing_and_fails():
     r = check(NumpyKernel("float32"), mode="layer")
     assert not r.passed and r.exit_code == 1
     assert any(s.what == "mode layer" and s.requested for s in r.skipped)
-    r2 = check(NumpyLayer("float32"), mode="attention", tiling=False)
+    r2 = check(NumpyLayer("float32"), mode="attention", cases=CaseSet(tiling=False))
     assert not r2.passed and any(s.what == "mode attention" for s in r2.skipped)
 
 

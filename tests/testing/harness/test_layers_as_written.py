@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gma_ref.testing import Declaration, check, default_layer_cases
+from gma_ref.testing import CaseSet, Declaration, check, default_layer_cases
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.calibration.emulated_layer import NumpyLayer
 from gma_ref.testing.cases.sets import tie_head_width
@@ -37,17 +37,17 @@ def test_tied_head_width_declaration_makes_only_admissible_layer_cases():
     """Undeclared, a tied-width layer fails most default layer cases for a shape reason; with
     Declaration(tied_head_width=True) every case is admissible and it passes, the lost edge (d_r != d_v) listed."""
     layer = TiedLayer("float32")
-    undeclared = check(layer, tiling=False)
+    undeclared = check(layer, cases=CaseSet(tiling=False))
     assert not undeclared.passed and len(undeclared.failed_cases()) >= 12
     layer.gma_declaration = replace(layer.gma_declaration, tied_head_width=True)
-    report = check(layer, grad=True, tiling=False)
+    report = check(layer, grad=True, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
     assert any("d_r != d_v" in s.reason for s in report.skipped)
 
 
 def test_long_layer_run_is_refused_with_a_reason():
     """--mode layer --long said 'FAIL: 0/0 cases passed' and nothing else; now the requested skip says why."""
-    report = check(NumpyLayer("float32"), scale="long")
+    report = check(NumpyLayer("float32"), cases=CaseSet(scale="long"))
     assert not report.passed and report.exit_code == 1
     assert any(s.what == "long cases" and s.requested and "attention mode only" in s.reason for s in report.skipped)
     assert "nothing was checked (long cases: long-sequence cases exist for attention mode only" in report.format()
@@ -58,7 +58,7 @@ def test_declared_reason_for_an_unsupported_variant_is_printed():
     kernel = NumpyKernel("float32")
     kernel.gma_declaration = Declaration(variants=("bidirectional",), extra={"unsupported": {
         "causal": "no mask in this kernel", "grad": "forward only"}})
-    report = check(kernel, variants=("bidirectional", "causal"), grad=True, tiling=False)
+    report = check(kernel, variants=("bidirectional", "causal"), grad=True, cases=CaseSet(tiling=False))
     text = report.format()
     assert "skip variant causal: not declared: no mask in this kernel  [requested]" in text
     assert "not declared (grad=False): forward only" in text
@@ -121,7 +121,7 @@ def test_an_nn_module_checked_through_functional_call():
     layer.gma_declaration = Declaration(
         mode="layer", namespace="torch", grad=True, variants=("bidirectional", "causal"), tied_head_width=True,
         eps=1e-6, eps_sigma=1e-4, extra={"unsupported": {"cross": "self-attention only"}})
-    report = check(layer, tiling=False)
+    report = check(layer, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
     assert "skip variant cross: not declared: self-attention only" in report.format()
 

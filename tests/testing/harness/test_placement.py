@@ -1,7 +1,7 @@
 """place (gma_ref.testing.harness.placement): a candidate passed as an object runs in a worker whenever the worker can
 load
 it — by module:qualname for a module-level function or class, pickled for an instance — and in this process only
-when it cannot, with the reason; check(obj) follows it, and in_process=True overrides it."""
+when it cannot, with the reason; check(obj) follows it, and RunOptions(in_process=True) overrides it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from gma_ref.testing import Case, check
+from gma_ref.testing import Case, RunOptions, check
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.harness.placement import Placement, close_shared, place, shared_candidate
 
@@ -61,10 +61,10 @@ def test_what_the_worker_cannot_load_stays_here_with_the_reason() -> None:
 
 
 def test_check_follows_the_placement_and_in_process_true_overrides_it(capfd) -> None:
-    """check(instance) is isolated; with in_process=True it runs here, and the first line and stderr say it was
-    asked for; a separate vjp= keeps it here too, saying why."""
+    """check(instance) is isolated; with RunOptions(in_process=True) it runs here, and the first line and stderr say
+    it was asked for; a separate vjp= keeps it here too, saying why."""
     assert check(NumpyKernel("float32"), cases=[_CASE], contract=False).isolated
-    report = check(NumpyKernel("float32"), cases=[_CASE], contract=False, in_process=True)
+    report = check(NumpyKernel("float32"), cases=[_CASE], contract=False, run=RunOptions(in_process=True))
     assert not report.isolated and "in-process (asked for with in_process=True)" in report.format().splitlines()[0]
     assert "asked for with in_process=True" in capfd.readouterr().err
     report = check(NumpyKernel("float32"), cases=[_CASE], contract=False, grad=False, vjp=lambda *a, **kw: {})

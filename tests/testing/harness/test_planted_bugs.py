@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.testing import check
+from gma_ref.testing import CaseSet, check
 from gma_ref.testing.calibration.emulated import NumpyKernel
 
 from ...support.planted_impls import (
@@ -61,7 +61,7 @@ def test_default_check_of_every_dtype_flags_every_visible_bug(bug, dtype):
     else:
         assert not report.passed and report.exit_code == 1, report.format()
     if (bug.__name__, dtype) in INVISIBLE_IN_THE_EDGE_CASES:
-        assert check(bug(dtype), grad=True, tiling=False).passed
+        assert check(bug(dtype), grad=True, cases=CaseSet(tiling=False)).passed
 
 
 def test_case_set_gaps_are_closed():
@@ -69,36 +69,38 @@ def test_case_set_gaps_are_closed():
     cross case with N_k > N_q a kernel that reads only min(N_q, N_k) keys (no generated cross case has N_q = N_k)."""
     from gma_ref.testing import generate_cases
 
-    assert not check(SoftmaxNoMaxSubtraction("float64"), dtype="float64", grad=False, tiling=False).passed
-    assert not check(NanGuardZeroesTinyMass("float32"), grad=False, tiling=False).passed
+    assert not check(SoftmaxNoMaxSubtraction("float64"), dtype="float64", grad=False,
+                     cases=CaseSet(tiling=False)).passed
+    assert not check(NanGuardZeroesTinyMass("float32"), grad=False, cases=CaseSet(tiling=False)).passed
     generated = generate_cases(12, variants=("cross",), seed=5)
     report = check(CrossKeysTruncated("float32"), cases=generated, grad=False)
     longer = [c.case_id for c in generated if c.n_k > c.n_q]  # where reading min(N_q, N_k) keys drops some
     assert longer and report.failed_cases() == longer, report.format()
-    assert check(EpsInNumerator("float32"), grad=False, variants=("cross",), tiling=False).exit_code == 1
-    assert check(HalfPrecisionPrefix("float32"), grad=False, variants=("causal",), tiling=False).exit_code == 1
+    assert check(EpsInNumerator("float32"), grad=False, variants=("cross",), cases=CaseSet(tiling=False)).exit_code == 1
+    assert check(HalfPrecisionPrefix("float32"), grad=False, variants=("causal",),
+                 cases=CaseSet(tiling=False)).exit_code == 1
 
 
 @pytest.mark.parametrize("control", CONTROLS, ids=lambda c: c.__name__)
 def test_exact_rewrites_pass(control):
     """Correct implementations written differently (no log 2π, raw prior logits, transposed layout) pass."""
-    report = check(control(), grad=True, tiling=False)
+    report = check(control(), grad=True, cases=CaseSet(tiling=False))
     assert report.passed, report.format()
 
 
 @pytest.mark.parametrize("bug", FLOAT64_BUGS, ids=lambda c: c.__name__)
 def test_float64_mode_catches_float32_accumulation(bug):
     """float32 accumulation inside a float64 kernel is invisible at float32 tolerance but fails the float64 check."""
-    report = check(bug(), dtype="float64", grad=True, tiling=False)
+    report = check(bug(), dtype="float64", grad=True, cases=CaseSet(tiling=False))
     assert not report.passed
-    assert check(NumpyKernel("float64"), dtype="float64", grad=True, tiling=False).passed
+    assert check(NumpyKernel("float64"), dtype="float64", grad=True, cases=CaseSet(tiling=False)).passed
 
 
 def test_float32_accumulation_within_float32_tolerance():
     """The same float32-accumulation error is below what the float32 tolerance allows (why float64 mode exists)."""
     from gma_ref.testing.core.compare import TOLERANCES
 
-    report = check(FLOAT64_BUGS[0](), dtype="float64", grad=False, contract=False, tiling=False)
+    report = check(FLOAT64_BUGS[0](), dtype="float64", grad=False, contract=False, cases=CaseSet(tiling=False))
     for r in report.results:
         if r.metric == "norm" and r.tensor == "out":
             nu64 = r.threshold / TOLERANCES["float64"].norm
@@ -110,5 +112,5 @@ def test_float32_accumulation_within_float32_tolerance():
 def test_torch_planted_bugs_flagged(bug):
     """PyTorch versions of three planted bugs fail the default float32 check (gradients by autograd)."""
     pytest.importorskip("torch")
-    report = check(make_torch_impl(bug=bug), dtype="float32", grad=True, tiling=False)
+    report = check(make_torch_impl(bug=bug), dtype="float32", grad=True, cases=CaseSet(tiling=False))
     assert not report.passed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.testing import check, default_cases
+from gma_ref.testing import CaseSet, check, default_cases
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.calibration.rounding_family import FAMILY
 from gma_ref.testing.cases.sets import tiling_cases
@@ -75,5 +75,5 @@ def test_the_python_checks_default_includes_the_tiling_cases():
     assert not report.passed, report.format()
     last = report.format().splitlines()[-1]
     assert "H<=8" in last and "B<=4" in last, last
-    edge = check(bug, grad=False, variants=("bidirectional",), tiling=False)
+    edge = check(bug, grad=False, variants=("bidirectional",), cases=CaseSet(tiling=False))
     assert edge.passed and edge.envelope["heads"] < 8 and edge.envelope["batch"] < 4, edge.format()

@@ -42,9 +42,9 @@ def _causal_ids(dtype: str = "float32") -> list[str]:
 
 def _failing_causal_ids() -> list[str]:
     """Ids of the causal default cases the strict-mask bug fails, found through the public check()."""
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
 
-    report = check(StrictCausalMask(), variants=("causal",), grad=True, tiling=False)
+    report = check(StrictCausalMask(), variants=("causal",), grad=True, cases=CaseSet(tiling=False))
     return report.failed_cases()
 
 
@@ -200,12 +200,12 @@ def test_kernel(case):
 def test_helper_case_list_matches_check_and_refuses_what_is_not_declared():
     """gma_case_list mirrors check(): same case ids, contract checks on the first case of each variant;
     an undeclared request raises ValueError naming it."""
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from gma_ref.testing.harness.pytest_plugin import gma_case_list
 
     k = NumpyKernel("float32")
     lst = gma_case_list(k, grad=True)
-    assert [c.case_id for c in lst] == check(k, grad=True, tiling=False).case_ids
+    assert [c.case_id for c in lst] == check(k, grad=True, cases=CaseSet(tiling=False)).case_ids
     assert [c.case_id for c in lst if c.contract] == [lst[0].case_id, lst[9].case_id, lst[20].case_id]
     assert all(c.grad and c.device == "cpu" and c.mode == "attention" for c in lst)
     long = gma_case_list(k, long=True, n_max=4096)
@@ -242,14 +242,15 @@ def test_plugin_module_imports_no_framework():
 def test_helper_maps_cases_to_the_declared_constraints():
     """A kernel built for fixed ε and shape multiples gets exactly check()'s constrained cases, and each passes
     through check_case; without its declaration the same kernel fails them."""
-    from gma_ref.testing import check
+    from gma_ref.testing import CaseSet, check
     from gma_ref.testing.harness.pytest_plugin import check_case, gma_case_list
 
     from ...support.planted_impls import ConstrainedKernel, constrained_kernel
 
     kern = constrained_kernel()
     lst = gma_case_list(kern, variants=("causal",), grad=True)
-    assert [c.case_id for c in lst] == check(kern, variants=("causal",), grad=True, tiling=False).case_ids
+    assert [c.case_id for c in lst] == check(kern, variants=("causal",), grad=True,
+                                             cases=CaseSet(tiling=False)).case_ids
     assert all(c.case.eps == 1e-10 and c.case.n_q % 16 == 0 for c in lst)
     assert any(c.case.n_q == 112 and 112 % c.case.chunk_size for c in lst)  # N = 100, C = 7: still not dividing
     for c in lst[:3]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gma_ref.cli.check import main as cli_main
-from gma_ref.testing import Case, Declaration, check
+from gma_ref.testing import Case, CaseSet, Declaration, RunOptions, check
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.harness.runner import assert_conforms, check_writable_dir
 
@@ -117,7 +117,7 @@ def test_a_timeout_fails_the_case_and_skips_the_rest() -> None:
         time.sleep(2.0)
         return _K64(*a, **kw)
 
-    report = check(_wrapped(slow), cases=_CASES, timeout=0.2, contract=False)
+    report = check(_wrapped(slow), cases=_CASES, contract=False, run=RunOptions(timeout=0.2))
     (r,) = report.results
     assert (r.check, r.tensor, r.metric, r.threshold, r.passed) == ("call", "case", "timeout", 0.2, False)
     assert r.detail == "no result after 0.2 s (the call was abandoned)"
@@ -128,7 +128,8 @@ def test_a_timeout_fails_the_case_and_skips_the_rest() -> None:
 
 def test_progress_is_called_after_every_case() -> None:
     seen = []
-    check(_K64, cases=_CASES, contract=False, progress=lambda done, total, cid, s: seen.append((done, total, cid)))
+    check(_K64, cases=_CASES, contract=False,
+          run=RunOptions(progress=lambda done, total, cid, s: seen.append((done, total, cid))))
     assert seen == [(i + 1, 3, c.with_dtype("float64").case_id) for i, c in enumerate(_CASES)]
 
 
@@ -189,7 +190,7 @@ def test_no_cases_given_means_the_default_set_and_n_cases_generated_ones() -> No
     impl = _wrapped(recording, variants=("cross",))
     generated = generate_cases(2, variants=("cross",), dtype="float64", seed=5)
     for tiling in (False, True):
-        report = check(impl, n_cases=2, seed=4, contract=False, tiling=tiling)
+        report = check(impl, contract=False, cases=CaseSet(n_generated=2, seed=4, tiling=tiling))
         expected = default_cases(("cross",), dtype="float64", seed=4, tiling=tiling) + generated
         assert report.case_ids == [c.case_id for c in expected]
         assert report.envelope["n"] == max(max(c.n_q, c.n_k) for c in expected)
@@ -197,17 +198,21 @@ def test_no_cases_given_means_the_default_set_and_n_cases_generated_ones() -> No
 
 
 def test_a_count_or_timeout_of_the_wrong_kind_is_refused_and_the_limits_are_inclusive() -> None:
-    """n_cases must be an int (not a bool or float) >= 0; timeout a positive number; scale one of its three names;
-    in_process=False needs a candidate a worker can load (not a lambda). 0 cases and any positive timeout are
-    accepted."""
-    for kw, what in (({"n_cases": True}, "n_cases"), ({"n_cases": 1.0}, "n_cases"), ({"timeout": "1"}, "timeout"),
-                     ({"timeout": -1.0}, "timeout"), ({"scale": "huge"}, "scale")):
-        with pytest.raises(ValueError, match=what):
-            check(_K64, **kw)
+    """CaseSet.n_generated must be an int (not a bool or float) >= 0, RunOptions.timeout a positive number,
+    CaseSet.scale one of its three names; in_process=False needs a candidate a worker can load (not a lambda).
+    0 generated cases and any positive timeout are accepted."""
+    for make, error, what in ((lambda: CaseSet(n_generated=True), TypeError, "CaseSet.n_generated"),
+                              (lambda: CaseSet(n_generated=1.0), TypeError, "CaseSet.n_generated"),
+                              (lambda: RunOptions(timeout="1"), TypeError, "RunOptions.timeout"),
+                              (lambda: RunOptions(timeout=-1.0), ValueError, "RunOptions.timeout"),
+                              (lambda: CaseSet(scale="huge"), ValueError, "CaseSet.scale")):
+        with pytest.raises(error, match=what):
+            make()
     with pytest.raises(ValueError, match="in_process=False: .* a lambda"):
-        check(lambda *a, **kw: _K64(*a, **kw), in_process=False)
-    for ok in ({"n_cases": 0}, {"timeout": 30}, {"timeout": 30.0, "device": "cpu", "mode": "attention"}):
-        assert check(_K64, cases=_CASES[:1], grad=False, contract=False, **ok).passed
+        check(lambda *a, **kw: _K64(*a, **kw), run=RunOptions(in_process=False))
+    assert CaseSet(n_generated=0).n_generated == 0  # the limit is inclusive
+    for run, kw in ((RunOptions(timeout=30), {}), (RunOptions(timeout=30.0), {"device": "cpu", "mode": "attention"})):
+        assert check(_K64, cases=_CASES[:1], grad=False, contract=False, run=run, **kw).passed
 
 
 def test_check_writable_dir_refuses_a_file_or_a_read_only_parent(tmp_path, monkeypatch) -> None:
@@ -242,32 +247,36 @@ def test_assert_conforms_raises_with_the_report_on_a_failure() -> None:
 def test_undeclared_items_are_skipped_and_listed():
     """Undeclared variants/gradients are listed as skipped; explicitly requested ones give exit code 2."""
     impl = _wrap(lambda *a, **kw: _K(*a, **kw), variants=("bidirectional",))
-    r = check(impl, tiling=False)
+    r = check(impl, cases=CaseSet(tiling=False))
     assert r.passed and r.exit_code == 0
     assert {s.what for s in r.skipped} >= {"variant causal", "variant cross"}
-    r2 = check(impl, variants=("causal", "bidirectional"), grad=True, tiling=False)
+    r2 = check(impl, variants=("causal", "bidirectional"), grad=True, cases=CaseSet(tiling=False))
     assert r2.exit_code == 2 and "gradients" in {s.what for s in r2.skipped}
 
 
 def test_nothing_checked_is_a_failure():
     """If nothing could be checked (dtype not declared) the report fails rather than passing vacuously."""
-    r = check(_K, dtype="float64", tiling=False)
+    r = check(_K, dtype="float64", cases=CaseSet(tiling=False))
     assert not r.passed and r.exit_code == 1
 
 
 def test_check_rejects_bad_requests():
-    """A non-callable is a TypeError; unknown variant, dtype, device or mode names and n_cases < 0 are ValueErrors."""
+    """A non-callable is a TypeError; unknown variant, dtype, device or mode names are ValueErrors (as are
+    n_generated < 0 and a timeout of 0, refused by CaseSet and RunOptions before check runs)."""
     with pytest.raises(TypeError, match="callable"):
-        check(42, tiling=False)
+        check(42, cases=CaseSet(tiling=False))
     with pytest.raises(TypeError, match="Declaration"):
-        check(_K, {"dtypes": ("float32",)}, tiling=False)
+        check(_K, {"dtypes": ("float32",)}, cases=CaseSet(tiling=False))
     for kw, what in (({"dtype": "float8"}, "dtype"), ({"variants": ("sideways",)}, "variant"),
-                     ({"device": "tpu"}, "device"), ({"mode": "block"}, "mode"), ({"n_cases": -1}, "n_cases"),
-                     ({"timeout": 0}, "timeout")):
+                     ({"device": "tpu"}, "device"), ({"mode": "block"}, "mode")):
         with pytest.raises(ValueError, match=what):
             check(_K, **kw)
+    with pytest.raises(ValueError, match="CaseSet.n_generated"):
+        check(_K, cases=CaseSet(n_generated=-1))
+    with pytest.raises(ValueError, match="RunOptions.timeout"):
+        check(_K, run=RunOptions(timeout=0))
     with pytest.raises(TypeError, match="sequence"):
-        check(_K, variants="causal", tiling=False)
+        check(_K, variants="causal", cases=CaseSet(tiling=False))
 
 
 def test_timeout_fails_the_case_and_stops_the_run():
@@ -279,7 +288,7 @@ def test_timeout_fails_the_case_and_stops_the_run():
         threading.Event().wait(30)
 
     t0 = time.perf_counter()
-    report = check(_wrap(hangs), timeout=0.3, tiling=False)
+    report = check(_wrap(hangs), cases=CaseSet(tiling=False), run=RunOptions(timeout=0.3))
     assert time.perf_counter() - t0 < 25  # well before the 30 s hang ends, whatever the load
     assert [r.metric for r in report.failures] == ["timeout"] and report.exit_code == 1
     assert sum("timed out" in s.reason for s in report.skipped) == 28
@@ -294,9 +303,10 @@ def test_traceback_option_shows_every_frame(capsys):
     def calls_helper(q, *a, **kw):
         return _inner_helper(q)
 
-    short = check(_wrap(calls_helper), variants=("cross",), tiling=False).failures[0].detail
+    short = check(_wrap(calls_helper), variants=("cross",), cases=CaseSet(tiling=False)).failures[0].detail
     assert "ValueError: shape mismatch" in short and "_inner_helper" in short and "Traceback" not in short
-    full = check(_wrap(calls_helper), variants=("cross",), full_traceback=True, tiling=False).failures[0].detail
+    full = check(_wrap(calls_helper), variants=("cross",), cases=CaseSet(tiling=False),
+                 run=RunOptions(full_traceback=True)).failures[0].detail
     assert full.startswith("Traceback (most recent call last)") and "calls_helper" in full and "_inner_helper" in full
     assert cli_main(["tests.support.planted_impls:ConstrainedKernel", "--variant", "cross", "--traceback",
                      "--no-repro"]) == 1

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from gma_ref.testing import Case, Declaration, check
+from gma_ref.testing import Case, CaseSet, Declaration, RunOptions, check
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.calling.isolation import LoadError
 from gma_ref.testing.cases.sets import case_arrays
@@ -107,14 +107,14 @@ def test_a_case_file_runs_its_own_case_inputs_dtype_variant_and_gradients(tmp_pa
     case = _CASE.with_dtype("float64")
     path = _case_file(tmp_path, case, grad=True)
     impl, seen = _recorder(grad=True)
-    report = check(impl, case_file=path, contract=False)
+    report = check(impl, contract=False, cases=CaseSet(file=path))
     assert report.passed and report.dtype == "float64" and report.case_ids == [case.case_id]
     assert not [s for s in report.skipped if s.what.startswith("variant")]
     assert {"out", "d_q"} <= {r.tensor for r in report.results}
     assert np.array_equal(seen[0], case_arrays(case)["q"] * 0.5)
-    report = check(impl, case_file=path, contract=False, grad=False)
+    report = check(impl, contract=False, grad=False, cases=CaseSet(file=path))
     assert not any(r.tensor.startswith("d_") for r in report.results)
-    assert check(impl, case_file=path, contract=False, dtype="float32").dtype == "float32"
+    assert check(impl, contract=False, dtype="float32", cases=CaseSet(file=path)).dtype == "float32"
 
 
 def test_a_case_file_of_another_variant_is_listed_not_run(tmp_path) -> None:
@@ -122,12 +122,12 @@ def test_a_case_file_of_another_variant_is_listed_not_run(tmp_path) -> None:
     case = _CASE.with_dtype("float64")
     path = _case_file(tmp_path, case, grad=False)
     impl, seen = _recorder()
-    report = check(impl, case_file=path, variants=("cross",))
+    report = check(impl, variants=("cross",), cases=CaseSet(file=path))
     skip = next(s for s in report.skipped if s.what == f"case file {path}")
     assert skip.requested and skip.reason == (f"it holds a bidirectional attention case ({case.case_id}); the run "
                                               "asked for mode 'attention' and variants that exclude it")
     assert report.case_ids == [] and seen == [] and report.exit_code == 1
-    assert not [s for s in check(impl, case_file=path).skipped if s.what.startswith("case file")]
+    assert not [s for s in check(impl, cases=CaseSet(file=path)).skipped if s.what.startswith("case file")]
 
 
 def test_a_case_file_skips_the_eps_confirmation_and_the_shrinking(tmp_path) -> None:
@@ -140,7 +140,7 @@ def test_a_case_file_skips_the_eps_confirmation_and_the_shrinking(tmp_path) -> N
         return _K64(*a, **kw) * 1.01
 
     off.gma_declaration = Declaration(dtypes=("float64",), eps=case.eps)
-    report = check(off, case_file=path, repro=str(tmp_path / "out"))
+    report = check(off, repro=str(tmp_path / "out"), cases=CaseSet(file=path))
     assert not report.passed and report.reproducers == [] and not report.notes
     assert "declared-eps" not in {r.case_id for r in report.results}
     report = check(off, cases=[case], repro=str(tmp_path / "out"))
@@ -154,7 +154,7 @@ def test_a_case_file_whose_inputs_overflow_the_dtype_is_an_error_not_a_failure(t
     case = _CASE.with_dtype("float16")
     path = _case_file(tmp_path, case, grad=False, scale_q=1e6)
     with pytest.raises(NonFiniteInputError):
-        check(NumpyKernel("float16"), case_file=path)
+        check(NumpyKernel("float16"), cases=CaseSet(file=path))
 
     class Forgetful:
         gma_declaration = Declaration(dtypes=("float64",))
@@ -166,7 +166,7 @@ def test_a_case_file_whose_inputs_overflow_the_dtype_is_an_error_not_a_failure(t
             return _K64(*a, **kw)
 
     good = _case_file(tmp_path / "ok", _CASE.with_dtype("float64"), grad=False)
-    (r,) = check(Forgetful(), case_file=good, contract=False).results
+    (r,) = check(Forgetful(), contract=False, cases=CaseSet(file=good)).results
     assert (r.check, r.passed) == ("harness", False)
 
 
@@ -179,7 +179,7 @@ def test_a_case_file_is_run_as_written_whatever_the_declared_limits_and_gate(tmp
     case = _CASE.with_dtype("float64")
     path = _case_file(tmp_path / "a", case, grad=False)
     impl, _ = _recorder(n_max=2)
-    report = check(impl, case_file=path, contract=False)
+    report = check(impl, contract=False, cases=CaseSet(file=path))
     assert report.case_ids == [case.case_id] and report.envelope_limits == [] and report.passed
 
     layer = with_gate(default_layer_cases(("cross",), dtype="float64")[0], "headwise")
@@ -190,7 +190,7 @@ def test_a_case_file_is_run_as_written_whatever_the_declared_limits_and_gate(tmp
         raise RuntimeError("not run")
 
     raising.gma_declaration = Declaration(dtypes=("float64",), mode="layer", variants=("cross",))
-    assert check(raising, case_file=path, contract=False).case_ids == [layer.case_id]
+    assert check(raising, contract=False, cases=CaseSet(file=path)).case_ids == [layer.case_id]
 
 
 # --------------------------------------------------------------------------- interrupts
@@ -236,22 +236,23 @@ def test_a_target_runs_in_a_worker_and_is_named_by_its_target(target) -> None:
 def test_a_target_in_process_or_for_scaling_runs_in_this_process(target) -> None:
     """in_process=True imports the target here (the report says so, named after the target); so does a scaling
     check (here one refused at once: layer mode)."""
-    report = check(target, cases=[_CASE], in_process=True)
+    report = check(target, cases=[_CASE], run=RunOptions(in_process=True))
     assert report.passed and not report.isolated and report.implementation == target
-    report = check(target, scale="scaling", mode="layer")
+    report = check(target, mode="layer", cases=CaseSet(scale="scaling"))
     assert not report.isolated and report.implementation == target
     assert {s.what for s in report.skipped} >= {"mode layer", "scaling"}
 
 
 def test_a_vjp_or_a_bad_import_timeout_with_an_isolated_target_is_refused(target) -> None:
-    """vjp= cannot reach a worker (refused; accepted in process); import_timeout must be a number of seconds > 0."""
+    """vjp= cannot reach a worker (refused; accepted in process); import_timeout must be a number of seconds > 0
+    (ValueError out of range, TypeError of the wrong kind)."""
     with pytest.raises(ValueError, match="vjp= cannot be combined with an isolated target"):
         check(target, cases=[_CASE], vjp=lambda *a, **kw: {})
-    assert check(target, cases=[_CASE], vjp=lambda *a, **kw: {}, in_process=True).passed
-    for bad in (0, 0.0, -1.0, "5"):
-        with pytest.raises(ValueError, match="import_timeout must be None or a number of seconds > 0"):
-            check(target, cases=[_CASE], import_timeout=bad)
-    assert check(target, cases=[_CASE], import_timeout=60).passed
+    assert check(target, cases=[_CASE], vjp=lambda *a, **kw: {}, run=RunOptions(in_process=True)).passed
+    for bad, error in ((0, ValueError), (0.0, ValueError), (-1.0, ValueError), ("5", TypeError)):
+        with pytest.raises(error, match="import_timeout must be None or a number of seconds > 0"):
+            RunOptions(import_timeout=bad)
+    assert check(target, cases=[_CASE], run=RunOptions(import_timeout=60)).passed
 
 
 def test_the_import_timeout_reaches_the_worker(tmp_path, monkeypatch) -> None:
@@ -260,4 +261,4 @@ def test_the_import_timeout_reaches_the_worker(tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "k_runner_slow_import.py").write_text("import time\ntime.sleep(3)\n" + _MODULE, encoding="utf-8")
     with pytest.raises(LoadError, match="within 1 s"):
-        check("k_runner_slow_import:good", cases=[_CASE], import_timeout=1.0)
+        check("k_runner_slow_import:good", cases=[_CASE], run=RunOptions(import_timeout=1.0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.testing import check
+from gma_ref.testing import CaseSet, check
 from gma_ref.testing.calibration.emulated import NumpyKernel
 
 
@@ -25,7 +25,8 @@ def test_correct_kernel_passes_200_generated_cases(dtype):
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
     n = 340 if dtype == "float16" else 200
-    report = check(NumpyKernel(dtype), dtype=dtype, grad=True, n_cases=n, contract=False, tiling=False)
+    report = check(NumpyKernel(dtype), dtype=dtype, grad=True, contract=False,
+                   cases=CaseSet(n_generated=n, tiling=False))
     assert report.passed, report.format()
     assert len(report.case_ids) >= 200
     assert all(s.reason.startswith("ill-conditioned") for s in report.skipped if s.what.startswith("case"))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gma_ref.testing import Case, Declaration, check
+from gma_ref.testing import Case, CaseSet, Declaration, RunOptions, check
 
 _CASES = [Case("bidirectional", 1, 1, 4, 4, 2, 2, 3), Case("cross", 1, 1, 3, 5, 2, 2, 3)]
 _IDS = [c.with_dtype("float64").case_id for c in _CASES]
@@ -64,7 +64,8 @@ def test_a_worker_that_overruns_the_timeout_is_killed_and_the_run_goes_on(module
             return good(q, *a, **kw)
         sleeps.gma_declaration = DECL
     """)
-    report = check("k_run_sleeps:sleeps", cases=_CASES, contract=False, timeout=5.0)  # ample for a fresh worker
+    report = check("k_run_sleeps:sleeps", cases=_CASES, contract=False,
+                   run=RunOptions(timeout=5.0))  # ample for a fresh worker
     (bad,) = report.failures
     assert (bad.case_id, bad.check, bad.tensor, bad.metric, bad.threshold) == (_IDS[0], "call", "case", "timeout",
                                                                               5.0)
@@ -217,7 +218,7 @@ def test_an_isolated_case_file_whose_inputs_overflow_the_dtype_is_an_error(modul
     path = write_reproducer(str(tmp_path / "r"), case, arrays, Declaration(dtypes=("float16",)), name="k:f",
                             grad=False, failures=[])
     with pytest.raises(NonFiniteInputError):
-        check("k_run_half:half", case_file=path)
+        check("k_run_half:half", cases=CaseSet(file=path))
 
 
 

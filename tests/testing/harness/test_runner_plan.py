@@ -5,8 +5,9 @@ and its bookkeeping (the scaling lines, the shrinker's budget and notes)."""
 
 from __future__ import annotations
 
-import functools
 import time
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -14,14 +15,26 @@ import gma_ref.testing
 import gma_ref.testing.calling.probes as probes
 import gma_ref.testing.harness.repro as repro
 import gma_ref.testing.harness.scaling as scaling
-from gma_ref.testing import Case, Declaration, default_cases, default_layer_cases, generate_cases
+from gma_ref.testing import (
+    Case,
+    CaseSet,
+    Declaration,
+    Report,
+    RunOptions,
+    default_cases,
+    default_layer_cases,
+    generate_cases,
+)
 from gma_ref.testing.calibration.emulated import NumpyKernel
 from gma_ref.testing.cases.sets import case_envelope, with_gate
 from gma_ref.testing.core.report import Interrupted
 
-#: The plan is tested in this process, where the probes are monkeypatched and the test doubles' own hooks run
-#: (where a candidate runs is tested in test_placement.py and test_entry_points.py).
-check = functools.partial(gma_ref.testing.check, in_process=True)
+
+def check(impl: Any, *args: Any, run: RunOptions | None = None, **kw: Any) -> Report:
+    """:func:`gma_ref.testing.check` in this process, where the probes are monkeypatched and the test doubles'
+    own hooks run (where a candidate runs is tested in test_placement.py and test_entry_points.py)."""
+    return gma_ref.testing.check(impl, *args, run=replace(run or RunOptions(), in_process=True), **kw)
+
 
 _K64 = NumpyKernel("float64")
 _K32 = NumpyKernel("float32")
@@ -267,7 +280,7 @@ def test_layer_mode_runs_the_layer_cases_with_the_declared_gate_and_no_state_ski
     from gma_ref.testing import generate_layer_cases
 
     impl = _raising(mode="layer", variants=("cross",), gate="headwise")
-    report = check(impl, n_cases=1, seed=3, contract=False)
+    report = check(impl, contract=False, cases=CaseSet(n_generated=1, seed=3))
     expected = [with_gate(c, "headwise") for c in default_layer_cases(("cross",), dtype="float64", seed=3)
                 + generate_layer_cases(1, variants=("cross",), dtype="float64", seed=4)]
     assert report.mode == "layer" and report.case_ids == [c.case_id for c in expected]
@@ -275,7 +288,7 @@ def test_layer_mode_runs_the_layer_cases_with_the_declared_gate_and_no_state_ski
 
 
 def test_long_sequences_in_layer_mode_are_a_requested_skip() -> None:
-    report = check(_raising(mode="layer"), scale="long")
+    report = check(_raising(mode="layer"), cases=CaseSet(scale="long"))
     skip = _skips(report)["long cases"]
     assert skip.requested and skip.reason.startswith("long-sequence cases exist for attention mode only")
     assert report.case_ids == [] and report.exit_code == 1
@@ -301,7 +314,7 @@ def test_long_cases_reach_n_max_else_the_declared_one_else_131072(n_max, declare
     """scale='long': the long cases up to n_max, else the declared n_max, else 131072 (the count and envelope of
     the planned cases, which a declared n_max then cuts; the run is interrupted before the first)."""
     with pytest.raises(Interrupted) as info:
-        check(_StopsAtPrepare(n_max=declared), scale="long", n_max=n_max, contract=False)
+        check(_StopsAtPrepare(n_max=declared), contract=False, cases=CaseSet(scale="long", n_max=n_max))
     report = info.value.report
     assert report.notes[0].startswith(f"interrupted (KeyboardInterrupt) after 0 of {count} cases")
     assert report.envelope["n"] == largest
@@ -318,10 +331,10 @@ def test_long_cases_are_those_of_the_seed_and_dtype_and_limited_against_their_ow
         def gma_prepare(self, arrays, dtype, device, returns_state):
             raise RuntimeError("not prepared")
 
-    report = check(RefusesToPrepare(), scale="long", n_max=4096, seed=2, contract=False)
+    report = check(RefusesToPrepare(), contract=False, cases=CaseSet(scale="long", n_max=4096, seed=2))
     assert report.case_ids == [c.case_id for c in long_cases(("cross",), dtype="float64", seed=2, n_max=4096)]
     with pytest.raises(Interrupted) as info:
-        check(_StopsAtPrepare(n_max=4096), scale="long", n_max=32768, contract=False)
+        check(_StopsAtPrepare(n_max=4096), contract=False, cases=CaseSet(scale="long", n_max=32768))
     planned = case_envelope(long_cases(("cross",), dtype="float64", n_max=32768))
     assert info.value.report.envelope_limits == envelope_limits(planned, n_max=4096, baseline="default")
     assert info.value.report.envelope_limits == ["n_max = 4096 (default N up to 32768)"]
@@ -344,8 +357,9 @@ def test_a_kernel_without_a_chunk_size_keeps_each_cases_chunk() -> None:
     def chunks(report):
         return [part for cid in report.case_ids for part in cid.split("-") if part[:1] == "c" and part[1:].isdigit()]
 
-    plain = check(_raising(variants=("causal",), n_multiple=8), contract=False, tiling=False)
-    taking = check(_raising(variants=("causal",), n_multiple=8, accepts_chunk_size=True), contract=False, tiling=False)
+    plain = check(_raising(variants=("causal",), n_multiple=8), contract=False, cases=CaseSet(tiling=False))
+    taking = check(_raising(variants=("causal",), n_multiple=8, accepts_chunk_size=True), contract=False,
+                   cases=CaseSet(tiling=False))
     want = [f"c{constrain_case(c, n_multiple=8, chunked=False)[0].chunk_size}"
             for c in default_cases(("causal",), dtype="float64", seed=0)]
     assert chunks(plain) == want
@@ -360,7 +374,7 @@ def test_every_declared_constraint_maps_the_cases_and_is_listed() -> None:
 
     fields = {"eps": 1e-5, "eps_sigma": 0.01, "n_multiple": 4, "n_max": 40, "k_multiple": 2, "k_max": 6,
               "d_multiple": 2, "d_max": 8}
-    report = check(_raising(variants=("causal",), **fields), contract=False, tiling=False)
+    report = check(_raising(variants=("causal",), **fields), contract=False, cases=CaseSet(tiling=False))
     cases = default_cases(("causal",), dtype="float64", seed=0, tiling=False)
     mapped = [constrain_case(c, chunked=False, **fields) for c in cases]
     assert report.case_ids == [m.case_id for m, _ in mapped]
@@ -384,7 +398,7 @@ def test_limits_that_leave_only_degenerate_cases_are_refused(limit) -> None:
 
 def test_generated_cases_need_a_declared_variant_to_run() -> None:
     """n_cases with nothing to run (an undeclared dtype): no case is generated, the run fails as unchecked."""
-    report = check(_raising(), dtype="float32", n_cases=2)
+    report = check(_raising(), dtype="float32", cases=CaseSet(n_generated=2))
     assert report.case_ids == [] and report.exit_code == 1
 
 
@@ -412,7 +426,7 @@ def test_declared_constraints_map_the_cases_and_list_what_cannot_be_realised() -
 def test_the_default_set_is_the_baseline_of_the_declared_limits() -> None:
     """No cases given: the limits are stated against the default envelope ('default N up to ...')."""
     impl = _raising(n_max=8, variants=("cross",))
-    report = check(impl, contract=False, tiling=False)
+    report = check(impl, contract=False, cases=CaseSet(tiling=False))
     top = case_envelope(default_cases(("cross",), dtype="float64", tiling=False))["n"]
     assert report.envelope_limits == [f"n_max = 8 (default N up to {top})"] and report.envelope["n"] <= 8
 
@@ -434,7 +448,7 @@ def test_defaults_are_seed_0_with_the_tiling_cases_and_no_generated_case() -> No
     impl = _raising(variants=("cross",))
     report = check(impl, contract=False)
     assert report.case_ids == [c.case_id for c in default_cases(("cross",), dtype="float64", seed=0, tiling=True)]
-    report = check(impl, contract=False, n_cases=1)
+    report = check(impl, contract=False, cases=CaseSet(n_generated=1))
     assert report.case_ids[-1] == generate_cases(1, variants=("cross",), dtype="float64", seed=1)[0].case_id
 
 
@@ -450,7 +464,7 @@ def test_a_declared_fixed_eps_is_confirmed_first_in_attention_mode_only() -> Non
     assert report.results[0].case_id == "declared-eps" and report.results[0].check == "declaration"
     assert report.case_ids == [_CASE.with_dtype("float64").case_id]
     assert "declared-eps" not in {r.case_id for r in check(impl, cases=[_CASE], contract=False).results}
-    layer = check(_raising(mode="layer", eps=1e-6, variants=("cross",)), contract=True, tiling=False)
+    layer = check(_raising(mode="layer", eps=1e-6, variants=("cross",)), contract=True, cases=CaseSet(tiling=False))
     assert _skips(layer)["declared eps = 1e-06"].reason == (
         "not confirmed: a fixed eps is confirmed in attention mode only")
     assert layer.case_ids  # the layer cases still run
@@ -481,7 +495,7 @@ def test_a_confirmation_that_times_out_stops_the_run_before_the_cases() -> None:
         return _K64(*a, **kw)
 
     slow.gma_declaration = Declaration(dtypes=("float64",), eps=1e-6)
-    report = check(slow, cases=_CASES, timeout=0.2)
+    report = check(slow, cases=_CASES, run=RunOptions(timeout=0.2))
     (r,) = report.results
     assert (r.case_id, r.check, r.tensor, r.metric, r.value, r.threshold, r.passed) == (
         "declared-eps", "call", "case", "timeout", None, 0.2, False)
@@ -510,7 +524,7 @@ def test_scaling_reports_one_case_per_sweep_with_its_memory_and_time_lines(monke
     impl = _declared(variants=("causal", "cross"), grad=True)
     impl.gma_vjp = _K64.gma_vjp
     t0 = time.perf_counter()
-    report = check(impl, scale="scaling", variants=("causal",), n_max=2048, timeout=9.0)
+    report = check(impl, variants=("causal",), cases=CaseSet(scale="scaling", n_max=2048), run=RunOptions(timeout=9.0))
     wall = time.perf_counter() - t0
     assert report.case_ids == ["scaling-causal-length", "scaling-causal-width"]
     mem = [(r.case_id, r.check, r.tensor, r.metric, r.value, r.threshold, r.passed, r.detail)
@@ -522,7 +536,7 @@ def test_scaling_reports_one_case_per_sweep_with_its_memory_and_time_lines(monke
     assert asked["variants"] == ("causal",) and asked["n_max"] == 2048 and asked["timeout"] == 9.0
     assert asked["grad"] is True and asked["vjp"] is not None and asked["dtype"] == "float64"
     assert asked["device"] == "cpu" and 0 < report.elapsed_s <= wall
-    check(_declared(n_max=4096), scale="scaling")
+    check(_declared(n_max=4096), cases=CaseSet(scale="scaling"))
     assert asked["n_max"] == 4096 and asked["variants"] == () and asked["grad"] is False and asked["vjp"] is None
 
 
@@ -530,7 +544,7 @@ def test_scaling_needs_attention_mode_and_what_was_declared(monkeypatch) -> None
     """A scaling check in layer mode, or of an undeclared dtype, is refused as a requested skip; no sweep runs."""
     monkeypatch.setattr(scaling, "run_sweeps", lambda *a, **kw: pytest.fail("no sweep should run"))
     for impl, kw in ((_declared(mode="layer"), {}), (_declared(), {"dtype": "float32"})):
-        report = check(impl, scale="scaling", **kw)
+        report = check(impl, cases=CaseSet(scale="scaling"), **kw)
         skip = _skips(report)["scaling"]
         assert skip.requested and skip.reason == "attention mode with a declared dtype, device and mode only"
         assert report.case_ids == [] and report.exit_code == 1
@@ -612,8 +626,8 @@ def test_the_shrinker_is_given_the_run_s_settings(monkeypatch, tmp_path) -> None
     tol = TOLERANCES["float64"]
     impl = _off(fields={"grad": True})
     impl.gma_vjp = _K64.gma_vjp
-    report = check(impl, cases=_CASES[:2], contract=False, repro=str(tmp_path), timeout=50.0, tolerance=tol,
-                   grad=True, name="mine")
+    report = check(impl, cases=_CASES[:2], contract=False, repro=str(tmp_path), tolerance=tol,
+                   grad=True, name="mine", run=RunOptions(timeout=50.0))
     first, second = calls
     assert first["directory"] == str(tmp_path) and first["name"] == "mine" and first["vjp"] is not None
     assert first["device"] == "cpu" and first["xp"].__name__.endswith("numpy") and first["tolerance"] is tol
@@ -682,7 +696,7 @@ def test_progress_gets_the_elapsed_time_of_the_run() -> None:
     """progress(done, total, case_id, elapsed_s): elapsed_s grows from 0 and stays within the run's own time."""
     seen = []
     t0 = time.perf_counter()
-    check(_K64, cases=_CASES, contract=False, progress=lambda done, total, cid, s: seen.append(s))
+    check(_K64, cases=_CASES, contract=False, run=RunOptions(progress=lambda done, total, cid, s: seen.append(s)))
     wall = time.perf_counter() - t0
     assert len(seen) == 3 and 0 < seen[0] <= seen[1] <= seen[2] <= wall
 

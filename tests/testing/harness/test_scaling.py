@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gma_ref.testing import check
+from gma_ref.testing import CaseSet, check
 from gma_ref.testing.harness.scaling import MEMORY_EXPONENT_MAX, fit_exponent
 
 from ...support.scaling_impls import LinearKernel, MaterializedKernel, PrefixSumKernel
@@ -23,14 +23,14 @@ def _exponents(report):
 @pytest.fixture(scope="module")
 def reports():
     """One scaling run per kernel (each size in a fresh child process)."""
-    return {kern.__name__: check(kern(), scale="scaling", n_max=N_MAX)
+    return {kern.__name__: check(kern(), cases=CaseSet(scale="scaling", n_max=N_MAX))
             for kern in (LinearKernel, PrefixSumKernel, MaterializedKernel)}
 
 
 @pytest.mark.parametrize("kern", [LinearKernel, PrefixSumKernel, MaterializedKernel])
 def test_the_three_kernels_are_numerically_correct(kern):
     """All three pass the short causal check: only their memory differs."""
-    assert check(kern(), variants=("causal",), tiling=False).passed
+    assert check(kern(), variants=("causal",), cases=CaseSet(tiling=False)).passed
 
 
 def test_linear_kernel_passes(reports):
@@ -89,16 +89,16 @@ def test_fit_exponent():
 def test_scaling_refuses_a_bad_request():
     """An n_max below the smallest length, or layer mode, is refused with the reason."""
     with pytest.raises(ValueError, match="n_max must be >= 1024"):
-        check(LinearKernel(), scale="scaling", n_max=512)
-    rep = check(LinearKernel(), scale="scaling", mode="layer")
+        check(LinearKernel(), cases=CaseSet(scale="scaling", n_max=512))
+    rep = check(LinearKernel(), mode="layer", cases=CaseSet(scale="scaling"))
     assert not rep.passed and rep.exit_code == 1
     with pytest.raises(ValueError, match="scale must be"):
-        check(LinearKernel(), scale="huge")
+        check(LinearKernel(), cases=CaseSet(scale="huge"))
 
 
 def test_cli_scaling_flag_dispatches_and_prints_the_table(monkeypatch, capsys):
-    """`gma-ref check ... --scaling --n-max N` calls check(scale='scaling') with the declared n_max N and prints
-    every line (the tables), exiting with the report's status."""
+    """`gma-ref check ... --scaling --n-max N` calls check(cases=CaseSet(scale='scaling')) with the declared n_max
+    N and prints every line (the tables), exiting with the report's status."""
     import gma_ref.testing
     from gma_ref.cli.check import main
     from gma_ref.testing import Report
@@ -116,7 +116,7 @@ def test_cli_scaling_flag_dispatches_and_prints_the_table(monkeypatch, capsys):
 
     monkeypatch.setattr(gma_ref.testing, "check", fake_check)
     assert main(["tests.support.scaling_impls:LinearKernel", "--scaling", "--n-max", "4096", "-q"]) == 1
-    assert seen["scale"] == "scaling" and seen["n_max"] == 4096
+    assert seen["cases"].scale == "scaling" and seen["n_max"] == 4096
     assert "table line" in capsys.readouterr().out
     main(["tests.support.scaling_impls:LinearKernel", "--long", "-q"])
-    assert seen["scale"] == "long"
+    assert seen["cases"].scale == "long"
