@@ -3,14 +3,15 @@
 ``python tools/bench_compare.py OLD_TREE NEW_TREE [--rounds R] [-- bench options]`` runs
 ``gma-ref bench --end-to-end`` of each tree in a child process (``PYTHONPATH`` set to the tree),
 alternating old, new, old, new … for ``R`` rounds, and prints one Markdown row per configuration:
-each tree's best forward + backward time, its ratio over PyTorch's time in the same child (so a
-change of load between children mostly cancels), and new over old. The bench options after ``--``
+each tree's best forward + backward time and its ratio over PyTorch's time in the same child, and new
+over old (of the best times), then the geometric mean of new over old. The bench options after ``--``
 are passed to both trees (default: ``--n 8192 --repeats 3 --threads 2``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -45,13 +46,16 @@ def best(runs: list[dict[tuple[str, ...], dict[str, float]]]) -> dict[tuple[str,
 
 
 def table(old: dict, new: dict) -> str:
-    """The Markdown comparison: each tree's best f+b, its ratio over PyTorch, and new over old."""
+    """The Markdown comparison: each tree's best f+b, its ratio over PyTorch, new over old; their geometric mean."""
     lines = ["| form | dtype | K | N | threads | old f+b s | old / PyTorch | new f+b s | new / PyTorch | new / old |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    logs = []
     for key in sorted(old):
         o, n = old[key], new[key]
+        logs.append(math.log(n["fb"] / o["fb"]))
         lines.append(f"| {' | '.join(key)} | {o['fb']:.3f} | {o['fb_ratio']:.2f} | {n['fb']:.3f} "
-                     f"| {n['fb_ratio']:.2f} | {n['fb_ratio'] / o['fb_ratio']:.2f} |")
+                     f"| {n['fb_ratio']:.2f} | {n['fb'] / o['fb']:.2f} |")
+    lines.append(f"\nGeometric mean of new / old over {len(logs)} rows: {math.exp(sum(logs) / len(logs)):.2f}")
     return "\n".join(lines)
 
 

@@ -496,6 +496,7 @@ class GmaCaseItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
+        """(path, no line, ``'gma-ref::<item name>'``): where pytest says the item comes from."""
         return self.path, None, f"{_NODE_NAME}::{self.name}"
 
 
@@ -520,4 +521,5 @@ class GmaExploreItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
+        """(path, no line, ``'gma-ref::<item name>'``): where pytest says the item comes from."""
         return self.path, None, f"{_NODE_NAME}::{self.name}"
