@@ -120,7 +120,9 @@ def gma_attention(
         of σ, that (x − μ)²/σ² is not finite, or with σ² > 1 so far that (x − μ)² is
         not): the responsibilities would be NaN.
     """
-    form, chunk_size = _checked_options(causal, form, chunk_size, return_saved)
+    form, chunk_size = _checked_options(causal, form, chunk_size)
+    if not isinstance(return_saved, bool):
+        raise TypeError(f"return_saved must be True or False, got {return_saved!r}")
     xp = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits)
     _check_inputs(xp, q, k, v, means, omega, prior_logits, causal, form, eps_sigma, check_finite, False)
     # [eq:pipeline]
@@ -135,13 +137,9 @@ def gma_attention(
     return out, AttentionSaved(gamma_q, gamma_k, out, _all_rows(xp, gamma_q), _all_rows(xp, gamma_k))
 
 
-def _checked_options(causal: bool, form: str | None, chunk_size: int, return_saved: bool) -> tuple[str, int]:
+def _checked_options(causal: bool, form: str | None, chunk_size: int) -> tuple[str, int]:
     """(form, C): the form of the core (the variant's default for ``None``) and the chunk size, checked."""
-    form = check_form(causal, form)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
-    if not isinstance(return_saved, bool):
-        raise TypeError(f"return_saved must be True or False, got {return_saved!r}")
-    return form, chunk_size
+    return check_form(causal, form), check_positive_int("chunk_size", chunk_size)
 
 
 def _check_inputs(xp: Any, q: Array, k: Array, v: Array, means: Array, omega: Array, prior_logits: Array,
@@ -275,7 +273,7 @@ def gma_attention_backward(
         ``check_finite=False`` non-finite values pass through, and a non-finite ``out``
         is recomputed instead of checked.
     """
-    form, chunk_size = _checked_options(causal, form, chunk_size, False)
+    form, chunk_size = _checked_options(causal, form, chunk_size)
     xp: Any = namespace(q=q, k=k, v=v, means=means, omega=omega, prior_logits=prior_logits, d_out=d_out)
     _check_inputs(xp, q, k, v, means, omega, prior_logits, causal, form, eps_sigma, check_finite, True)
     variances = variances_from_omega(omega, eps_sigma, check_finite=False)

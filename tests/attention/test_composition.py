@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import warnings
 
 import numpy as np
 import pytest
@@ -130,3 +131,36 @@ def test_the_import_check_sees_an_import_of_the_fast_path(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("from .fast.matmul_scores import x\nimport gma_ref.fast\n")
     assert _imported_modules(path) == {".fast.matmul_scores", "gma_ref.fast"}
+
+
+@pytest.mark.parametrize("causal, form", _VARIANTS)
+@pytest.mark.parametrize("name", ["q", "k", "prior_logits"])
+def test_check_finite_false_lets_a_nan_through_every_step(causal, form, name):
+    """With check_finite=False a NaN in q, k or the prior logits raises nowhere, forward or backward: the pipeline
+    checks its inputs once at the top (here not at all), never again in the functions it composes. (A NaN in ω
+    gives a NaN σ², which the responsibilities refuse as not > 0 with or without the finiteness checks.)"""
+    rng = np.random.default_rng(5)
+    args = list(_inputs(rng))
+    i = ("q", "k", "v", "means", "omega", "prior_logits").index(name)
+    args[i] = args[i].copy()
+    args[i].flat[0] = np.nan
+    kw = dict(causal=causal, form=form, eps=_EPS, chunk_size=_C, check_finite=False)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = gma_attention(*args, **kw)
+        grads = gma_attention_backward(*args, rng.normal(size=out.shape), **kw)
+    assert out.shape == (2, 11, 5) and grads.d_q.shape == args[0].shape
+
+
+def test_the_default_chunk_is_64_forward_and_backward():
+    """Without chunk_size the causal pipeline runs chunks of 64, its documented default, bit for bit (and a chunk
+    of 65 gives other bits, so the comparison can tell)."""
+    rng = np.random.default_rng(3)
+    args = _inputs(rng, 150, 150)
+    d_out = rng.normal(size=(2, 150, 5))
+    out = gma_attention(*args, causal=True, eps=_EPS)
+    grads = gma_attention_backward(*args, d_out, causal=True, eps=_EPS)
+    for c, same in ((64, True), (65, False)):
+        assert np.array_equal(out, gma_attention(*args, causal=True, eps=_EPS, chunk_size=c)) is same
+        other = gma_attention_backward(*args, d_out, causal=True, eps=_EPS, chunk_size=c)
+        assert np.array_equal(grads.d_q, other.d_q) is same
