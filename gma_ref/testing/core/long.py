@@ -60,7 +60,7 @@ LONG_THRESHOLD: int = 1 << 20
 LONG_TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(norm=16.0, elem=64.0),
     "float32": Tolerance(norm=4.0, elem=64.0),
-    "float16": Tolerance(norm=8.0, elem=32.0),
+    "float16": Tolerance(norm=8.0, elem=64.0),
     "bfloat16": Tolerance(norm=8.0, elem=64.0),
 }
 #: Tokens per block of the floors' (token, component, coordinate) triples.
