@@ -90,6 +90,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "gma_ref/testing/cases/tails.py": ["tests/testing/cases/test_tails.py",
                                        "tests/testing/cases/test_case_generation.py"],
     "gma_ref/testing/cases/power.py": ["tests/testing/cases/test_power.py"],
+    "gma_ref/testing/harness/options.py": ["tests/testing/harness/test_options.py"],
     # The worker process imports gma_ref from disk, so the mutants of buffers.py reach the oracle's side
     # (decode, to_float64) and these in-process tests of extract; worker.py is exercised by test_isolation.py only.
     "gma_ref/testing/calling/buffers.py": ["tests/testing/calling/test_buffers.py",
