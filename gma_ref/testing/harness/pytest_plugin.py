@@ -455,7 +455,21 @@ class _GmaCollector(pytest.Collector):
         return []
 
 
-class GmaCaseItem(pytest.Item):
+class _OracleItem(pytest.Item):
+    """An item whose failure is the oracle's report (:class:`GmaCaseFailed`), shown without a Python traceback."""
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        """The oracle's report for a :class:`GmaCaseFailed`; pytest's own representation of anything else."""
+        if isinstance(excinfo.value, GmaCaseFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        """(path, no line, ``'gma-ref::<item name>'``): where pytest says the item comes from."""
+        return self.path, None, f"{_NODE_NAME}::{self.name}"
+
+
+class GmaCaseItem(_OracleItem):
     """One conformance case of the implementation given by ``--gma-impl``."""
 
     def __init__(self, *, impl: Callable[..., Any], gma_case: GmaCase, target: str, gma_session: Any = None,
@@ -489,18 +503,8 @@ class GmaCaseItem(pytest.Item):
                 self.gma_session.reports.append(report)
                 bounds.after_case(self.gma_case.case_id, report.results)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        """The oracle's report of the case (no Python traceback) for a failed case."""
-        if isinstance(excinfo.value, GmaCaseFailed):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        """(path, no line, ``'gma-ref::<item name>'``): where pytest says the item comes from."""
-        return self.path, None, f"{_NODE_NAME}::{self.name}"
-
-
-class GmaExploreItem(pytest.Item):
+class GmaExploreItem(_OracleItem):
     """The search beyond the case set of the implementation given by ``--gma-impl`` (``--gma-explore SECONDS``)."""
 
     def __init__(self, *, impl: Callable[..., Any], seconds: float, target: str, **kwargs: Any) -> None:
@@ -513,13 +517,3 @@ class GmaExploreItem(pytest.Item):
         check_explore(self.impl, self.seconds, repro=opt("gma_repro"), name=self.target, dtype=opt("gma_dtype"),
                       device=opt("gma_device"), grad=opt("gma_grad"), variants=opt("gma_variant"),
                       seed=opt("gma_seed"), run=RunOptions(timeout=opt("gma_timeout") or None))
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        """The search's report (no Python traceback) when it found a failure."""
-        if isinstance(excinfo.value, GmaCaseFailed):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
-
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        """(path, no line, ``'gma-ref::<item name>'``): where pytest says the item comes from."""
-        return self.path, None, f"{_NODE_NAME}::{self.name}"
